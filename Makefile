@@ -1,0 +1,29 @@
+# Two commands do all set-up on a fresh machine: `make train` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The CPU build of torch, installed before the package so its version range is already met
+# (a bare `torch` requirement on an empty machine pulls a multi-GB CUDA build).
+TORCH_VERSION ?= 2.13.0
+ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: setup train test clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==$(TORCH_VERSION)
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@
+
+setup: $(BIN)/.installed
+
+train: setup
+	$(BIN)/python train.py $(ARGS)
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) outputs multirun .pytest_cache

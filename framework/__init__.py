@@ -1,0 +1,25 @@
+"""A declarative, config-driven PyTorch training framework.
+
+`framework.run(cfg)` is the whole runner; `train.py` only wraps it in `@hydra.main`.
+Importing this package is cheap: torch and every plugin are imported when used.
+"""
+from framework.config import schema as _schema  # registers the structured configs with Hydra
+
+__version__ = "0.1.0"
+
+
+def run(cfg, output_dir=None):
+    """Validate `cfg`, build the plugins, launch the processes and train; returns the objective."""
+    from framework.runner import run as _run
+
+    return _run(cfg, output_dir)
+
+
+def guard(main):
+    """Call a `@hydra.main` function, turning Hydra's configuration errors into exit code 2."""
+    from framework.errors import guard_hydra_main
+
+    return guard_hydra_main(main)
+
+
+__all__ = ["run", "guard", "__version__"]

@@ -1,0 +1,1 @@
+"""accelerator group: the device type, how many devices, placement and availability."""

@@ -1,0 +1,64 @@
+"""The Accelerator base class: what device a rank computes on."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+
+class Accelerator(ABC):
+    """A device type. Constructors are side-effect free; nothing touches a device until
+    `setup_device` is called in a worker process.
+
+    Method surface, in the order the runner uses it:
+    `is_available` / `unavailable_reason` / `max_devices` (validation, before any process starts),
+    `resolve_devices` (the `devices` key to a count), `device_for(local_rank)` and
+    `setup_device` (in each worker), `distributed_backend`, `supports_bf16` / `fast_fp16`.
+    """
+
+    name: str = "base"
+
+    @staticmethod
+    @abstractmethod
+    def is_available() -> bool:
+        """Whether this device type exists on this machine."""
+
+    def unavailable_reason(self) -> str:
+        return f"no {self.name} device is available on this machine."
+
+    @abstractmethod
+    def max_devices(self) -> int:
+        """How many devices of this type one node can use (processes, for the CPU)."""
+
+    def auto_devices(self) -> int:
+        """What `devices=auto` means for this device type."""
+        return self.max_devices()
+
+    def resolve_devices(self, devices) -> int:
+        return self.auto_devices() if devices == "auto" else int(devices)
+
+    @abstractmethod
+    def device_for(self, local_rank: int) -> torch.device:
+        """The device the process with this local rank computes on."""
+
+    def setup_device(self, device: torch.device) -> None:
+        """Make `device` current for this process (e.g. torch.cuda.set_device)."""
+
+    @property
+    @abstractmethod
+    def distributed_backend(self) -> str:
+        """The torch.distributed backend for this device type (gloo, nccl)."""
+
+    def supports_bf16(self) -> bool:
+        return True
+
+    def fast_fp16(self) -> bool:
+        """Whether fp16 math runs in hardware (if not, precision=16 is warned about)."""
+        return True
+
+    @property
+    def autocast_device_type(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

@@ -1,0 +1,37 @@
+"""NVIDIA GPUs through CUDA: one process per GPU."""
+from __future__ import annotations
+
+import torch
+
+from framework.accelerator.base import Accelerator
+
+
+class CUDAAccelerator(Accelerator):
+    """Train on CUDA GPUs; local rank i uses GPU i."""
+
+    name = "cuda"
+
+    @staticmethod
+    def is_available() -> bool:
+        return torch.cuda.is_available()
+
+    def unavailable_reason(self) -> str:
+        if torch.version.cuda is None:
+            return "this torch build has no CUDA support (a CPU-only build is installed)."
+        return "torch cannot see a CUDA GPU on this machine (check the driver and CUDA_VISIBLE_DEVICES)."
+
+    def max_devices(self) -> int:
+        return torch.cuda.device_count()
+
+    def device_for(self, local_rank: int) -> torch.device:
+        return torch.device("cuda", local_rank)
+
+    def setup_device(self, device: torch.device) -> None:
+        torch.cuda.set_device(device)
+
+    @property
+    def distributed_backend(self) -> str:
+        return "nccl"
+
+    def supports_bf16(self) -> bool:
+        return self.is_available() and torch.cuda.is_bf16_supported()

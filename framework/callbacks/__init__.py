@@ -1,0 +1,1 @@
+"""Callbacks (conf/callbacks): checkpoint, early_stopping, lr_monitor; progress output."""

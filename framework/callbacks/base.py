@@ -1,0 +1,32 @@
+"""The Callback base class: hooks the loop calls, in this order."""
+from __future__ import annotations
+
+
+class Callback:
+    """Override any hook. `loop` is the running framework.loop.fit_loop.FitLoop: read
+    `loop.state` (step, epoch, metrics), call `loop.log_metrics` or `loop.save_checkpoint`, set
+    `loop.state.should_stop`.
+
+    Order: on_fit_start -> (per optimizer step) on_train_step_end -> (when validating)
+    on_validation_end -> (per epoch) on_epoch_end -> on_fit_end. Validation that is due at a
+    step runs before that step's on_train_step_end, so a checkpoint sees fresh metrics.
+    """
+
+    def on_fit_start(self, loop) -> None: ...
+
+    def on_train_step_end(self, loop) -> None: ...
+
+    def on_metrics(self, loop, metrics: dict[str, float]) -> None:
+        """Called whenever metrics are logged (training, validation, or by a callback)."""
+
+    def on_validation_end(self, loop, metrics: dict[str, float]) -> None: ...
+
+    def on_epoch_end(self, loop) -> None: ...
+
+    def on_fit_end(self, loop) -> None: ...
+
+    def state_dict(self) -> dict:
+        """What this callback needs to continue exactly after a resume."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None: ...

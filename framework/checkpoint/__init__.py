@@ -1,0 +1,1 @@
+"""The checkpoint directory format shared by every strategy."""

@@ -1,0 +1,154 @@
+"""One checkpoint = one directory:
+
+    checkpoints/step=000100/
+        model.pt            model state by parameter name (rank zero)
+        optimizer.pt        optimizer state (rank zero)
+        loop_rank<r>.pt     per rank: loop counters, RNG states, dataloader position, scheduler,
+                            precision (loss scaler) and callback state
+        meta.json           written last: step, epoch, world size, plugins, versions, config,
+                            metrics, and the size of every file (to detect truncation)
+
+Files are written into `.partial-step=000100/` and the directory is renamed into place once
+meta.json is down, so a crash at any moment leaves earlier checkpoints untouched and never
+leaves a directory that looks complete but is not.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from framework.errors import CheckpointError
+
+FORMAT_VERSION = 1
+META = "meta.json"
+PARTIAL_PREFIX = ".partial-"
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step={step:06d}"
+
+
+@dataclass
+class CheckpointInfo:
+    path: Path
+    meta: dict
+
+    @property
+    def step(self) -> int:
+        return int(self.meta["step"])
+
+
+def versions() -> dict[str, str]:
+    import framework
+
+    return {"framework": framework.__version__, "torch": torch.__version__, "python": platform.python_version()}
+
+
+def write_checkpoint(strategy, root: Path, step: int, shared: dict[str, Any], per_rank: dict[str, Any],
+                     meta: dict) -> Path:
+    """Collective: every rank calls it. `shared` (name -> object) is written by rank zero,
+    `per_rank` by each rank as `<name>_rank<r>.pt`. Returns the final directory."""
+    io = strategy.checkpoint_io
+    final = root / checkpoint_name(step)
+    partial = root / f"{PARTIAL_PREFIX}{final.name}"
+    if strategy.is_global_zero:
+        if partial.exists():
+            shutil.rmtree(partial)
+        partial.mkdir(parents=True)
+    strategy.barrier()
+    for name, obj in per_rank.items():
+        io.save(obj, partial / f"{name}_rank{strategy.global_rank}.pt")
+    if strategy.is_global_zero:
+        for name, obj in shared.items():
+            io.save(obj, partial / f"{name}.pt")
+    io.wait()
+    strategy.barrier()
+    if strategy.is_global_zero:
+        files = {p.name: p.stat().st_size for p in sorted(partial.iterdir())}
+        meta = {"format_version": FORMAT_VERSION, "step": step, "world_size": strategy.world_size,
+                "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "versions": versions(), **meta, "files": files}
+        tmp = partial / f".{META}.tmp"
+        tmp.write_text(json.dumps(meta, indent=2, default=str))
+        os.replace(tmp, partial / META)
+        if final.exists():  # the same step saved again (e.g. after a resume): replace it whole
+            trash = root / f"{PARTIAL_PREFIX}old-{final.name}"
+            os.replace(final, trash)
+            os.replace(partial, final)
+            shutil.rmtree(trash)
+        else:
+            os.replace(partial, final)
+    strategy.barrier()
+    return final
+
+
+def read_meta(path: Path) -> dict:
+    meta_path = path / META
+    if not path.is_dir():
+        raise CheckpointError(f"ckpt_path={path}: no such checkpoint directory.")
+    if not meta_path.is_file():
+        raise CheckpointError(f"{path} is not a complete checkpoint: {META} is missing (the write was "
+                              "interrupted, or this is not a checkpoint directory). Use an earlier checkpoint.")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{meta_path} is corrupt ({err}).") from err
+    for key in ("format_version", "step", "files"):
+        if key not in meta:
+            raise CheckpointError(f"{meta_path} lacks '{key}': not a checkpoint of this framework.")
+    if meta["format_version"] > FORMAT_VERSION:
+        raise CheckpointError(f"{path} was written by a newer format (version {meta['format_version']}); "
+                              "upgrade the framework to load it.")
+    return meta
+
+
+def check_files(path: Path, meta: dict, names: list[str]) -> None:
+    for name in names:
+        file = path / name
+        if name not in meta["files"]:
+            raise CheckpointError(f"{path} has no {name} (it holds: {', '.join(meta['files'])}).")
+        if not file.is_file():
+            raise CheckpointError(f"{file} is missing; the checkpoint is incomplete.")
+        expected, actual = meta["files"][name], file.stat().st_size
+        if actual != expected:
+            raise CheckpointError(f"{file} is truncated or corrupt: {actual} bytes on disk, "
+                                  f"{expected} bytes when it was written. Use an earlier checkpoint.")
+
+
+def load_checkpoint_files(io, path: Path, rank: int) -> tuple[dict, dict[str, Any]]:
+    """(meta, {name: object}) for the shared files and this rank's per-rank files."""
+    meta = read_meta(path)
+    shared = [n for n in meta["files"] if n.endswith(".pt") and "_rank" not in n]
+    mine = f"loop_rank{rank}.pt"
+    if mine not in meta["files"]:
+        raise CheckpointError(f"{path} was written by {meta.get('world_size')} process(es) and has no loop "
+                              f"state for rank {rank}; resume it with the same devices x num_nodes.")
+    check_files(path, meta, shared + [mine])
+    objects = {n[:-3]: io.load(path / n) for n in shared}
+    objects["loop"] = io.load(path / mine)
+    return meta, objects
+
+
+def list_checkpoints(root: Path) -> tuple[list[CheckpointInfo], list[Path]]:
+    """(complete checkpoints sorted by step, incomplete directories)."""
+    complete, partial = [], []
+    if not root.is_dir():
+        return complete, partial
+    for child in sorted(root.iterdir()):
+        if not child.is_dir():
+            continue
+        if child.name.startswith(PARTIAL_PREFIX):
+            partial.append(child)
+            continue
+        try:
+            complete.append(CheckpointInfo(child, read_meta(child)))
+        except CheckpointError:
+            partial.append(child)
+    return sorted(complete, key=lambda c: c.step), partial

@@ -1,0 +1,1 @@
+"""checkpoint_io group: how checkpoint bytes reach storage."""

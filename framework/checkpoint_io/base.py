@@ -1,0 +1,40 @@
+"""The CheckpointIO base class."""
+from __future__ import annotations
+
+import os
+import shutil
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+
+class CheckpointIO(ABC):
+    """Writes and reads one object (nested dicts of tensors and plain values) at a path.
+
+    The checkpoint format (framework.checkpoint) decides what goes in which file; a CheckpointIO
+    only moves bytes: `save`, `load`, `remove`, and `wait` (for writers that work in the
+    background; a no-op for synchronous ones)."""
+
+    name: str = "base"
+
+    @abstractmethod
+    def save(self, obj: Any, path: str | os.PathLike) -> None:
+        """Write `obj` to `path` so that a crash leaves either the old file or the new one."""
+
+    @abstractmethod
+    def load(self, path: str | os.PathLike) -> Any:
+        """Read what `save` wrote; raise CheckpointError for a missing or corrupt file.
+        Never unpickles arbitrary objects."""
+
+    def remove(self, path: str | os.PathLike) -> None:
+        p = Path(path)
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+
+    def wait(self) -> None:
+        """Block until every pending write is durable."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

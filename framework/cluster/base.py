@@ -1,0 +1,52 @@
+"""The ClusterEnvironment base class."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+
+class ClusterEnvironment(ABC):
+    """Where a process learns its place in the world.
+
+    `creates_processes_externally` is the launch decision: True when something outside
+    (torchrun, srun, mpirun) already started every process, so `run` joins instead of launching.
+    Rank methods are read in worker processes; before launch only `detect` and
+    `creates_processes_externally` are used.
+    """
+
+    name: str = "base"
+
+    @staticmethod
+    @abstractmethod
+    def detect() -> bool:
+        """Whether the current process runs inside this environment."""
+
+    @property
+    @abstractmethod
+    def creates_processes_externally(self) -> bool:
+        """True when every process was started outside the framework."""
+
+    @property
+    @abstractmethod
+    def main_address(self) -> str: ...
+
+    @property
+    @abstractmethod
+    def main_port(self) -> int: ...
+
+    @abstractmethod
+    def world_size(self) -> int: ...
+
+    @abstractmethod
+    def global_rank(self) -> int: ...
+
+    @abstractmethod
+    def local_rank(self) -> int: ...
+
+    @abstractmethod
+    def node_rank(self) -> int: ...
+
+    def validate(self, devices: int, num_nodes: int) -> None:
+        """Raise a ConfigError if the environment disagrees with `devices`/`num_nodes`."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

@@ -1,0 +1,97 @@
+"""The structured schema of `conf/train.yaml`, registered with Hydra's ConfigStore.
+
+Hydra merges every YAML and override into these dataclasses, so an unknown key or a value of the
+wrong type is rejected while the config is composed, naming the key. The plugin groups are
+`_target_` nodes whose arguments are checked against the target's signature by
+`framework.config.targets` (one schema per class, written once, in the class itself).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class TrainerConfig:
+    """How long to train and how the loop behaves."""
+
+    max_steps: Optional[int] = 300
+    """Stop after this many optimizer steps; null for no limit (then max_epochs must be set)."""
+    max_epochs: Optional[int] = None
+    """Stop after this many passes over the training data; null for no limit."""
+    val_every: int = 100
+    """Validate every N optimizer steps (and always once at the end)."""
+    val_at_start: bool = True
+    """Validate once before the first step, so logs show where training started."""
+    val_batches: Optional[int] = None
+    """Use at most this many validation batches per validation; null for all of them."""
+    accumulate: int = 1
+    """Gradient accumulation: micro-batches per optimizer step."""
+    clip_grad_norm: Optional[float] = None
+    """Clip the global gradient norm to this value (after unscaling); null for no clipping."""
+    clip_grad_value: Optional[float] = None
+    """Clamp every gradient element to [-v, v]; null for no clipping."""
+    log_every: int = 20
+    """Log training metrics (and print them when there is no progress bar) every N steps."""
+    deterministic: bool = False
+    """Use only deterministic algorithms (torch.use_deterministic_algorithms)."""
+    progress_bar: bool = True
+    """Show a live progress bar with loss and throughput (only ever on a terminal, rank zero)."""
+    objective: str = "val/loss"
+    """The metric `run` returns (for Hydra sweepers); its last logged value."""
+
+
+@dataclass
+class TrainConfig:
+    """The root of the config tree (`conf/train.yaml`)."""
+
+    accelerator: Any = MISSING
+    """Device type and placement (conf/accelerator)."""
+    strategy: Any = MISSING
+    """How the model is wrapped and processes communicate (conf/strategy)."""
+    precision: Any = MISSING
+    """Autocast, loss scaling, clipping and dtype conversion (conf/precision)."""
+    checkpoint_io: Any = MISSING
+    """How checkpoint bytes reach storage (conf/checkpoint_io)."""
+    cluster: Any = MISSING
+    """Where ranks and the main address come from (conf/cluster)."""
+    model: Any = MISSING
+    """The nn.Module to train (conf/model)."""
+    data: Any = MISSING
+    """Datasets and loader settings (conf/data)."""
+    task: Any = MISSING
+    """How a batch becomes a loss and metrics (conf/task)."""
+    optimizer: Any = MISSING
+    """A partial optimizer: called with the model's parameters (conf/optimizer)."""
+    scheduler: Any = None
+    """A partial LR scheduler (called with the optimizer) plus `interval: step|epoch`; null for none."""
+    logger: Dict[str, Any] = field(default_factory=dict)
+    """Metric loggers by name (conf/logger; choose several with logger=[csv,tensorboard])."""
+    callbacks: Dict[str, Any] = field(default_factory=dict)
+    """Callbacks by name (conf/callbacks; choose several with callbacks=[checkpoint,lr_monitor])."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Loop settings."""
+    devices: Any = 1
+    """Devices (processes) per node: a positive integer or 'auto'."""
+    num_nodes: int = 1
+    """Number of machines."""
+    seed: int = 1234
+    """Seed for Python, NumPy and torch; every run with the same seed and config is repeatable."""
+    ckpt_path: Optional[str] = None
+    """Resume from this checkpoint directory."""
+    resume: Optional[str] = None
+    """'auto': resume from the newest complete checkpoint in the run directory; null: start fresh."""
+    name: str = MISSING
+    """Run name; the run directory is outputs/<name>. Give one to make a run resumable by name."""
+    debug: bool = False
+    """Show full tracebacks for user errors."""
+
+
+def register() -> None:
+    ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+
+
+register()

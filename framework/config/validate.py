@@ -1,0 +1,51 @@
+"""Value checks on the schema's own keys (the dataclasses check types; this checks ranges)."""
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from framework.errors import ConfigError
+
+# (key, predicate on the value, what the value must be)
+_RULES = [
+    ("trainer.max_steps", lambda v: v is None or v >= 1, "a positive integer or null"),
+    ("trainer.max_epochs", lambda v: v is None or v >= 1, "a positive integer or null"),
+    ("trainer.val_every", lambda v: v >= 1, "a positive integer"),
+    ("trainer.val_batches", lambda v: v is None or v >= 1, "a positive integer or null"),
+    ("trainer.accumulate", lambda v: v >= 1, "a positive integer"),
+    ("trainer.clip_grad_norm", lambda v: v is None or v > 0, "a positive number or null"),
+    ("trainer.clip_grad_value", lambda v: v is None or v > 0, "a positive number or null"),
+    ("trainer.log_every", lambda v: v >= 1, "a positive integer"),
+    ("num_nodes", lambda v: v >= 1, "a positive integer"),
+    (
+        "devices",
+        lambda v: v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1),
+        "a positive integer or 'auto'",
+    ),
+    ("resume", lambda v: v in (None, "auto"), "'auto' or null"),
+]
+
+
+def _get(cfg: DictConfig, dotted: str):
+    node = cfg
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
+def check_values(cfg: DictConfig) -> None:
+    problems = []
+    for key, ok, expected in _RULES:
+        value = _get(cfg, key)
+        if not ok(value):
+            problems.append(f"{key}={value!r}: must be {expected}.")
+    t = cfg.trainer
+    if t.max_steps is None and t.max_epochs is None:
+        problems.append("trainer.max_steps and trainer.max_epochs are both null: set one, e.g. trainer.max_steps=500.")
+    if cfg.ckpt_path is not None and cfg.resume is not None:
+        problems.append(f"ckpt_path={cfg.ckpt_path!r} and resume={cfg.resume!r} both choose a checkpoint: give one.")
+    for group in ("accelerator", "strategy", "precision", "checkpoint_io", "cluster", "model", "data", "task", "optimizer"):
+        node = cfg[group]
+        if not isinstance(node, DictConfig) or "_target_" not in node:
+            problems.append(f"{group}: must be a config with a _target_ (choose an option from conf/{group}/).")
+    if problems:
+        raise ConfigError("\n".join(problems) if len(problems) > 1 else problems[0])

@@ -1,0 +1,36 @@
+"""The DataModule base class: two datasets plus how to load them."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from torch.utils.data import Dataset
+
+from framework.config.types import NonNegativeInt, PositiveInt
+
+
+class DataModule(ABC):
+    """Owns a training and a validation dataset and the loader settings.
+
+    Subclasses implement `train_dataset()` and `val_dataset()` (map-style datasets); the
+    framework builds the loaders (framework.data.loaders) with a sampler from the strategy, so a
+    DataModule never deals with ranks.
+    """
+
+    def __init__(self, batch_size: PositiveInt = 32, val_batch_size: PositiveInt | None = None,
+                 num_workers: NonNegativeInt = 0, shuffle: bool = True, drop_last: bool = True):
+        """batch_size: samples per micro-batch per process; val_batch_size: for validation
+        (default: batch_size); num_workers: loader worker processes (0: load in the main process);
+        shuffle: reshuffle the training set every epoch; drop_last: drop a final short batch."""
+        self.batch_size = batch_size
+        self.val_batch_size = val_batch_size or batch_size
+        self.num_workers = num_workers
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+
+    @abstractmethod
+    def train_dataset(self) -> Dataset:
+        """The training split (map-style)."""
+
+    @abstractmethod
+    def val_dataset(self) -> Dataset:
+        """The validation split (map-style)."""

@@ -1,0 +1,29 @@
+"""Build resumable loaders: torchdata's StatefulDataLoader over a sampler from the strategy."""
+from __future__ import annotations
+
+import warnings
+
+import torch
+from framework.data.base import DataModule
+
+warnings.filterwarnings("ignore", message="'set_vital' is deprecated")  # torchdata 0.11 on torch 2.13
+
+
+def build_loader(datamodule: DataModule, strategy, train: bool, seed: int):
+    """The training loader (shuffled per epoch by its sampler's seed + epoch) or the validation
+    loader (in order). Each loader has its own generator so iterating it never draws from the
+    global RNG: validation cannot change what training sees, and resume stays exact."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    dataset = datamodule.train_dataset() if train else datamodule.val_dataset()
+    sampler = strategy.sampler(dataset, shuffle=train and datamodule.shuffle, seed=seed,
+                               drop_last=train and datamodule.drop_last, even=train)
+    return StatefulDataLoader(
+        dataset,
+        batch_size=datamodule.batch_size if train else datamodule.val_batch_size,
+        sampler=sampler,
+        num_workers=datamodule.num_workers,
+        drop_last=train and datamodule.drop_last,
+        generator=torch.Generator().manual_seed(seed),
+        persistent_workers=False,
+    )

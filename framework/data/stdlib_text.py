@@ -1,0 +1,81 @@
+"""A byte-level text corpus every machine has: the Python standard library's own source."""
+from __future__ import annotations
+
+import sysconfig
+import zlib
+from functools import cached_property
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+
+from framework.config.types import PositiveInt
+from framework.data.base import DataModule
+
+# Folders of the stdlib that are not ordinary library code (tests, vendored packages).
+SKIPPED_DIRS = {"test", "tests", "site-packages", "dist-packages", "idlelib", "lib2to3", "__pycache__",
+                "ensurepip", "turtledemo", "tkinter"}
+
+
+def stdlib_files(root: Path | None = None) -> list[Path]:
+    """The stdlib's .py files in a fixed (sorted) order."""
+    root = Path(root or sysconfig.get_paths()["stdlib"])
+    files = [p for p in root.rglob("*.py") if not SKIPPED_DIRS.intersection(p.relative_to(root).parts)]
+    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
+
+
+class TokenBlocks(Dataset):
+    """Non-overlapping windows of `block_size + 1` tokens: (input, target shifted by one)."""
+
+    def __init__(self, tokens: torch.Tensor, block_size: int):
+        self.tokens = tokens
+        self.block_size = block_size
+
+    def __len__(self) -> int:
+        return max(0, (len(self.tokens) - 1) // self.block_size)
+
+    def __getitem__(self, i: int):
+        chunk = self.tokens[i * self.block_size: (i + 1) * self.block_size + 1].long()
+        return chunk[:-1], chunk[1:]
+
+
+class StdlibText(DataModule):
+    """Bytes of the stdlib's .py files. A file goes to validation when crc32 of its relative path
+    falls in the val share, so the split is the same on every run and machine with this Python."""
+
+    def __init__(self, block_size: PositiveInt = 128, max_bytes: PositiveInt = 2_000_000,
+                 val_percent: PositiveInt = 10, root: str | None = None, **loader):
+        """block_size: tokens per sample (the model's context); max_bytes: read at most this many
+        bytes of source (the train and val shares together); val_percent: share of files held out
+        for validation; root: a folder of .py files to use instead of the stdlib."""
+        super().__init__(**loader)
+        if not 0 < val_percent < 100:
+            from framework.errors import ConfigError
+            raise ConfigError(f"data.val_percent={val_percent}: must be between 1 and 99.")
+        self.block_size = block_size
+        self.max_bytes = max_bytes
+        self.val_percent = val_percent
+        self.root = Path(root) if root else Path(sysconfig.get_paths()["stdlib"])
+
+    @cached_property
+    def _splits(self) -> tuple[torch.Tensor, torch.Tensor]:
+        train, val, total = bytearray(), bytearray(), 0
+        for path in stdlib_files(self.root):
+            data = path.read_bytes()
+            if total + len(data) > self.max_bytes:
+                break
+            total += len(data)
+            rel = path.relative_to(self.root).as_posix().encode()
+            (val if zlib.crc32(rel) % 100 < self.val_percent else train).extend(data)
+        if not train or not val:
+            from framework.errors import ConfigError
+            raise ConfigError(f"data: too little text under {self.root} with max_bytes={self.max_bytes} "
+                              "to fill both a train and a val split; raise data.max_bytes.")
+        as_tensor = lambda b: torch.frombuffer(bytearray(b), dtype=torch.uint8)  # noqa: E731
+        return as_tensor(train), as_tensor(val)
+
+    def train_dataset(self) -> Dataset:
+        return TokenBlocks(self._splits[0], self.block_size)
+
+    def val_dataset(self) -> Dataset:
+        return TokenBlocks(self._splits[1], self.block_size)

@@ -1,0 +1,55 @@
+"""User-facing errors: one clear paragraph, exit code 2, no traceback unless asked for."""
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+
+USER_ERROR_EXIT_CODE = 2
+
+
+class UserError(Exception):
+    """A mistake in what the user gave us (config, file, combination). Never a framework bug."""
+
+
+class ConfigError(UserError):
+    """A bad key, value, type or combination in the configuration."""
+
+
+class CheckpointError(UserError):
+    """A checkpoint that is missing, incomplete, corrupt or unsafe to load."""
+
+
+def wants_traceback(debug: bool = False) -> bool:
+    return bool(debug) or os.environ.get("HYDRA_FULL_ERROR") == "1"
+
+
+def report(err: BaseException, stream=None) -> None:
+    """Print `err` as one wrapped paragraph, prefixed with its kind."""
+    stream = stream or sys.stderr
+    kind = {ConfigError: "configuration error", CheckpointError: "checkpoint error"}.get(type(err), "error")
+    text = " ".join(str(err).split()) if "\n" not in str(err) else str(err)
+    body = "\n".join(textwrap.fill(line, 100) if line else "" for line in text.splitlines())
+    print(f"{kind}: {body}\n(set debug=true or HYDRA_FULL_ERROR=1 for a traceback)", file=stream)
+
+
+class _RunnerState:
+    entered = False
+
+
+runner_state = _RunnerState()
+
+
+def guard_hydra_main(main) -> None:
+    """Run a `@hydra.main` function. Hydra reports composition errors (unknown option, bad
+    override, schema mismatch) itself and exits 1 before `framework.run` is entered; those are
+    the user's mistakes, so they leave with exit code 2 like every other user error."""
+    from framework.config.overrides import quote_numeric_choices
+
+    sys.argv[1:] = quote_numeric_choices(sys.argv[1:])
+    try:
+        main()
+    except SystemExit as exit_:
+        if exit_.code == 1 and not runner_state.entered:
+            raise SystemExit(USER_ERROR_EXIT_CODE) from None
+        raise

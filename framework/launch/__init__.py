@@ -1,0 +1,1 @@
+"""Launching: run the worker here, or join processes created outside."""

@@ -1,0 +1,91 @@
+"""What every training process runs: build everything from the resolved config, then fit."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from framework.checkpoint.format import list_checkpoints
+from framework.checkpoint.rng import seed_everything
+from framework.config.build import build, guarded
+from framework.errors import ConfigError
+from framework.plugins import build_plugins
+
+SCHEDULER_INTERVALS = ("step", "epoch")
+
+
+def build_scheduler(node, optimizer):
+    if node is None:
+        return None, "step"
+    node = OmegaConf.create(OmegaConf.to_container(node))
+    interval = node.pop("interval", "step")
+    if interval not in SCHEDULER_INTERVALS:
+        raise ConfigError(f"scheduler.interval={interval!r}: must be one of {', '.join(SCHEDULER_INTERVALS)}.")
+    return guarded(build(node, "scheduler"), "scheduler")(optimizer), interval
+
+
+def resume_path(cfg, output_dir: Path, say) -> Path | None:
+    """The checkpoint to resume from: ckpt_path, or with resume=auto the newest complete one."""
+    if cfg.ckpt_path:
+        return Path(cfg.ckpt_path).expanduser()
+    if cfg.resume != "auto":
+        return None
+    complete, partial = list_checkpoints(output_dir / "checkpoints")
+    for p in partial:
+        say(f"resume=auto: ignoring incomplete checkpoint {p} (its write did not finish)")
+    if not complete:
+        say(f"resume=auto: no checkpoint in {output_dir / 'checkpoints'}; starting from step 0")
+        return None
+    return complete[-1].path
+
+
+def configure_determinism(deterministic: bool) -> None:
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # required by cuBLAS
+        torch.use_deterministic_algorithms(True)
+
+
+def train_worker(config: dict, output_dir: str) -> dict[str, float]:
+    """Entry of every training process. `config` is the resolved config as plain containers
+    (picklable: workers never re-read sys.argv or Hydra state). Returns the final metrics."""
+    from framework.callbacks.progress import RichProgress, TextProgress
+    from framework.data.loaders import build_loader
+    from framework.loop.fit_loop import FitLoop
+
+    cfg = OmegaConf.create(config)
+    output_dir = Path(output_dir)
+    plugins = build_plugins(cfg)
+    strategy = plugins.strategy
+    strategy.setup_environment()
+    try:
+        seed_everything(cfg.seed)
+        configure_determinism(cfg.trainer.deterministic)
+        datamodule = build(cfg.data, "data")
+        task = build(cfg.task, "task")
+        model = build(cfg.model, "model")
+        optimizer_factory = guarded(build(cfg.optimizer, "optimizer"), "optimizer")
+        model, optimizer = strategy.setup(model, optimizer_factory)
+        scheduler, interval = build_scheduler(cfg.scheduler, optimizer)
+        train_loader = build_loader(datamodule, strategy, train=True, seed=cfg.seed)
+        val_loader = build_loader(datamodule, strategy, train=False, seed=cfg.seed)
+
+        callbacks = {name: build(node, f"callbacks.{name}") for name, node in cfg.callbacks.items()}
+        loggers = []
+        if strategy.is_global_zero:
+            loggers = [build(node, f"logger.{name}", save_dir=str(output_dir)) for name, node in cfg.logger.items()]
+            for logger in loggers:
+                logger.log_hyperparams(config)
+            bar = cfg.trainer.progress_bar and sys.stdout.isatty()
+            callbacks["progress"] = RichProgress() if bar else TextProgress()
+        run_meta = {"strategy": strategy.name, "precision": plugins.precision.name,
+                    "accelerator": plugins.accelerator.name, "config": config}
+        loop = FitLoop(strategy=strategy, task=task, model=model, optimizer=optimizer, scheduler=scheduler,
+                       scheduler_interval=interval, train_loader=train_loader, val_loader=val_loader,
+                       trainer=cfg.trainer, callbacks=callbacks, loggers=loggers, output_dir=output_dir,
+                       run_meta=run_meta)
+        return loop.fit(resume_path(cfg, output_dir, loop.say))
+    finally:
+        strategy.teardown()

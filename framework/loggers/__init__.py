@@ -1,0 +1,1 @@
+"""Metric loggers (conf/logger): csv (default), tensorboard. Several can be used together."""

@@ -1,0 +1,219 @@
+"""The training loop: steps, accumulation, validation, callbacks, logging, checkpoints.
+
+It talks to the strategy alone for anything device-, precision- or process-specific.
+"""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from framework.checkpoint.format import load_checkpoint_files, write_checkpoint
+from framework.checkpoint.rng import rng_state, set_rng_state
+from framework.errors import CheckpointError, ConfigError
+from framework.loop.state import LoopState
+
+
+class FitLoop:
+    def __init__(self, *, strategy, task, model, optimizer, scheduler, scheduler_interval: str,
+                 train_loader, val_loader, trainer, callbacks: dict, loggers: list, output_dir: Path,
+                 run_meta: dict):
+        self.strategy = strategy
+        self.task = task
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.scheduler_interval = scheduler_interval
+        self.train_loader = train_loader
+        self.val_loader = val_loader
+        self.trainer = trainer
+        self.callbacks = callbacks
+        self.loggers = loggers
+        self.output_dir = Path(output_dir)
+        self.checkpoint_dir = self.output_dir / "checkpoints"
+        self.run_meta = run_meta
+        self.state = LoopState()
+        self._window = {"loss": torch.zeros((), dtype=torch.float64, device=strategy.root_device),
+                        "batches": 0, "items": 0, "start": time.perf_counter()}
+
+    # ---- public surface for callbacks --------------------------------------------------
+    def log_metrics(self, metrics: dict[str, float]) -> None:
+        """Record metrics at the current step and send them to the loggers (rank zero only)."""
+        self.state.metrics.update(metrics)
+        self.state.metric_steps.update({k: self.state.step for k in metrics})
+        for logger in self.loggers:
+            logger.log_metrics(metrics, self.state.step)
+        self._hook("on_metrics", metrics)
+
+    def say(self, message: str) -> None:
+        if self.strategy.is_global_zero:
+            print(message, flush=True)
+
+    def _hook(self, name: str, *args) -> None:
+        for callback in self.callbacks.values():
+            getattr(callback, name)(self, *args)
+
+    # ---- fit ----------------------------------------------------------------------------
+    def fit(self, resume_from: Path | None = None) -> dict[str, float]:
+        if len(self.train_loader) == 0:
+            raise ConfigError("data: the training set gives no batches at this batch size and world size; "
+                              "lower data.batch_size or set data.drop_last=false.")
+        if resume_from is not None:
+            self.restore(resume_from)
+        self.model.train()
+        self._hook("on_fit_start")
+        if self.trainer.val_at_start and self.state.step == 0:
+            self.validate()
+        while not self._done():
+            self._run_epoch()
+        if self.state.last_val_step != self.state.step:
+            self.validate()
+        self._hook("on_fit_end")
+        for logger in self.loggers:
+            logger.finalize()
+        return dict(self.state.metrics)
+
+    def _done(self) -> bool:
+        t, s = self.trainer, self.state
+        return (s.should_stop or (t.max_steps is not None and s.step >= t.max_steps)
+                or (t.max_epochs is not None and s.epoch >= t.max_epochs))
+
+    def _run_epoch(self) -> None:
+        strategy, k = self.strategy, self.trainer.accumulate
+        self.train_loader.sampler.set_epoch(self.state.epoch)
+        n = len(self.train_loader)
+        for batch in self.train_loader:
+            index = self.state.batch_in_epoch
+            position = index % k
+            group = min(k, n - (index - position))  # the last group of an epoch may be short
+            is_last = position == group - 1
+            batch = strategy.batch_to_device(batch)
+            with strategy.no_backward_sync(self.model, skip=not is_last):
+                with strategy.forward_context():
+                    loss = self.task.training_step(self.model, batch)
+                strategy.backward(loss / group)
+            self._window["loss"] += loss.detach().double()
+            self._window["batches"] += 1
+            self._window["items"] += self.task.batch_size(batch)
+            self.state.batch_in_epoch += 1
+            if is_last:
+                self._optimizer_step()
+                if self._done():
+                    return
+        self.state.epoch += 1
+        self.state.batch_in_epoch = 0
+        if self.scheduler is not None and self.scheduler_interval == "epoch":
+            self.scheduler.step()
+        self._hook("on_epoch_end")
+
+    def _optimizer_step(self) -> None:
+        strategy, t = self.strategy, self.trainer
+        grad_norm = strategy.clip_gradients(self.model, self.optimizer, t.clip_grad_norm, t.clip_grad_value)
+        stepped = strategy.optimizer_step(self.optimizer)
+        strategy.zero_grad(self.optimizer)
+        if self.scheduler is not None and self.scheduler_interval == "step":
+            self.scheduler.step()
+        self.state.step += 1
+        if self.state.step % t.log_every == 0:
+            self._log_train(grad_norm, stepped)
+        if self.state.step % t.val_every == 0:
+            self.validate()
+        self._hook("on_train_step_end")
+
+    def _log_train(self, grad_norm, stepped: bool) -> None:
+        w = self._window
+        elapsed = max(time.perf_counter() - w["start"], 1e-9)
+        loss = self.strategy.reduce(w["loss"] / max(w["batches"], 1), "mean").item()  # one sync per interval
+        metrics = {"train/loss": loss,
+                   f"train/{self.task.throughput_unit}_per_s": w["items"] * self.strategy.world_size / elapsed}
+        if grad_norm is not None:
+            metrics["train/grad_norm"] = float(grad_norm)
+        scale = getattr(self.strategy.precision, "loss_scale", None)
+        if scale is not None:
+            metrics["train/loss_scale"] = float(scale)
+        if not stepped:
+            metrics["train/skipped_step"] = 1.0
+        self.log_metrics(metrics)
+        w["loss"].zero_()
+        w["batches"] = w["items"] = 0
+        w["start"] = time.perf_counter()
+
+    # ---- validation ---------------------------------------------------------------------
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        strategy = self.strategy
+        self.model.eval()
+        sums: dict[str, torch.Tensor] = {}
+        for i, batch in enumerate(self.val_loader):
+            if self.trainer.val_batches is not None and i >= self.trainer.val_batches:
+                break
+            batch = strategy.batch_to_device(batch)
+            with strategy.forward_context():
+                out = self.task.validation_step(self.model, batch)
+            for key, value in out.items():
+                sums[key] = sums[key] + value if key in sums else value.clone()
+        self.model.train()
+        if not sums:
+            raise ConfigError("data: the validation set gives no batches; lower data.val_batch_size.")
+        keys = sorted(sums)
+        totals = strategy.reduce(torch.stack([sums[k].double() for k in keys]), "sum")  # one collective
+        metrics = {f"val/{k}": v for k, v in self.task.compute_metrics(dict(zip(keys, totals))).items()}
+        self.log_metrics(metrics)
+        self.state.last_val_step = self.state.step
+        self._hook("on_validation_end", metrics)
+        return metrics
+
+    # ---- checkpoints --------------------------------------------------------------------
+    def save_checkpoint(self) -> Path:
+        strategy = self.strategy
+        per_rank = {"loop": {
+            "state": self.state.state_dict(),
+            "rng": rng_state(),
+            "train_loader": self.train_loader.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "precision": strategy.precision.state_dict(),
+            "callbacks": {name: cb.state_dict() for name, cb in self.callbacks.items()},
+            "train_window": {"loss": self._window["loss"].cpu(), "batches": self._window["batches"],
+                             "items": self._window["items"]},
+        }}
+        shared = {"model": strategy.model_state_dict(self.model),
+                  "optimizer": strategy.optimizer_state_dict(self.model, self.optimizer)}
+        meta = {**self.run_meta, "epoch": self.state.epoch, "metrics": self.state.fresh_metrics()}
+        path = write_checkpoint(strategy, self.checkpoint_dir, self.state.step, shared,
+                                per_rank, meta)
+        self.say(f"saved checkpoint {path}")
+        return path
+
+    def restore(self, path: Path) -> None:
+        strategy = self.strategy
+        meta, objects = load_checkpoint_files(strategy.checkpoint_io, Path(path), strategy.global_rank)
+        try:
+            strategy.load_model_state_dict(self.model, objects["model"])
+            strategy.load_optimizer_state_dict(self.model, self.optimizer, objects["optimizer"])
+        except (RuntimeError, KeyError, ValueError) as err:
+            raise CheckpointError(f"{path} does not fit this model/optimizer ({str(err).splitlines()[0]}); "
+                                  "it was saved from a different config (see its meta.json).") from err
+        loop = objects["loop"]
+        self.state.load_state_dict(loop["state"])
+        self.train_loader.load_state_dict(loop["train_loader"])
+        if self.scheduler is not None and loop["scheduler"] is not None:
+            self.scheduler.load_state_dict(loop["scheduler"])
+        strategy.precision.load_state_dict(loop["precision"])
+        for name, cb in self.callbacks.items():
+            if name in loop["callbacks"]:
+                cb.load_state_dict(loop["callbacks"][name])
+        window = loop["train_window"]
+        self._window.update(loss=window["loss"].to(strategy.root_device), batches=window["batches"],
+                            items=window["items"])
+        set_rng_state(loop["rng"])
+        for logger in self.loggers:
+            logger.truncate(self.state.step)
+        self.say(f"resumed from {path} at step {self.state.step} (epoch {self.state.epoch})")
+
+
+def objective(metrics: dict[str, Any], name: str) -> float | None:
+    value = metrics.get(name)
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)

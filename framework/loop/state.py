@@ -1,0 +1,35 @@
+"""The loop's counters: everything besides model, optimizer and RNG that a resume restores."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class LoopState:
+    step: int = 0
+    """Optimizer steps taken."""
+    epoch: int = 0
+    """Completed passes over the training data."""
+    batch_in_epoch: int = 0
+    """Micro-batches consumed in the current epoch."""
+    should_stop: bool = False
+    """Set by a callback (early stopping) to end the run after this step."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """The latest value of every logged metric."""
+    metric_steps: dict[str, int] = field(default_factory=dict)
+    """The step at which each metric was last logged."""
+    last_val_step: int | None = None
+    """The step of the latest validation."""
+
+    def fresh_metrics(self) -> dict[str, float]:
+        """Metrics logged at the current step."""
+        return {k: v for k, v in self.metrics.items() if self.metric_steps.get(k) == self.step}
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+                "should_stop": self.should_stop, "metrics": dict(self.metrics),
+                "metric_steps": dict(self.metric_steps), "last_val_step": self.last_val_step}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)

@@ -1,0 +1,1 @@
+"""Models the framework ships for its examples and tests."""

@@ -1,0 +1,29 @@
+"""Build the five plugin objects from a config and compose them into the strategy."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omegaconf import DictConfig
+
+from framework.config.build import build
+
+
+@dataclass
+class Plugins:
+    accelerator: object
+    precision: object
+    checkpoint_io: object
+    cluster: object
+    strategy: object
+
+
+def build_plugins(cfg: DictConfig) -> Plugins:
+    """Constructors are side-effect free (no device, no process group), so this is safe in the
+    launching process for validation and again in every worker."""
+    accelerator = build(cfg.accelerator, "accelerator")
+    precision = build(cfg.precision, "precision")
+    checkpoint_io = build(cfg.checkpoint_io, "checkpoint_io")
+    cluster = build(cfg.cluster, "cluster")
+    strategy = build(cfg.strategy, "strategy", accelerator=accelerator, precision=precision,
+                     checkpoint_io=checkpoint_io, cluster=cluster)
+    return Plugins(accelerator, precision, checkpoint_io, cluster, strategy)

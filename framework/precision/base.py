@@ -1,0 +1,86 @@
+"""The Precision base class: float32, plus the gradient clipping every precision shares."""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Any, ContextManager, Iterable
+
+import torch
+
+
+def cast_floating(data: Any, dtype: torch.dtype) -> Any:
+    """`data` with every floating-point tensor cast to `dtype` (nested tuples, lists, dicts)."""
+    if isinstance(data, torch.Tensor):
+        return data.to(dtype) if data.is_floating_point() else data
+    if isinstance(data, dict):
+        return {k: cast_floating(v, dtype) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return type(data)(cast_floating(v, dtype) for v in data)
+    return data
+
+
+class Precision:
+    """Full float32 precision; subclasses change dtypes, autocast and loss scaling.
+
+    Method surface, in the order the strategy calls it: `setup(device_type)`, `convert_module`,
+    per micro-batch `convert_input` and `forward_context`, `backward`; per optimizer step
+    `clip_gradients` (unscales first when scaling), `optimizer_step` (False when the step was
+    skipped); `state_dict` / `load_state_dict` for checkpoints.
+    """
+
+    name = "32"
+    #: dtype of the parameters the optimizer updates
+    param_dtype: torch.dtype = torch.float32
+    #: dtype autocast computes in, if any
+    compute_dtype: torch.dtype = torch.float32
+
+    def __init__(self):
+        self.device_type = "cpu"
+
+    def setup(self, device_type: str) -> None:
+        self.device_type = device_type
+
+    def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        return module
+
+    def convert_input(self, batch: Any) -> Any:
+        return batch
+
+    def forward_context(self) -> ContextManager:
+        return nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        """Bring gradients to their true scale before clipping (a no-op without loss scaling)."""
+
+    def clip_gradients(
+        self,
+        parameters: Iterable[torch.Tensor],
+        optimizer: torch.optim.Optimizer,
+        max_norm: float | None = None,
+        max_value: float | None = None,
+    ) -> torch.Tensor | None:
+        """Clip by value and/or by global norm; returns the total norm before clipping (or None)."""
+        if max_norm is None and max_value is None:
+            return None
+        self.unscale_gradients(optimizer)
+        params = [p for p in parameters if p.grad is not None]
+        if max_value is not None:
+            torch.nn.utils.clip_grad_value_(params, max_value)
+        if max_norm is not None:
+            return torch.nn.utils.clip_grad_norm_(params, max_norm)
+        return None
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        optimizer.step()
+        return True
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

@@ -1,0 +1,78 @@
+"""`framework.run(cfg)`: validate, build the plugins, launch, fit, return the objective."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from framework.checkpoint.format import list_checkpoints
+from framework.config.compatibility import Plan, check_compatibility
+from framework.config.targets import check_targets
+from framework.config.validate import check_values
+from framework.errors import ConfigError, UserError, report, runner_state, wants_traceback
+from framework.launch.launcher import launch
+from framework.plugins import build_plugins
+
+
+def hydra_output_dir(name: str) -> Path:
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        return Path(HydraConfig.get().runtime.output_dir)
+    return Path("outputs") / name
+
+
+def check_run_dir(cfg: DictConfig, output_dir: Path) -> None:
+    """Refuse to start a fresh run over an earlier run's checkpoints (nothing is ever lost)."""
+    if cfg.resume or cfg.ckpt_path:
+        return
+    complete, _ = list_checkpoints(output_dir / "checkpoints")
+    if complete:
+        raise ConfigError(
+            f"{output_dir} already holds checkpoints of an earlier run (newest: {complete[-1].path.name}). "
+            "Continue it with resume=auto, or start a separate run with another name=..."
+        )
+
+
+def run(cfg: DictConfig, output_dir: str | Path | None = None) -> float | None:
+    runner_state.entered = True
+    try:
+        return _run(cfg, output_dir)
+    except UserError as err:
+        if wants_traceback(bool(cfg.get("debug", False))):
+            raise
+        report(err)
+        raise SystemExit(2) from None
+
+
+def _run(cfg: DictConfig, output_dir) -> float | None:
+    # 1. validate (schema types were checked by Hydra while composing)
+    check_values(cfg)
+    check_targets(cfg)
+    config = OmegaConf.to_container(cfg, resolve=True)
+    resolved = OmegaConf.create(config)
+    output_dir = Path(output_dir) if output_dir else hydra_output_dir(resolved.name)
+    # 2. build the five plugins (side-effect free) and check the combination
+    plugins = build_plugins(resolved)
+    devices = plugins.accelerator.resolve_devices(resolved.devices)
+    check_compatibility(Plan(plugins.accelerator, plugins.strategy, plugins.precision, plugins.checkpoint_io,
+                             plugins.cluster, devices, resolved.num_nodes))
+    check_run_dir(resolved, output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(resolved, output_dir / "config.yaml")
+    # 3. launch and 4. fit
+    started = time.time()
+    metrics = launch(config, output_dir, plugins, devices * resolved.num_nodes)
+    # 5. the objective, for sweepers
+    objective_name = resolved.trainer.objective
+    objective = metrics.get(objective_name)
+    summary = {"name": resolved.name, "objective": objective_name, "objective_value": objective,
+               "metrics": metrics, "wall_time_s": round(time.time() - started, 3),
+               "strategy": plugins.strategy.name, "precision": plugins.precision.name,
+               "world_size": devices * resolved.num_nodes, "output_dir": str(output_dir)}
+    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    if objective is None:
+        print(f"note: trainer.objective={objective_name!r} was never logged; returning None.")
+    return objective

@@ -1,0 +1,1 @@
+"""Learning-rate schedules the framework adds to torch's (conf/scheduler)."""

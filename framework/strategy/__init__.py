@@ -1,0 +1,1 @@
+"""strategy group: wraps model and optimizer, owns processes and collectives, backward and step."""

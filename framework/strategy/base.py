@@ -1,0 +1,199 @@
+"""The Strategy base class: the only object the training loop talks to."""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Any, Callable, ContextManager, Iterable
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import Dataset, DistributedSampler
+
+from framework.accelerator.base import Accelerator
+from framework.checkpoint_io.base import CheckpointIO
+from framework.cluster.base import ClusterEnvironment
+from framework.precision.base import Precision
+
+_REDUCE_OPS = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}
+
+
+def move_to_device(data: Any, device: torch.device) -> Any:
+    if isinstance(data, torch.Tensor):
+        return data.to(device, non_blocking=True)
+    if isinstance(data, dict):
+        return {k: move_to_device(v, device) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return type(data)(move_to_device(v, device) for v in data)
+    return data
+
+
+class Strategy:
+    """Composes the other four plugins and exposes everything the loop needs.
+
+    Method surface, in the order the runner and loop call it:
+    - `setup_environment()`: in each worker, before anything else: device, process group.
+    - `setup(model, optimizer_factory) -> (model, optimizer)`: precision conversion, placement,
+      wrapping, then the optimizer built over the wrapped parameters.
+    - `sampler(dataset, shuffle, seed)`: this rank's share of a dataset.
+    - per micro-batch: `batch_to_device`, `forward_context`, `backward`, inside
+      `no_backward_sync(model, skip)` while accumulating.
+    - per optimizer step: `clip_gradients`, `optimizer_step` (False if skipped), `zero_grad`.
+    - collectives: `barrier`, `broadcast`, `all_gather`, `reduce`; `is_global_zero`.
+    - checkpoints: `model_state_dict`, `optimizer_state_dict`, `load_model_state_dict`,
+      `load_optimizer_state_dict`, and `checkpoint_io` for the bytes.
+    - `teardown()`: at the end, also after an error.
+
+    The collectives work for any world size: with no process group they are identities.
+    """
+
+    name: str = "base"
+    #: whether this strategy runs several processes (the compatibility table reads it)
+    multi_process: bool = False
+
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        precision: Precision | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        cluster: ClusterEnvironment | None = None,
+    ):
+        from framework.accelerator.cpu import CPUAccelerator
+        from framework.checkpoint_io.torch import TorchCheckpointIO
+        from framework.cluster.local import LocalEnvironment
+        from framework.precision.fp32 import FP32Precision
+
+        self.accelerator = accelerator or CPUAccelerator()
+        self.precision = precision or FP32Precision()
+        self.checkpoint_io = checkpoint_io or TorchCheckpointIO()
+        self.cluster = cluster or LocalEnvironment()
+        self.root_device = torch.device("cpu")
+
+    # ---- environment -------------------------------------------------------------------
+    def setup_environment(self) -> None:
+        self.root_device = self.accelerator.device_for(self.local_rank)
+        self.accelerator.setup_device(self.root_device)
+        self.precision.setup(self.root_device.type)
+
+    @property
+    def world_size(self) -> int:
+        return dist.get_world_size() if _distributed() else 1
+
+    @property
+    def global_rank(self) -> int:
+        return dist.get_rank() if _distributed() else 0
+
+    @property
+    def local_rank(self) -> int:
+        return self.cluster.local_rank() if _distributed() else 0
+
+    @property
+    def node_rank(self) -> int:
+        return self.cluster.node_rank() if _distributed() else 0
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.global_rank == 0
+
+    # ---- model and optimizer -----------------------------------------------------------
+    def setup(self, model: torch.nn.Module, optimizer_factory: Callable[..., torch.optim.Optimizer]):
+        model = self.precision.convert_module(model).to(self.root_device)
+        model = self.wrap_model(model)
+        return model, optimizer_factory(model.parameters())
+
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Wrap the placed model (DDP, FSDP, ...). The base class returns it unchanged."""
+        return model
+
+    def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        return getattr(model, "module", model)
+
+    def batch_to_device(self, batch: Any) -> Any:
+        return self.precision.convert_input(move_to_device(batch, self.root_device))
+
+    def forward_context(self) -> ContextManager:
+        return self.precision.forward_context()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.precision.backward(loss)
+
+    def no_backward_sync(self, model: torch.nn.Module, skip: bool) -> ContextManager:
+        """While accumulating (`skip=True`), do not synchronise gradients across ranks."""
+        return nullcontext()
+
+    def clip_gradients(self, model, optimizer, max_norm=None, max_value=None) -> torch.Tensor | None:
+        return self.precision.clip_gradients(model.parameters(), optimizer, max_norm, max_value)
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        return self.precision.optimizer_step(optimizer)
+
+    def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
+        optimizer.zero_grad(set_to_none=True)
+
+    # ---- data ---------------------------------------------------------------------------
+    def sampler(self, dataset: Dataset, shuffle: bool, seed: int, drop_last: bool = False,
+                even: bool = True):
+        """This rank's share of `dataset`. `even=True` (training) gives every rank the same number
+        of samples (DistributedSampler, reshuffled by seed + epoch); `even=False` (evaluation)
+        gives each sample to exactly one rank."""
+        if not even:
+            from framework.data.sampler import ShardSampler
+
+            return ShardSampler(len(dataset), self.world_size, self.global_rank)
+        return DistributedSampler(dataset, num_replicas=self.world_size, rank=self.global_rank,
+                                  shuffle=shuffle, seed=seed, drop_last=drop_last)
+
+    # ---- collectives --------------------------------------------------------------------
+    def barrier(self) -> None:
+        if _distributed():
+            dist.barrier()
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        if not _distributed():
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Stack every rank's `tensor` (same shape on each) into shape (world_size, *shape)."""
+        if not _distributed():
+            return tensor.unsqueeze(0)
+        out = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        dist.all_gather(out, tensor.contiguous())
+        return torch.stack(out)
+
+    def reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
+        """Reduce `tensor` over all ranks with op in {sum, mean, max, min}; every rank gets it."""
+        if op not in _REDUCE_OPS:
+            raise ValueError(f"reduce op must be one of {sorted(_REDUCE_OPS)}, not {op!r}")
+        if not _distributed():
+            return tensor
+        out = tensor.clone()
+        dist.all_reduce(out, op=getattr(dist.ReduceOp, _REDUCE_OPS[op]))
+        return out / self.world_size if op == "mean" else out
+
+    # ---- checkpoint state ---------------------------------------------------------------
+    def model_state_dict(self, model: torch.nn.Module) -> dict:
+        return self.unwrap(model).state_dict()
+
+    def load_model_state_dict(self, model: torch.nn.Module, state: dict) -> None:
+        self.unwrap(model).load_state_dict(state)
+
+    def optimizer_state_dict(self, model, optimizer: torch.optim.Optimizer) -> dict:
+        return optimizer.state_dict()
+
+    def load_optimizer_state_dict(self, model, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        optimizer.load_state_dict(state)
+
+    def teardown(self) -> None:
+        self.checkpoint_io.wait()
+
+    def describe(self) -> str:
+        return (f"{self.name} (accelerator={self.accelerator.name}, precision={self.precision.name}, "
+                f"checkpoint_io={self.checkpoint_io.name}, cluster={self.cluster.name})")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()

@@ -1,0 +1,1 @@
+"""task group: how a batch becomes a loss and metrics."""

@@ -1,0 +1,38 @@
+"""The Task base class a user subclasses for custom training and validation steps."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+
+class Task(ABC):
+    """Turns a batch into a loss (training) and into summable statistics (validation).
+
+    - `training_step(model, batch)` returns the loss to minimise (a scalar tensor).
+    - `validation_step(model, batch)` returns a dict of tensors that are *sums* over the batch
+      (e.g. summed loss and a count). Sums add up across batches and ranks exactly, so the loop
+      reduces them with one all-reduce and then calls
+    - `compute_metrics(sums)`, which turns the totals into the reported metrics (loss,
+      perplexity, accuracy...). Metric names get a `val/` prefix when logged.
+    - `batch_size(batch)` counts samples for throughput.
+    """
+
+    #: the unit `batch_size` counts, shown in throughput ("samples/s", "tokens/s")
+    throughput_unit = "samples"
+
+    @abstractmethod
+    def training_step(self, model: torch.nn.Module, batch) -> torch.Tensor:
+        """The loss of one micro-batch."""
+
+    @abstractmethod
+    def validation_step(self, model: torch.nn.Module, batch) -> dict[str, torch.Tensor]:
+        """Per-batch sums to accumulate (float tensors)."""
+
+    @abstractmethod
+    def compute_metrics(self, sums: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Metrics from the totals of every validation batch on every rank."""
+
+    def batch_size(self, batch) -> int:
+        first = batch[0] if isinstance(batch, (list, tuple)) else next(iter(batch.values()))
+        return int(first.shape[0])

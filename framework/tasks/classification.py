@@ -1,0 +1,33 @@
+"""Classification: cross-entropy, reported as loss and accuracy."""
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+
+from framework.config.types import NonNegativeFloat
+from framework.tasks.base import Task
+
+
+class Classification(Task):
+    """Batches are (inputs, integer labels); the model returns logits of shape (B, classes)."""
+
+    def __init__(self, label_smoothing: NonNegativeFloat = 0.0):
+        """label_smoothing: the cross-entropy label smoothing for training (0: none)."""
+        self.label_smoothing = label_smoothing
+
+    def training_step(self, model, batch) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(model(x).float(), y, label_smoothing=self.label_smoothing)
+
+    def validation_step(self, model, batch) -> dict[str, torch.Tensor]:
+        x, y = batch
+        logits = model(x).float()
+        return {
+            "loss_sum": F.cross_entropy(logits, y, reduction="sum").double(),
+            "correct": (logits.argmax(dim=-1) == y).sum().double(),
+            "count": torch.tensor(float(y.numel()), dtype=torch.float64),
+        }
+
+    def compute_metrics(self, sums) -> dict[str, float]:
+        return {"loss": (sums["loss_sum"] / sums["count"]).item(),
+                "accuracy": (sums["correct"] / sums["count"]).item()}
