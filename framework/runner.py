@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from framework.checkpoint.format import list_checkpoints
 from framework.config.compatibility import Plan, check_compatibility
@@ -49,10 +50,15 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> float | None:
 
 def _run(cfg: DictConfig, output_dir) -> float | None:
     # 1. validate (schema types were checked by Hydra while composing)
-    check_values(cfg)
-    check_targets(cfg)
-    config = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        config = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None) or "config"
+        raise ConfigError(f"{key}: {str(err).splitlines()[0]} (an interpolation points to a key this "
+                          "combination of options does not have)") from err
     resolved = OmegaConf.create(config)
+    check_values(resolved)
+    check_targets(resolved)
     output_dir = Path(output_dir) if output_dir else hydra_output_dir(resolved.name)
     # 2. build the five plugins (side-effect free) and check the combination
     plugins = build_plugins(resolved)

@@ -50,7 +50,7 @@ class ModelCheckpoint(Callback):
 
     def prune(self, root) -> list:
         complete, _ = list_checkpoints(root)
-        keep = {c.path for c in complete[len(complete) - self.keep_last_k:]} if self.keep_last_k else set()
+        keep = {c.path for c in complete[-self.keep_last_k:]} if self.keep_last_k else set()
         scored = [c for c in complete if self._score(c.meta) is not None]
         scored.sort(key=lambda c: self._score(c.meta), reverse=self.mode == "max")
         keep |= {c.path for c in scored[: self.best_k]}

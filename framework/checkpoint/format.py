@@ -1,6 +1,6 @@
 """One checkpoint = one directory:
 
-    checkpoints/step=000100/
+    checkpoints/step_000100/
         model.pt            model state by parameter name (rank zero)
         optimizer.pt        optimizer state (rank zero)
         loop_rank<r>.pt     per rank: loop counters, RNG states, dataloader position, scheduler,
@@ -8,7 +8,7 @@
         meta.json           written last: step, epoch, world size, plugins, versions, config,
                             metrics, and the size of every file (to detect truncation)
 
-Files are written into `.partial-step=000100/` and the directory is renamed into place once
+Files are written into `.partial-step_000100/` and the directory is renamed into place once
 meta.json is down, so a crash at any moment leaves earlier checkpoints untouched and never
 leaves a directory that looks complete but is not.
 """
@@ -33,7 +33,7 @@ PARTIAL_PREFIX = ".partial-"
 
 
 def checkpoint_name(step: int) -> str:
-    return f"step={step:06d}"
+    return f"step_{step:06d}"
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """What every training process runs: build everything from the resolved config, then fit."""
 from __future__ import annotations
 
+import math
 import os
 import sys
 from pathlib import Path
@@ -17,10 +18,22 @@ from framework.plugins import build_plugins
 SCHEDULER_INTERVALS = ("step", "epoch")
 
 
-def build_scheduler(node, optimizer):
+def total_optimizer_steps(trainer, batches_per_epoch: int) -> int:
+    """The run's length in optimizer steps, from max_steps and/or max_epochs."""
+    per_epoch = math.ceil(batches_per_epoch / trainer.accumulate)
+    candidates = [trainer.max_steps] if trainer.max_steps is not None else []
+    if trainer.max_epochs is not None:
+        candidates.append(trainer.max_epochs * per_epoch)
+    return min(candidates)
+
+
+def build_scheduler(node, optimizer, total_steps: int):
+    """The scheduler and its interval. A `total_steps: null` argument means the run's length."""
     if node is None:
         return None, "step"
     node = OmegaConf.create(OmegaConf.to_container(node))
+    if "total_steps" in node and node.total_steps is None:
+        node.total_steps = total_steps
     interval = node.pop("interval", "step")
     if interval not in SCHEDULER_INTERVALS:
         raise ConfigError(f"scheduler.interval={interval!r}: must be one of {', '.join(SCHEDULER_INTERVALS)}.")
@@ -68,8 +81,9 @@ def train_worker(config: dict, output_dir: str) -> dict[str, float]:
         model = build(cfg.model, "model")
         optimizer_factory = guarded(build(cfg.optimizer, "optimizer"), "optimizer")
         model, optimizer = strategy.setup(model, optimizer_factory)
-        scheduler, interval = build_scheduler(cfg.scheduler, optimizer)
         train_loader = build_loader(datamodule, strategy, train=True, seed=cfg.seed)
+        scheduler, interval = build_scheduler(cfg.scheduler, optimizer,
+                                              total_optimizer_steps(cfg.trainer, len(train_loader)))
         val_loader = build_loader(datamodule, strategy, train=False, seed=cfg.seed)
 
         callbacks = {name: build(node, f"callbacks.{name}") for name, node in cfg.callbacks.items()}

@@ -1,0 +1,67 @@
+"""Every option of every group composes, passes the schema and target checks, and builds."""
+from __future__ import annotations
+
+import pytest
+
+from framework.config.targets import check_targets
+from framework.config.validate import check_values
+from framework.plugins import build_plugins
+from tests.conftest import CONF, compose_cfg
+
+GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir())
+LIST_GROUPS = {"logger", "callbacks"}
+# Options that only make sense together (an MLP classifies digits, it does not model text).
+COMPANIONS = {("model", "mlp"): ["data=digits", "task=classification"],
+              ("data", "digits"): ["model=mlp", "task=classification"],
+              ("task", "classification"): ["model=mlp", "data=digits"]}
+OPTIONS = [(g, f.stem) for g in GROUPS for f in sorted((CONF / g).glob("*.yaml"))]
+
+
+def test_every_design_option_ships():
+    expected = {
+        "accelerator": {"auto", "cpu", "cuda", "mps"},
+        "strategy": {"auto", "single_device"},
+        "precision": {"32", "64", "16", "bf16", "16_true", "bf16_true"},
+        "checkpoint_io": {"torch"},
+        "cluster": {"auto", "local"},
+    }
+    for group, names in expected.items():
+        assert names <= {f.stem for f in (CONF / group).glob("*.yaml")}, group
+
+
+@pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_option_composes_and_checks(group, option):
+    choice = f"[{option}]" if group in LIST_GROUPS else option
+    cfg = compose_cfg([f"{group}={choice}", *COMPANIONS.get((group, option), [])])
+    check_values(cfg)
+    check_targets(cfg)
+    node = cfg[group]
+    if group in LIST_GROUPS:
+        assert list(node.keys()) == [option]
+    else:
+        assert "_target_" in node or group == "trainer"
+
+
+@pytest.mark.parametrize("option", [f.stem for f in (CONF / "precision").glob("*.yaml")])
+def test_precision_option_builds_with_its_name(option):
+    plugins = build_plugins(compose_cfg([f"precision={option}"]))
+    assert plugins.precision.name == option
+    assert plugins.strategy.precision is plugins.precision
+
+
+def test_config_and_code_trees_mirror():
+    """conf/<group>/X.yaml targets framework/<group>/X.py for the five plugin groups
+    (precision options are numbers, so their modules carry a prefix: framework/precision/__init__.py)."""
+    precision_modules = {"32": "fp32", "64": "fp64", "16": "fp16_mixed", "bf16": "bf16_mixed",
+                         "16_true": "fp16_true", "bf16_true": "bf16_true"}
+    for group in ("accelerator", "strategy", "precision", "checkpoint_io", "cluster"):
+        for f in (CONF / group).glob("*.yaml"):
+            module = precision_modules[f.stem] if group == "precision" else f.stem
+            target = compose_cfg([f"{group}={f.stem}"])[group]._target_
+            assert target.startswith(f"framework.{group}.{module}."), (f, target)
+
+
+def test_default_plugins():
+    plugins = build_plugins(compose_cfg([]))
+    assert (plugins.accelerator.name, plugins.strategy.name, plugins.precision.name,
+            plugins.checkpoint_io.name, plugins.cluster.name) == ("cpu", "single_device", "32", "torch", "local")

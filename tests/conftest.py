@@ -1,0 +1,83 @@
+"""Shared helpers: compose the real config tree, run the real runner, read checkpoints."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+import framework  # noqa: F401  (registers the schema)
+from framework.config.overrides import quote_numeric_choices
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+
+# A model and corpus small enough that a step takes milliseconds.
+TINY_GPT = [
+    "model.n_layer=1", "model.n_embd=32", "model.n_head=2", "model.block_size=32",
+    "data.max_bytes=300000", "data.batch_size=8", "data.val_batch_size=32",
+    "trainer.val_batches=2", "trainer.log_every=2", "trainer.progress_bar=false",
+]
+DIGITS = ["model=mlp", "data=digits", "task=classification", "model.dropout=0.0",
+          "trainer.progress_bar=false", "trainer.log_every=5"]
+
+
+def compose_cfg(overrides: list[str]) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        return compose(config_name="train", overrides=quote_numeric_choices(overrides))
+
+
+def run_inprocess(overrides: list[str], output_dir: Path):
+    """framework.run exactly as train.py calls it, on a composed config, in this process."""
+    return framework.run(compose_cfg(overrides), output_dir=output_dir)
+
+
+def run_train(args: list[str], cwd: Path, timeout: int = 300, env: dict | None = None):
+    """`python train.py ARGS` as a user types it, from `cwd` (run directories land there)."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def checkpoints(output_dir: Path) -> list[Path]:
+    return sorted(p for p in (output_dir / "checkpoints").iterdir() if p.name.startswith("step_"))
+
+
+def load_model_state(ckpt: Path) -> dict:
+    return torch.load(ckpt / "model.pt", weights_only=True)
+
+
+def load_optimizer_state(ckpt: Path) -> dict:
+    return torch.load(ckpt / "optimizer.pt", weights_only=True)
+
+
+def assert_state_equal(a, b, path="state"):
+    """Bit-exact equality of nested state dicts."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), f"{path} differs"
+    elif isinstance(a, dict):
+        assert set(a) == set(b), f"{path}: keys {sorted(set(a) ^ set(b))} differ"
+        for k in a:
+            assert_state_equal(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), f"{path}: lengths differ"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_state_equal(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+@pytest.fixture
+def tiny_gpt():
+    return list(TINY_GPT)
+
+
+@pytest.fixture
+def digits():
+    return list(DIGITS)
