@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import sys
-import textwrap
 
 USER_ERROR_EXIT_CODE = 2
 
@@ -28,8 +27,9 @@ def report(err: BaseException, stream=None) -> None:
     """Print `err` as one wrapped paragraph, prefixed with its kind."""
     stream = stream or sys.stderr
     kind = {ConfigError: "configuration error", CheckpointError: "checkpoint error"}.get(type(err), "error")
-    text = " ".join(str(err).split()) if "\n" not in str(err) else str(err)
-    body = "\n".join(textwrap.fill(line, 100) if line else "" for line in text.splitlines())
+    body = str(err)
+    if "\n" in body:  # several problems: one per line, indented under the heading
+        body = "\n" + "\n".join(f"  - {line}" for line in body.splitlines())
     print(f"{kind}: {body}\n(set debug=true or HYDRA_FULL_ERROR=1 for a traceback)", file=stream)
 
 

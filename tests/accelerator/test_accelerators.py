@@ -1,0 +1,54 @@
+"""Device types: availability, device counts, placement; cuda/mps logic without the hardware."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from framework.accelerator.auto import auto_accelerator
+from framework.accelerator.cpu import CPUAccelerator
+from framework.accelerator.cuda import CUDAAccelerator
+from framework.accelerator.mps import MPSAccelerator
+
+
+def test_cpu():
+    acc = CPUAccelerator()
+    assert acc.is_available() and acc.distributed_backend == "gloo"
+    assert acc.max_devices() == os.cpu_count()
+    assert acc.resolve_devices("auto") == 1 and acc.resolve_devices(3) == 3
+    assert acc.device_for(5) == torch.device("cpu")
+    assert CPUAccelerator(max_processes=4).max_devices() == 4
+    assert acc.fast_fp16() == bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+
+
+def test_cuda_logic_with_a_pretend_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    acc = CUDAAccelerator()
+    assert acc.is_available() and acc.max_devices() == 4 and acc.resolve_devices("auto") == 4
+    assert acc.device_for(2) == torch.device("cuda", 2)
+    assert acc.distributed_backend == "nccl"
+    assert isinstance(auto_accelerator(), CUDAAccelerator)
+
+
+def test_cuda_refuses_cleanly_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    acc = CUDAAccelerator()
+    assert not acc.is_available()
+    reason = acc.unavailable_reason()
+    assert ("CPU-only build" in reason) == (torch.version.cuda is None)
+
+
+def test_mps_logic(monkeypatch):
+    acc = MPSAccelerator()
+    assert acc.max_devices() == 1 and acc.device_for(0) == torch.device("mps")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert acc.is_available() and isinstance(auto_accelerator(), MPSAccelerator)
+
+
+def test_auto_falls_back_to_cpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert isinstance(auto_accelerator(), CPUAccelerator)

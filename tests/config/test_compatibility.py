@@ -1,0 +1,74 @@
+"""The compatibility table refuses impossible combinations, naming keys and an alternative."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from framework.accelerator.cpu import CPUAccelerator
+from framework.accelerator.mps import MPSAccelerator
+from framework.checkpoint_io.torch import TorchCheckpointIO
+from framework.cluster.local import LocalEnvironment
+from framework.config.compatibility import RULES, Plan, check_compatibility
+from framework.errors import ConfigError
+from framework.precision.bf16_mixed import BF16MixedPrecision
+from framework.precision.fp16_mixed import FP16MixedPrecision
+from framework.precision.fp32 import FP32Precision
+from framework.precision.fp64 import FP64Precision
+from framework.strategy.single_device import SingleDeviceStrategy
+
+
+def plan(accelerator=None, precision=None, devices=1, num_nodes=1):
+    return Plan(accelerator or CPUAccelerator(), SingleDeviceStrategy(), precision or FP32Precision(),
+                TorchCheckpointIO(), LocalEnvironment(), devices, num_nodes)
+
+
+def test_the_default_is_allowed():
+    check_compatibility(plan())
+
+
+def test_single_device_with_several_processes():
+    with pytest.raises(ConfigError, match=r"strategy=single_device runs one process.*devices=2 x num_nodes=1"):
+        check_compatibility(plan(devices=2))
+
+
+def test_more_devices_than_the_machine_has():
+    with pytest.raises(ConfigError, match=r"devices=9: accelerator=cpu has only 2"):
+        check_compatibility(plan(CPUAccelerator(max_processes=2), devices=9))
+
+
+def test_mps_refusals(monkeypatch):
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    with pytest.raises(ConfigError) as err:
+        check_compatibility(plan(MPSAccelerator(), FP64Precision()))
+    assert "MPS has no float64" in str(err.value)
+    with pytest.raises(ConfigError, match="mps supports one process only"):
+        check_compatibility(plan(MPSAccelerator(), devices=2))
+
+
+def test_unavailable_accelerator(monkeypatch):
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"accelerator=mps: .*Use accelerator=cpu"):
+        check_compatibility(plan(MPSAccelerator()))
+
+
+def test_bf16_where_unsupported(monkeypatch):
+    monkeypatch.setattr(CPUAccelerator, "supports_bf16", lambda self: False)
+    with pytest.raises(ConfigError, match="precision=bf16: accelerator=cpu has no bfloat16"):
+        check_compatibility(plan(precision=BF16MixedPrecision()))
+
+
+def test_slow_fp16_is_a_loud_warning_not_a_refusal(monkeypatch, capsys):
+    monkeypatch.setattr(CPUAccelerator, "fast_fp16", lambda self: False)
+    check_compatibility(plan(precision=FP16MixedPrecision()))
+    assert "WARNING: precision=16 on accelerator=cpu" in capsys.readouterr().err
+
+
+def test_every_refusal_is_listed_together(monkeypatch):
+    monkeypatch.setattr(CPUAccelerator, "supports_bf16", lambda self: False)
+    with pytest.raises(ConfigError) as err:
+        check_compatibility(plan(precision=BF16MixedPrecision(), devices=2))
+    assert "bfloat16" in str(err.value) and "runs one process" in str(err.value)
+
+
+def test_rules_live_in_one_table():
+    assert len(RULES) >= 7 and all(r.level in ("refuse", "warn") for r in RULES)

@@ -1,0 +1,50 @@
+"""The shipped datasets and resumable loaders."""
+from __future__ import annotations
+
+import sysconfig
+
+import torch
+
+from framework.data.digits import Digits
+from framework.data.loaders import build_loader
+from framework.data.stdlib_text import StdlibText, stdlib_files
+from framework.strategy.single_device import SingleDeviceStrategy
+
+
+def test_stdlib_corpus_is_deterministic_and_split_by_file():
+    a, b = StdlibText(max_bytes=400_000, block_size=16), StdlibText(max_bytes=400_000, block_size=16)
+    train, val = a.train_dataset(), a.val_dataset()
+    assert torch.equal(train.tokens, b.train_dataset().tokens) and torch.equal(val.tokens, b.val_dataset().tokens)
+    assert 0.03 < len(val.tokens) / (len(train.tokens) + len(val.tokens)) < 0.3
+    assert len(train.tokens) + len(val.tokens) <= 400_000
+    x, y = train[3]
+    assert x.shape == (16,) and torch.equal(x[1:], y[:-1]) and x.dtype == torch.int64
+    files = stdlib_files()
+    assert files and all("site-packages" not in p.parts and "test" not in p.parts for p in files)
+    assert str(files[0]).startswith(sysconfig.get_paths()["stdlib"])
+
+
+def test_digits_split():
+    d = Digits()
+    train, val = d.train_dataset(), d.val_dataset()
+    assert len(train) + len(val) == 1797 and len(val) == 360
+    x, y = val[0]
+    assert x.shape == (64,) and 0.0 <= x.min() and x.max() <= 1.0 and 0 <= y <= 9
+
+
+def test_loader_resumes_mid_epoch():
+    d = Digits(batch_size=100)
+    strategy = SingleDeviceStrategy()
+    loader = build_loader(d, strategy, train=True, seed=5)
+    loader.sampler.set_epoch(3)
+    it = iter(loader)
+    next(it), next(it)
+    state = loader.state_dict()
+    rest = [y.tolist() for _, y in it]
+    again = build_loader(d, strategy, train=True, seed=5)
+    again.load_state_dict(state)
+    again.sampler.set_epoch(3)
+    assert [y.tolist() for _, y in again] == rest
+    rng = torch.get_rng_state()
+    list(build_loader(d, strategy, train=False, seed=5))
+    assert torch.equal(rng, torch.get_rng_state())  # loaders never draw from the global RNG

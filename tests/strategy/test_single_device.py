@@ -1,0 +1,57 @@
+"""The strategy surface in one process: placement, collectives as identities, samplers."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.data import DistributedSampler, TensorDataset
+
+from framework.data.sampler import ShardSampler
+from framework.precision.bf16_true import BF16TruePrecision
+from framework.strategy.auto import auto_strategy
+from framework.strategy.single_device import SingleDeviceStrategy
+
+
+def test_setup_converts_places_and_builds_the_optimizer_over_the_result():
+    strategy = SingleDeviceStrategy(precision=BF16TruePrecision())
+    strategy.setup_environment()
+    model, optimizer = strategy.setup(nn.Linear(3, 2), lambda params: torch.optim.SGD(params, lr=0.1))
+    assert model.weight.dtype == torch.bfloat16
+    assert optimizer.param_groups[0]["params"][0] is model.weight
+    x, y = strategy.batch_to_device((torch.ones(2, 3), torch.tensor([0, 1])))
+    assert x.dtype == torch.bfloat16 and y.dtype == torch.int64
+
+
+def test_collectives_without_a_process_group():
+    s = SingleDeviceStrategy()
+    assert (s.world_size, s.global_rank, s.local_rank, s.is_global_zero) == (1, 0, 0, True)
+    t = torch.tensor([1.0, 2.0])
+    assert torch.equal(s.all_gather(t), t.unsqueeze(0))
+    for op in ("sum", "mean", "max", "min"):
+        assert torch.equal(s.reduce(t, op), t)
+    assert s.broadcast({"a": 1}) == {"a": 1}
+    s.barrier()
+
+
+def test_samplers():
+    s = SingleDeviceStrategy()
+    ds = TensorDataset(torch.arange(10))
+    train = s.sampler(ds, shuffle=True, seed=1)
+    assert isinstance(train, DistributedSampler) and sorted(train) == list(range(10))
+    train.set_epoch(1)
+    first = list(train)
+    train.set_epoch(2)
+    assert list(train) != first  # reshuffled per epoch
+    evaluation = s.sampler(ds, shuffle=False, seed=1, even=False)
+    assert isinstance(evaluation, ShardSampler) and list(evaluation) == list(range(10))
+
+
+def test_shard_sampler_never_pads():
+    shards = [list(ShardSampler(10, 3, r)) for r in range(3)]
+    assert sorted(sum(shards, [])) == list(range(10)) and [len(s) for s in shards] == [4, 3, 3]
+
+
+def test_auto_picks_single_device_for_one_process():
+    from framework.accelerator.cpu import CPUAccelerator
+
+    assert isinstance(auto_strategy(accelerator=CPUAccelerator(), devices=1), SingleDeviceStrategy)
+    assert isinstance(auto_strategy(accelerator=CPUAccelerator(), devices="auto"), SingleDeviceStrategy)

@@ -1,0 +1,107 @@
+"""`python train.py` as a user runs it: the default job, the digits example, and every error."""
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from tests.conftest import ROOT, TINY_GPT, run_train
+
+pytestmark = pytest.mark.slow
+
+
+def test_default_job_trains_and_writes_its_run_directory(tmp_path):
+    result = run_train(["name=e2e", "trainer.max_steps=30", "trainer.val_every=15", *TINY_GPT], tmp_path)
+    assert result.returncode == 0, result.stderr
+    run = tmp_path / "outputs" / "e2e"
+    assert {"config.yaml", "metrics.csv", "hparams.yaml", "summary.json", "checkpoints", ".hydra"} <= {
+        p.name for p in run.iterdir()}
+    val = [float(r["val/loss"]) for r in csv.DictReader(open(run / "metrics.csv")) if r.get("val/loss")]
+    assert len(val) == 3 and val[-1] < val[0] - 0.5  # ln(256) = 5.55 at the start
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["objective_value"] == pytest.approx(val[-1])
+    assert "step 30 | val/loss" in result.stdout
+    assert "Traceback" not in result.stderr
+
+
+def test_digits_recipe_from_another_directory(tmp_path):
+    result = run_train(["--config-dir", str(ROOT / "recipes"), "--config-name", "digits_classifier",
+                        "name=digits", "trainer.max_steps=150"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "outputs" / "digits" / "summary.json").read_text())
+    assert summary["metrics"]["val/accuracy"] > 0.9
+
+
+def test_resume_auto_by_name(tmp_path):
+    args = ["name=again", "trainer.max_steps=4", "trainer.val_every=2", *TINY_GPT]
+    assert run_train(args, tmp_path).returncode == 0
+    refused = run_train(args, tmp_path)
+    assert refused.returncode == 2 and "resume=auto" in refused.stderr
+    resumed = run_train([*args, "trainer.max_steps=6", "resume=auto"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stdout and "step_000004" in resumed.stdout
+
+
+def _truncated_checkpoint(tmp_path):
+    assert run_train(["name=src", "trainer.max_steps=2", *TINY_GPT], tmp_path).returncode == 0
+    ckpt = tmp_path / "outputs" / "src" / "checkpoints" / "step_000002"
+    data = (ckpt / "optimizer.pt").read_bytes()
+    (ckpt / "optimizer.pt").write_bytes(data[:100])
+    return ckpt
+
+
+# (overrides, fragment of the message). Every one: exit code 2, no traceback.
+ERRORS = [
+    (["strategy=nope"], "Available options in 'strategy'"),
+    (["precision=15"], "Could not find 'precision/15'"),
+    (["trainer.max_steps=abc"], "could not be converted to Integer"),
+    (["trainer.colour=red"], "Key 'colour' not in 'TrainerConfig'"),
+    (["trainer.max_steps=0"], "trainer.max_steps=0: must be a positive integer or null"),
+    (["trainer.accumulate=-2"], "trainer.accumulate=-2: must be a positive integer"),
+    (["trainer.max_steps=null"], "both null"),
+    (["devices=0"], "devices=0: must be a positive integer or 'auto'"),
+    (["devices=many"], "devices='many'"),
+    (["num_nodes=0"], "num_nodes=0"),
+    (["resume=sometimes"], "resume='sometimes': must be 'auto' or null"),
+    (["data.batch_size=0"], "data.batch_size=0: must be a number > 0"),
+    (["+model.colour=red"], "model.colour: 'framework.models.gpt.GPT' takes no argument 'colour'"),
+    (["model.n_head=3"], "model.n_head=3 must divide model.n_embd=128"),
+    (["optimizer.lr=fast"], "optimizer.lr='fast'"),
+    (["accelerator=cuda"], "accelerator=cuda"),
+    (["accelerator=mps"], "accelerator=mps"),
+    (["strategy=single_device", "devices=2"], "strategy=single_device runs one process"),
+    (["ckpt_path=/no/such/dir"], "ckpt_path=/no/such/dir: no such checkpoint directory"),
+    (["resume=auto", "ckpt_path=/x"], "both choose a checkpoint"),
+]
+
+
+@pytest.mark.parametrize("overrides,fragment", ERRORS, ids=[" ".join(o) for o, _ in ERRORS])
+def test_user_errors_exit_2_with_one_clear_message(tmp_path, overrides, fragment):
+    result = run_train([*overrides, "name=err"], tmp_path)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert fragment in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "outputs" / "err" / "checkpoints").exists()  # nothing written
+
+
+def test_truncated_checkpoint_says_truncated(tmp_path):
+    ckpt = _truncated_checkpoint(tmp_path)
+    result = run_train([f"ckpt_path={ckpt}", "name=load", *TINY_GPT], tmp_path)
+    assert result.returncode == 2
+    assert "optimizer.pt is truncated or corrupt" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    result = run_train(["trainer.max_steps=0", "debug=true"], tmp_path)
+    assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+def test_fp16_on_a_cpu_without_fp16_hardware_warns_loudly(tmp_path):
+    import torch
+
+    if torch.ops.mkldnn._is_mkldnn_fp16_supported():
+        pytest.skip("this CPU has fp16 hardware, so there is nothing to warn about")
+    result = run_train(["precision=16", "name=fp16", "trainer.max_steps=2", *TINY_GPT], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "WARNING: precision=16 on accelerator=cpu" in result.stderr
