@@ -44,9 +44,9 @@ def guard_hydra_main(main) -> None:
     """Run a `@hydra.main` function. Hydra reports composition errors (unknown option, bad
     override, schema mismatch) itself and exits 1 before `framework.run` is entered; those are
     the user's mistakes, so they leave with exit code 2 like every other user error."""
-    from framework.config.overrides import quote_numeric_choices
+    from framework.config.overrides import normalize_overrides
 
-    sys.argv[1:] = quote_numeric_choices(sys.argv[1:])
+    sys.argv[1:] = normalize_overrides(sys.argv[1:])
     try:
         main()
     except SystemExit as exit_:

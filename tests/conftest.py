@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 import framework  # noqa: F401  (registers the schema)
-from framework.config.overrides import quote_numeric_choices
+from framework.config.overrides import normalize_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -29,7 +29,7 @@ DIGITS = ["model=mlp", "data=digits", "task=classification", "model.dropout=0.0"
 
 def compose_cfg(overrides: list[str]) -> DictConfig:
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        return compose(config_name="train", overrides=quote_numeric_choices(overrides))
+        return compose(config_name="train", overrides=normalize_overrides(overrides))
 
 
 def run_inprocess(overrides: list[str], output_dir: Path):

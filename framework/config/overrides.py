@@ -1,25 +1,43 @@
-"""Command-line overrides that Hydra would misread.
+"""Command-line overrides that Hydra would misread, rewritten before Hydra parses them.
 
-The precision options are named like numbers (`precision=16`, `precision=32,bf16`), and Hydra's
-override grammar turns a bare `16` into an integer, which it then refuses as a config-group
-choice. Quoting such values (`precision='16'`) before Hydra parses them lets users type the names
-as documented. Only group choices are touched; `trainer.max_steps=16` stays an integer.
+- The precision options are named like numbers (`precision=16`, `precision=32,bf16`). Hydra's
+  override grammar turns a bare `16` into an integer and then refuses it as a group choice, so
+  numeric group choices are quoted (`precision='16'`).
+- `scheduler=null` is the natural way to say "no scheduler", but Hydra wants `~scheduler` to drop
+  a group from the defaults list, and crashes on a null choice; it becomes `~scheduler` (and
+  `logger=null` becomes `logger=[]`, the empty choice of a list group).
+
+Only group choices are touched: `trainer.max_steps=16` and `ckpt_path=null` stay as they are.
 """
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 GROUPS_WITH_NUMERIC_OPTIONS = ("precision",)
+LIST_GROUPS = ("logger", "callbacks")  # chosen as lists; "none" is the empty list
 _NUMBER = re.compile(r"^[0-9]+(\.[0-9]+)?$")
 _CHOICE = re.compile(r"^(?P<prefix>[~+]{0,2})(?P<key>[A-Za-z_][\w/]*)=(?P<value>[^\"'()\[\]{}]*)$")
 
 
-def quote_numeric_choices(args: list[str]) -> list[str]:
+def config_groups() -> set[str]:
+    """The group folders of the shipped config tree."""
+    root = Path(__file__).resolve().parents[2] / "conf"
+    return {p.name for p in root.iterdir() if p.is_dir()} if root.is_dir() else set()
+
+
+def normalize_overrides(args: list[str], groups: set[str] | None = None) -> list[str]:
+    groups = config_groups() if groups is None else groups
     out = []
     for arg in args:
         match = _CHOICE.match(arg)
-        if match and match["key"].split("/")[-1] in GROUPS_WITH_NUMERIC_OPTIONS and match["value"]:
-            items = [f"'{v}'" if _NUMBER.match(v.strip()) else v for v in match["value"].split(",")]
-            arg = f"{match['prefix']}{match['key']}={','.join(items)}"
+        if match:
+            group = match["key"].split("/")[-1]
+            value = match["value"]
+            if group in GROUPS_WITH_NUMERIC_OPTIONS and value:
+                items = [f"'{v}'" if _NUMBER.match(v.strip()) else v for v in value.split(",")]
+                arg = f"{match['prefix']}{match['key']}={','.join(items)}"
+            elif match["key"] in groups and value == "null" and not match["prefix"]:
+                arg = f"{match['key']}=[]" if match["key"] in LIST_GROUPS else f"~{match['key']}"
         out.append(arg)
     return out
