@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 import time
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from framework.config.targets import check_targets
 from framework.config.validate import check_values
 from framework.errors import ConfigError, UserError, report, runner_state, wants_traceback
 from framework.launch.launcher import launch
-from framework.plugins import build_plugins
+from framework.plugins import Plugins, build_plugins
 
 
 def hydra_output_dir(name: str) -> Path:
@@ -48,8 +49,23 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> float | None:
         raise SystemExit(2) from None
 
 
-def _run(cfg: DictConfig, output_dir) -> float | None:
-    # 1. validate (schema types were checked by Hydra while composing)
+@dataclass
+class Prepared:
+    """A validated run: the resolved config (plain containers), the plugins and the world."""
+
+    config: dict
+    resolved: DictConfig
+    plugins: Plugins
+    devices: int
+
+    @property
+    def world_size(self) -> int:
+        return self.devices * self.resolved.num_nodes
+
+
+def prepare(cfg: DictConfig) -> Prepared:
+    """Steps 1 and 2: validate the config, build the plugins, check the combination. Touches no
+    device and starts no process, so it is also what tools use to check a config."""
     try:
         config = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as err:
@@ -59,25 +75,30 @@ def _run(cfg: DictConfig, output_dir) -> float | None:
     resolved = OmegaConf.create(config)
     check_values(resolved)
     check_targets(resolved)
-    output_dir = Path(output_dir) if output_dir else hydra_output_dir(resolved.name)
-    # 2. build the five plugins (side-effect free) and check the combination
     plugins = build_plugins(resolved)
     devices = plugins.accelerator.resolve_devices(resolved.devices)
     check_compatibility(Plan(plugins.accelerator, plugins.strategy, plugins.precision, plugins.checkpoint_io,
                              plugins.cluster, devices, resolved.num_nodes))
+    return Prepared(config, resolved, plugins, devices)
+
+
+def _run(cfg: DictConfig, output_dir) -> float | None:
+    prepared = prepare(cfg)
+    config, resolved, plugins = prepared.config, prepared.resolved, prepared.plugins
+    output_dir = Path(output_dir) if output_dir else hydra_output_dir(resolved.name)
     check_run_dir(resolved, output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(resolved, output_dir / "config.yaml")
     # 3. launch and 4. fit
     started = time.time()
-    metrics = launch(config, output_dir, plugins, devices * resolved.num_nodes)
+    metrics = launch(config, output_dir, plugins, prepared.world_size)
     # 5. the objective, for sweepers
     objective_name = resolved.trainer.objective
     objective = metrics.get(objective_name)
     summary = {"name": resolved.name, "objective": objective_name, "objective_value": objective,
                "metrics": metrics, "wall_time_s": round(time.time() - started, 3),
                "strategy": plugins.strategy.name, "precision": plugins.precision.name,
-               "world_size": devices * resolved.num_nodes, "output_dir": str(output_dir)}
+               "world_size": prepared.world_size, "output_dir": str(output_dir)}
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     if objective is None:
         print(f"note: trainer.objective={objective_name!r} was never logged; returning None.")

@@ -1,0 +1,58 @@
+"""Every `python train.py ...` command shown in README.md and docs/ composes and validates."""
+from __future__ import annotations
+
+import re
+import shlex
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from framework.config.overrides import normalize_overrides
+from framework.runner import prepare
+from tests.conftest import ROOT, compose_cfg
+
+
+def shown_commands() -> list[tuple[str, str]]:
+    found = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        in_code = False
+        for line in doc.read_text().splitlines():
+            if line.startswith("```"):
+                in_code = not in_code
+                continue
+            match = re.match(r"^\s*(?:\$ )?python train\.py(.*)$", line)
+            if in_code and match:
+                found.append((doc.name, match.group(1).split(" #")[0].strip()))
+    return found
+
+
+COMMANDS = shown_commands()
+
+
+def test_the_readme_shows_commands():
+    assert len(COMMANDS) >= 10
+
+
+@pytest.mark.parametrize("doc,args", COMMANDS, ids=[f"{d}: {a}" for d, a in COMMANDS])
+def test_shown_command_is_valid(doc, args):
+    argv = [a for a in shlex.split(args) if a != "-m"]
+    config_dir, config_name = None, "train"
+    if "--config-dir" in argv:
+        i = argv.index("--config-dir")
+        config_dir = ROOT / argv[i + 1]
+        config_name = argv[argv.index("--config-name") + 1]
+        argv = [a for j, a in enumerate(argv) if j not in (i, i + 1) and a != "--config-name" and a != config_name]
+    overrides = [a.split("=")[0] + "=" + a.split("=", 1)[1].split(",")[0] if "," in a and "[" not in a else a
+                 for a in argv]  # a sweep: validate its first job
+    expected_failure = "trainer.max_steps=0" in overrides or any("widht" in o for o in overrides)
+    if config_dir is None:
+        cfg = compose_cfg(overrides)
+    else:  # what `--config-dir` does: the recipes folder joins the search path of conf/
+        with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+            cfg = compose(config_name=config_name, overrides=[
+                f"hydra.searchpath=[file://{ROOT / 'conf'}]", *normalize_overrides(overrides)])
+    if expected_failure:  # the README shows these as examples of errors
+        with pytest.raises(Exception):
+            prepare(cfg)
+    else:
+        prepare(cfg)
