@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ from framework.config.compatibility import Plan, check_compatibility
 from framework.config.targets import check_targets
 from framework.config.validate import check_values
 from framework.errors import ConfigError, UserError, report, runner_state, wants_traceback
+from framework.launch.elastic import WorkerFailed
 from framework.launch.launcher import launch
 from framework.plugins import Plugins, build_plugins
 
@@ -47,6 +49,9 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> float | None:
             raise
         report(err)
         raise SystemExit(2) from None
+    except WorkerFailed as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
 
 
 @dataclass

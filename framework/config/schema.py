@@ -40,6 +40,8 @@ class TrainerConfig:
     """Use only deterministic algorithms (torch.use_deterministic_algorithms)."""
     progress_bar: bool = True
     """Show a live progress bar with loss and throughput (only ever on a terminal, rank zero)."""
+    max_restarts: int = 0
+    """Restart the worker group this many times after a worker dies (multi-process runs)."""
     objective: str = "val/loss"
     """The metric `run` returns (for Hydra sweepers); its last logged value."""
 

@@ -15,6 +15,7 @@ _RULES = [
     ("trainer.clip_grad_norm", lambda v: v is None or v > 0, "a positive number or null"),
     ("trainer.clip_grad_value", lambda v: v is None or v > 0, "a positive number or null"),
     ("trainer.log_every", lambda v: v >= 1, "a positive integer"),
+    ("trainer.max_restarts", lambda v: v >= 0, "zero or a positive integer"),
     ("num_nodes", lambda v: v >= 1, "a positive integer"),
     (
         "devices",

@@ -13,6 +13,6 @@ def launch(config: dict, output_dir: Path, plugins, world_size: int) -> dict[str
     """
     if world_size == 1 or plugins.cluster.creates_processes_externally:
         return train_worker(config, str(output_dir))
-    from framework.launch.elastic import launch_local_workers  # more local processes: issue #3
+    from framework.launch.elastic import launch_local_workers
 
-    return launch_local_workers(config, output_dir, world_size)
+    return launch_local_workers(config, output_dir, plugins, world_size)

@@ -27,6 +27,9 @@ class AutocastPrecision(Precision):
                 device_type, init_scale=self.init_scale, growth_interval=self.growth_interval
             )
 
+    def sharded_param_dtypes(self):
+        return self.compute_dtype, torch.float32
+
     def forward_context(self):
         return torch.autocast(self.device_type, dtype=self.compute_dtype)
 

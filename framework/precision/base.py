@@ -76,6 +76,12 @@ class Precision:
         optimizer.step()
         return True
 
+    def sharded_param_dtypes(self) -> tuple[torch.dtype, torch.dtype] | None:
+        """(dtype parameters are gathered in for compute, dtype gradients are reduced in) for
+        sharding strategies that cast parameters themselves (FSDP's MixedPrecisionPolicy,
+        DeepSpeed's bf16/fp16 sections); None: no casting by the strategy."""
+        return None
+
     def state_dict(self) -> dict:
         return {}
 

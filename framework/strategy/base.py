@@ -172,17 +172,33 @@ class Strategy:
         return out / self.world_size if op == "mean" else out
 
     # ---- checkpoint state ---------------------------------------------------------------
+    # Full (unsharded) state keyed by parameter name, the same for every wrapper (DDP's
+    # "module." prefix, FSDP's DTensors), so a checkpoint moves between strategies. Collective:
+    # every rank calls these; with several processes only rank zero receives the tensors.
+    def _state_dict_options(self, loading: bool = False):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        return StateDictOptions(full_state_dict=True, cpu_offload=_distributed() and not loading)
+
     def model_state_dict(self, model: torch.nn.Module) -> dict:
-        return self.unwrap(model).state_dict()
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(model, options=self._state_dict_options())
 
     def load_model_state_dict(self, model: torch.nn.Module, state: dict) -> None:
-        self.unwrap(model).load_state_dict(state)
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        set_model_state_dict(model, state, options=self._state_dict_options(loading=True))
 
     def optimizer_state_dict(self, model, optimizer: torch.optim.Optimizer) -> dict:
-        return optimizer.state_dict()
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        return get_optimizer_state_dict(model, optimizer, options=self._state_dict_options())
 
     def load_optimizer_state_dict(self, model, optimizer: torch.optim.Optimizer, state: dict) -> None:
-        optimizer.load_state_dict(state)
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        set_optimizer_state_dict(model, optimizer, state, options=self._state_dict_options(loading=True))
 
     def teardown(self) -> None:
         self.checkpoint_io.wait()

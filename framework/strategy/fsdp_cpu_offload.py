@@ -1,0 +1,14 @@
+"""`strategy=fsdp_cpu_offload`: FSDP2 with sharded state kept in CPU memory."""
+from __future__ import annotations
+
+from framework.strategy.fsdp import FSDPStrategy
+
+
+class FSDPCPUOffloadStrategy(FSDPStrategy):
+    """FSDP2 whose sharded parameters, gradients and optimizer state live in CPU memory; each unit
+    is copied to the device to compute. Trades speed for device memory."""
+
+    name = "fsdp_cpu_offload"
+
+    def __init__(self, *args, cpu_offload: bool = True, **kwargs):
+        super().__init__(*args, cpu_offload=cpu_offload, **kwargs)
