@@ -14,6 +14,7 @@ from framework.checkpoint.rng import seed_everything
 from framework.config.build import build, guarded
 from framework.errors import ConfigError
 from framework.plugins import build_plugins
+from framework.strategy.base import LoopSettings
 
 SCHEDULER_INTERVALS = ("step", "epoch")
 
@@ -80,6 +81,10 @@ def train_worker(config: dict, output_dir: str) -> dict[str, float]:
         task = build(cfg.task, "task")
         model = build(cfg.model, "model")
         optimizer_factory = guarded(build(cfg.optimizer, "optimizer"), "optimizer")
+        strategy.configure_loop(LoopSettings(micro_batch_size=datamodule.batch_size,
+                                             accumulate=cfg.trainer.accumulate,
+                                             clip_grad_norm=cfg.trainer.clip_grad_norm,
+                                             clip_grad_value=cfg.trainer.clip_grad_value))
         model, optimizer = strategy.setup(model, optimizer_factory)
         train_loader = build_loader(datamodule, strategy, train=True, seed=cfg.seed)
         scheduler, interval = build_scheduler(cfg.scheduler, optimizer,

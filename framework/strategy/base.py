@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Iterable
 
 import torch
@@ -12,6 +13,16 @@ from framework.accelerator.base import Accelerator
 from framework.checkpoint_io.base import CheckpointIO
 from framework.cluster.base import ClusterEnvironment
 from framework.precision.base import Precision
+
+@dataclass
+class LoopSettings:
+    """What the loop will do, for strategies that must know it in advance (DeepSpeed's config)."""
+
+    micro_batch_size: int = 1
+    accumulate: int = 1
+    clip_grad_norm: float | None = None
+    clip_grad_value: float | None = None
+
 
 _REDUCE_OPS = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}
 
@@ -30,6 +41,7 @@ class Strategy:
     """Composes the other four plugins and exposes everything the loop needs.
 
     Method surface, in the order the runner and loop call it:
+    - `configure_loop(settings)`: micro-batch size, accumulation and clipping, in advance.
     - `setup_environment()`: in each worker, before anything else: device, process group.
     - `setup(model, optimizer_factory) -> (model, optimizer)`: precision conversion, placement,
       wrapping, then the optimizer built over the wrapped parameters.
@@ -66,6 +78,11 @@ class Strategy:
         self.checkpoint_io = checkpoint_io or TorchCheckpointIO()
         self.cluster = cluster or LocalEnvironment()
         self.root_device = torch.device("cpu")
+        self.loop_settings = LoopSettings()
+
+    def configure_loop(self, settings: LoopSettings) -> None:
+        """Told once, before `setup`, how the loop will accumulate and clip."""
+        self.loop_settings = settings
 
     # ---- environment -------------------------------------------------------------------
     def setup_environment(self) -> None:

@@ -1,0 +1,225 @@
+"""DeepSpeed ZeRO stages 1-3, with optional CPU/NVMe offload (`strategy=deepspeed_stage_*`).
+
+The DeepSpeed config is built from the five plugin groups and the loop settings (micro-batch
+size, accumulation, clipping, precision); `config` adds or overrides raw DeepSpeed keys. A torch
+optimizer (from `optimizer=`) is handed to DeepSpeed, so no DeepSpeed op is compiled unless the
+raw config asks for DeepSpeed's own optimizer. `deepspeed` is imported only when chosen.
+"""
+from __future__ import annotations
+
+import os
+from contextlib import nullcontext
+from typing import Any, Literal
+
+import torch
+
+from framework.errors import ConfigError
+from framework.strategy.parallel import ParallelStrategy
+
+OffloadDevice = Literal["none", "cpu", "nvme"]
+
+
+def deep_merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+class DeepSpeedStrategy(ParallelStrategy):
+    """ZeRO data parallelism: stage 1 shards optimizer state, stage 2 also gradients, stage 3
+    also parameters. The loop's accumulation stays the loop's: DeepSpeed runs in unmanaged
+    accumulation mode (backward accumulates locally, `step` reduces and updates)."""
+
+    name = "deepspeed"
+
+    def __init__(self, *args, stage: Literal[0, 1, 2, 3] = 2, offload_optimizer: OffloadDevice = "none",
+                 offload_parameters: OffloadDevice = "none", nvme_path: str = "/local_nvme",
+                 config: dict | None = None, timeout_s: float = 1800.0, **kwargs):
+        """stage: ZeRO stage (0: plain data parallel); offload_optimizer: keep optimizer state (and
+        the update) on cpu or nvme (stages 1-3); offload_parameters: keep parameters on cpu or
+        nvme (stage 3); nvme_path: folder on a fast local disk for nvme offload; config: raw
+        DeepSpeed keys merged over the generated config; timeout_s: collective timeout."""
+        super().__init__(*args, timeout_s=timeout_s, **kwargs)
+        self.stage = stage
+        self.offload_optimizer = offload_optimizer
+        self.offload_parameters = offload_parameters
+        self.nvme_path = nvme_path
+        self.raw_config = dict(config or {})
+        self.engine = None
+
+    # ---- environment --------------------------------------------------------------------
+    def setup_environment(self) -> None:
+        if self.accelerator.name == "cpu":
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read when deepspeed is first imported
+        super().setup_environment()
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend=self.accelerator.distributed_backend, auto_mpi_discovery=False)
+
+    # ---- config -------------------------------------------------------------------------
+    def deepspeed_config(self) -> dict:
+        loop = self.loop_settings
+        zero: dict[str, Any] = {"stage": self.stage}
+        pin = self.accelerator.name == "cuda"
+        if self.offload_optimizer != "none":
+            zero["offload_optimizer"] = {"device": self.offload_optimizer, "pin_memory": pin}
+        if self.offload_parameters != "none":
+            zero["offload_param"] = {"device": self.offload_parameters, "pin_memory": pin}
+        for section in ("offload_optimizer", "offload_param"):
+            if zero.get(section, {}).get("device") == "nvme":
+                zero[section]["nvme_path"] = self.nvme_path
+        config: dict[str, Any] = {
+            "train_micro_batch_size_per_gpu": loop.micro_batch_size,
+            "gradient_accumulation_steps": loop.accumulate,
+            "managed_gradient_accumulation": False,
+            "gradient_clipping": loop.clip_grad_norm or 0.0,
+            "zero_optimization": zero,
+            "zero_allow_untested_optimizer": True,
+            "zero_force_ds_cpu_optimizer": False,
+            "steps_per_print": 2**31 - 1,
+            "wall_clock_breakdown": False,
+        }
+        compute = self.precision.sharded_param_dtypes()
+        dtype = compute[0] if compute else self.precision.param_dtype
+        if dtype == torch.bfloat16:
+            config["bf16"] = {"enabled": True}
+        elif dtype == torch.float16:
+            config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
+        return deep_merge(config, self.raw_config)
+
+    # ---- model and optimizer ------------------------------------------------------------
+    def setup(self, model, optimizer_factory):
+        import deepspeed
+
+        model = model.to(self.root_device)
+        config = self.deepspeed_config()
+        if "optimizer" in config:  # DeepSpeed's own (compiled) optimizer, asked for in the raw config
+            engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                                           config=config)
+            base = optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer
+        else:
+            base = optimizer_factory(model.parameters())
+            engine, _, _, _ = deepspeed.initialize(model=model, optimizer=base, config=config)
+        self.engine = engine
+        return engine, base  # schedulers and LR monitors act on the torch optimizer's param_groups
+
+    def unwrap(self, model):
+        return model.module if self.engine is not None and model is self.engine else model
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss, scale_wrt_gas=False)  # the loop has already divided by the group size
+
+    def no_backward_sync(self, model, skip: bool):
+        return nullcontext()  # unmanaged accumulation: reduction happens in step()
+
+    def clip_gradients(self, model, optimizer, max_norm=None, max_value=None):
+        return None  # DeepSpeed clips inside step() (gradient_clipping in its config)
+
+    def optimizer_step(self, optimizer) -> bool:
+        self.engine.step()
+        return bool(getattr(self.engine, "_step_applied", True))
+
+    def zero_grad(self, optimizer) -> None:
+        """DeepSpeed's step() already zeroed the gradients."""
+
+    # ---- checkpoint state: full fp32 tensors by parameter name, like every other strategy -------
+    def _named_params(self):
+        module = self.unwrap(self.engine)
+        params = dict(module.named_parameters(remove_duplicate=False))
+        return module, params
+
+    def model_state_dict(self, model) -> dict:
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        module, params = self._named_params()
+        state = {}
+        for key, value in module.state_dict(keep_vars=True).items():
+            if key in params:
+                full = safe_get_full_fp32_param(params[key])
+                value = full if full is not None else params[key].detach()
+            state[key] = value.detach().to("cpu", copy=True)
+        return state if self.is_global_zero else {}
+
+    def optimizer_state_dict(self, model, optimizer) -> dict:
+        from deepspeed.utils import safe_get_full_optimizer_state
+
+        module, params = self._named_params()
+        inner_state = next(iter(optimizer.state.values()), {}) if optimizer.state else {}
+        tensor_keys = [k for k, v in inner_state.items() if torch.is_tensor(v) and v.dim() > 0]
+        step = inner_state.get("step")
+        state = {}
+        seen = set()
+        for name, param in params.items():
+            if id(param) in seen:
+                continue
+            seen.add(id(param))
+            entry = {key: safe_get_full_optimizer_state(param, key).detach().cpu() for key in tensor_keys}
+            if step is not None:
+                entry["step"] = step.detach().cpu().clone() if torch.is_tensor(step) else torch.tensor(float(step))
+            state[name] = entry
+        groups = [{k: v for k, v in g.items() if k != "params"} | {"params": [n for n in state]}
+                  for g in optimizer.param_groups[:1]]
+        return {"state": state, "param_groups": groups} if self.is_global_zero else {}
+
+    def load_model_state_dict(self, model, state: dict) -> None:
+        from deepspeed.utils import safe_set_full_fp32_param
+
+        module, params = self._named_params()
+        seen = set()
+        for name, param in params.items():
+            if id(param) in seen:
+                continue
+            seen.add(id(param))
+            if name not in state:
+                raise ConfigError(f"the checkpoint has no weights for parameter '{name}'.")
+            value = state[name].to(self.root_device, torch.float32)
+            if hasattr(param, "ds_id") or hasattr(param, "_hp_mapping"):
+                safe_set_full_fp32_param(param, value)
+                self._refresh_low_precision(param, value)
+            else:
+                with torch.no_grad():
+                    param.copy_(value)
+        buffers = dict(module.named_buffers())
+        with torch.no_grad():
+            for name, buffer in buffers.items():
+                if name in state:
+                    buffer.copy_(state[name])
+
+    def _refresh_low_precision(self, param, value) -> None:
+        """The module's own (bf16/fp16, possibly partitioned) copy of a parameter follows the
+        fp32 master weights."""
+        import deepspeed
+
+        if hasattr(param, "ds_id"):
+            with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
+                with torch.no_grad():
+                    param.copy_(value.to(param.dtype))
+        else:
+            with torch.no_grad():
+                param.copy_(value.to(param.dtype))
+
+    def load_optimizer_state_dict(self, model, optimizer, state: dict) -> None:
+        from deepspeed.utils import safe_set_full_optimizer_state
+
+        module, params = self._named_params()
+        saved = state["state"]
+        step = None
+        seen = set()
+        for name, param in params.items():
+            if id(param) in seen or name not in saved:
+                continue
+            seen.add(id(param))
+            for key, value in saved[name].items():
+                if key == "step":
+                    step = value
+                    continue
+                safe_set_full_optimizer_state(param, value.to(self.root_device, torch.float32), key)
+        if step is not None:
+            for inner in optimizer.state.values():
+                if "step" in inner:
+                    inner["step"] = step.clone() if torch.is_tensor(inner["step"]) else float(step)
+        for group, saved_group in zip(optimizer.param_groups, state.get("param_groups", [])):
+            for key, value in saved_group.items():
+                if key != "params":
+                    group[key] = value
