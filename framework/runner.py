@@ -18,6 +18,7 @@ from framework.errors import ConfigError, UserError, report, runner_state, wants
 from framework.launch.elastic import WorkerFailed
 from framework.launch.launcher import launch
 from framework.plugins import Plugins, build_plugins
+from framework.strategy.base import LoopSettings
 
 
 def hydra_output_dir(name: str) -> Path:
@@ -68,6 +69,11 @@ class Prepared:
         return self.devices * self.resolved.num_nodes
 
 
+def loop_settings(cfg: DictConfig) -> LoopSettings:
+    return LoopSettings(micro_batch_size=cfg.data.get("batch_size", 1), accumulate=cfg.trainer.accumulate,
+                        clip_grad_norm=cfg.trainer.clip_grad_norm, clip_grad_value=cfg.trainer.clip_grad_value)
+
+
 def prepare(cfg: DictConfig) -> Prepared:
     """Steps 1 and 2: validate the config, build the plugins, check the combination. Touches no
     device and starts no process, so it is also what tools use to check a config."""
@@ -83,7 +89,7 @@ def prepare(cfg: DictConfig) -> Prepared:
     plugins = build_plugins(resolved)
     devices = plugins.accelerator.resolve_devices(resolved.devices)
     check_compatibility(Plan(plugins.accelerator, plugins.strategy, plugins.precision, plugins.checkpoint_io,
-                             plugins.cluster, devices, resolved.num_nodes))
+                             plugins.cluster, devices, resolved.num_nodes, loop_settings(resolved)))
     return Prepared(config, resolved, plugins, devices)
 
 

@@ -7,10 +7,11 @@ decides compatibility; add a row here rather than an `if` elsewhere.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from framework.errors import ConfigError
+from framework.strategy.base import LoopSettings
 
 
 @dataclass
@@ -22,6 +23,7 @@ class Plan:
     cluster: object
     devices: int
     num_nodes: int
+    loop: LoopSettings = field(default_factory=LoopSettings)
 
     @property
     def world_size(self) -> int:
@@ -44,6 +46,30 @@ def _acc(p: Plan) -> str:
     return p.names["accelerator"]
 
 
+def _prec(p: Plan) -> str:
+    return p.names["precision"]
+
+
+def _strat(p: Plan) -> str:
+    return p.names["strategy"]
+
+
+def _deepspeed(p: Plan) -> bool:
+    from framework.strategy.deepspeed import DeepSpeedStrategy  # cheap: deepspeed itself is not imported
+
+    return isinstance(p.strategy, DeepSpeedStrategy)
+
+
+def _nvme_offload(p: Plan) -> bool:
+    return _deepspeed(p) and "nvme" in (p.strategy.offload_optimizer, p.strategy.offload_parameters)
+
+
+def _has_libaio() -> bool:
+    import ctypes.util
+
+    return ctypes.util.find_library("aio") is not None
+
+
 RULES: list[Rule] = [
     Rule(
         lambda p: not p.accelerator.is_available(),
@@ -62,8 +88,50 @@ RULES: list[Rule] = [
         "multi-process strategy.",
     ),
     Rule(
-        lambda p: _acc(p) == "mps" and p.world_size > 1,
-        lambda p: "accelerator=mps supports one process only (no collective backend); use devices=1.",
+        lambda p: _acc(p) == "mps" and (p.world_size > 1 or p.strategy.multi_process),
+        lambda p: f"accelerator=mps with strategy={_strat(p)}: MPS supports one process only (no collective "
+        "backend); use strategy=single_device devices=1.",
+    ),
+    Rule(
+        lambda p: p.num_nodes > 1 and not p.cluster.creates_processes_externally,
+        lambda p: f"num_nodes={p.num_nodes} with cluster={p.names['cluster']}: the framework starts processes "
+        "on this machine only; start one process per device on every node with torchrun, srun or "
+        "mpirun (the cluster plugin then joins them), or use num_nodes=1.",
+    ),
+    Rule(
+        lambda p: getattr(p.strategy, "requires_cuda", False) and _acc(p) != "cuda",
+        lambda p: f"strategy={_strat(p)} needs CUDA (fairscale's FSDP creates CUDA streams) and "
+        f"accelerator={_acc(p)} has none; use strategy=fsdp (torch FSDP2), which runs everywhere.",
+    ),
+    Rule(
+        lambda p: _deepspeed(p) and _prec(p) == "64",
+        lambda p: f"strategy={_strat(p)} with precision=64: DeepSpeed has no float64 mode; use precision=32 "
+        "(or strategy=ddp / fsdp for float64).",
+    ),
+    Rule(
+        lambda p: _deepspeed(p) and _prec(p) in ("16_true", "bf16_true"),
+        lambda p: f"strategy={_strat(p)} with precision={_prec(p)}: DeepSpeed always keeps float32 master "
+        f"weights, so it has no true half precision; use precision={_prec(p).split('_')[0]} (its mixed mode).",
+    ),
+    Rule(
+        lambda p: _deepspeed(p) and _prec(p) == "16" and not p.accelerator.fast_fp16(),
+        lambda p: f"strategy={_strat(p)} with precision=16 on accelerator={_acc(p)}: DeepSpeed refuses fp16 "
+        "on a device without fp16 support; use precision=bf16.",
+    ),
+    Rule(
+        lambda p: _deepspeed(p) and p.strategy.offload_parameters != "none" and p.strategy.stage != 3,
+        lambda p: f"strategy.offload_parameters={p.strategy.offload_parameters} needs ZeRO stage 3, not "
+        f"stage {p.strategy.stage}; use strategy=deepspeed_stage_3_offload.",
+    ),
+    Rule(
+        lambda p: _deepspeed(p) and p.loop.clip_grad_value is not None,
+        lambda p: f"strategy={_strat(p)} with trainer.clip_grad_value: DeepSpeed clips by global norm only; "
+        "use trainer.clip_grad_norm instead.",
+    ),
+    Rule(
+        lambda p: _nvme_offload(p) and not _has_libaio(),
+        lambda p: f"strategy={_strat(p)}: NVMe offload needs the libaio library, which is not installed "
+        "(Debian/Ubuntu: apt-get install libaio-dev); use strategy=deepspeed_stage_3_offload (CPU offload).",
     ),
     Rule(
         lambda p: _acc(p) == "mps" and p.names["precision"] == "64",
@@ -85,13 +153,10 @@ RULES: list[Rule] = [
 
 
 def check_compatibility(plan: Plan) -> None:
-    """Raise one ConfigError listing every refusal; emit every warning."""
-    refusals = []
-    for rule in RULES:
-        if rule.applies(plan):
-            if rule.level == "warn":
-                print(f"WARNING: {rule.message(plan)}", file=sys.stderr, flush=True)
-            else:
-                refusals.append(rule.message(plan))
+    """Raise one ConfigError listing every refusal; otherwise print every warning."""
+    applying = [rule for rule in RULES if rule.applies(plan)]
+    refusals = [rule.message(plan) for rule in applying if rule.level == "refuse"]
     if refusals:
         raise ConfigError("\n".join(refusals) if len(refusals) > 1 else refusals[0])
+    for rule in applying:
+        print(f"WARNING: {rule.message(plan)}", file=sys.stderr, flush=True)

@@ -14,7 +14,6 @@ from framework.checkpoint.rng import seed_everything
 from framework.config.build import build, guarded
 from framework.errors import ConfigError
 from framework.plugins import build_plugins
-from framework.strategy.base import LoopSettings
 
 SCHEDULER_INTERVALS = ("step", "epoch")
 
@@ -68,6 +67,7 @@ def train_worker(config: dict, output_dir: str) -> dict[str, float]:
     from framework.callbacks.progress import RichProgress, TextProgress
     from framework.data.loaders import build_loader
     from framework.loop.fit_loop import FitLoop
+    from framework.runner import loop_settings
 
     cfg = OmegaConf.create(config)
     output_dir = Path(output_dir)
@@ -81,10 +81,7 @@ def train_worker(config: dict, output_dir: str) -> dict[str, float]:
         task = build(cfg.task, "task")
         model = build(cfg.model, "model")
         optimizer_factory = guarded(build(cfg.optimizer, "optimizer"), "optimizer")
-        strategy.configure_loop(LoopSettings(micro_batch_size=datamodule.batch_size,
-                                             accumulate=cfg.trainer.accumulate,
-                                             clip_grad_norm=cfg.trainer.clip_grad_norm,
-                                             clip_grad_value=cfg.trainer.clip_grad_value))
+        strategy.configure_loop(loop_settings(cfg))
         model, optimizer = strategy.setup(model, optimizer_factory)
         train_loader = build_loader(datamodule, strategy, train=True, seed=cfg.seed)
         scheduler, interval = build_scheduler(cfg.scheduler, optimizer,

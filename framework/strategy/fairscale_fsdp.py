@@ -1,0 +1,72 @@
+"""`strategy=fairscale_fsdp`: fairscale's FullyShardedDataParallel (CUDA only).
+
+fairscale's FSDP creates CUDA streams when it starts, so it cannot run on a CPU-only machine; the
+compatibility table refuses it there before any process starts and points to `strategy=fsdp`
+(torch's own FSDP2, which runs everywhere and is the maintained successor)."""
+from __future__ import annotations
+
+from framework.strategy.parallel import ParallelStrategy
+
+
+class FairscaleFSDPStrategy(ParallelStrategy):
+    """Shards parameters, gradients and optimizer state with fairscale's FSDP; the whole model is
+    one unit unless `auto_wrap_modules` names classes to wrap separately."""
+
+    name = "fairscale_fsdp"
+    requires_cuda = True
+
+    def __init__(self, *args, auto_wrap_modules: list[str] | None = None, reshard_after_forward: bool = True,
+                 cpu_offload: bool = False, timeout_s: float = 1800.0, **kwargs):
+        """auto_wrap_modules: class names of modules wrapped as their own FSDP units;
+        reshard_after_forward: free full parameters after forward; cpu_offload: keep parameters
+        on the CPU between uses (needs mixed precision); timeout_s: collective timeout."""
+        super().__init__(*args, timeout_s=timeout_s, **kwargs)
+        self.auto_wrap_modules = list(auto_wrap_modules or [])
+        self.reshard_after_forward = reshard_after_forward
+        self.cpu_offload = cpu_offload
+
+    def _fsdp_kwargs(self) -> dict:
+        dtypes = self.precision.sharded_param_dtypes()
+        return {"reshard_after_forward": self.reshard_after_forward, "move_params_to_cpu": self.cpu_offload,
+                "mixed_precision": dtypes is not None and dtypes[0] == __import__("torch").float16,
+                "compute_device": self.root_device}
+
+    def wrap_model(self, model):
+        from fairscale.nn.data_parallel import FullyShardedDataParallel as FSDP
+
+        kwargs = self._fsdp_kwargs()
+        for name, child in list(model.named_modules()):
+            for attr, grandchild in list(child.named_children()):
+                if type(grandchild).__name__ in self.auto_wrap_modules:
+                    setattr(child, attr, FSDP(grandchild, **kwargs))
+        return FSDP(model, **kwargs)
+
+    def no_backward_sync(self, model, skip: bool):
+        from contextlib import nullcontext
+
+        return model.no_sync() if skip else nullcontext()
+
+    def clip_gradients(self, model, optimizer, max_norm=None, max_value=None):
+        if max_norm is None and max_value is None:
+            return None
+        self.precision.unscale_gradients(optimizer)
+        if max_value is not None:
+            import torch
+
+            torch.nn.utils.clip_grad_value_([p for p in model.parameters() if p.grad is not None], max_value)
+        return model.clip_grad_norm_(max_norm) if max_norm is not None else None
+
+    def model_state_dict(self, model) -> dict:
+        with model.state_dict_type("full") if hasattr(model, "state_dict_type") else __import__("contextlib").nullcontext():
+            state = model.state_dict()
+        return {k: v.detach().cpu() for k, v in state.items()} if self.is_global_zero else {}
+
+    def load_model_state_dict(self, model, state: dict) -> None:
+        model.load_state_dict(state)
+
+    def optimizer_state_dict(self, model, optimizer) -> dict:
+        full = model.gather_full_optim_state_dict(optimizer)
+        return full or {}
+
+    def load_optimizer_state_dict(self, model, optimizer, state: dict) -> None:
+        optimizer.load_state_dict(model.get_shard_from_optim_state_dict(state))
