@@ -10,7 +10,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from framework.checkpoint.format import list_checkpoints
+from framework.checkpoint.format import check_files, list_checkpoints, read_meta
 from framework.config.compatibility import Plan, check_compatibility
 from framework.config.targets import check_targets
 from framework.config.validate import check_values
@@ -29,8 +29,34 @@ def hydra_output_dir(name: str) -> Path:
     return Path("outputs") / name
 
 
+def remove_fresh_hydra_dir(output_dir) -> None:
+    """A run refused before it started leaves nothing behind: remove the directory Hydra made
+    for it if it holds only Hydra's own records (never a directory with results in it)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if output_dir is not None or not HydraConfig.initialized():
+        return
+    path = Path(HydraConfig.get().runtime.output_dir)
+    if path.is_dir() and all(p.name in (".hydra", "train.log") or p.suffix == ".log" for p in path.iterdir()):
+        if all(f.stat().st_size == 0 for f in path.glob("*.log")):
+            import shutil
+
+            shutil.rmtree(path)
+            cwd = Path.cwd().resolve()
+            for parent in path.resolve().parents:  # and the empty folders above it (outputs/<date>/)
+                if parent == cwd or cwd not in parent.parents or any(parent.iterdir()):
+                    break
+                parent.rmdir()
+
+
 def check_run_dir(cfg: DictConfig, output_dir: Path) -> None:
-    """Refuse to start a fresh run over an earlier run's checkpoints (nothing is ever lost)."""
+    """Refuse to start a fresh run over an earlier run's checkpoints (nothing is ever lost), and
+    check a given ckpt_path completely (every file present, no file truncated) before anything
+    is written."""
+    if cfg.ckpt_path:
+        path = Path(cfg.ckpt_path).expanduser()
+        meta = read_meta(path)
+        check_files(path, meta, list(meta["files"]))
     if cfg.resume or cfg.ckpt_path:
         return
     complete, _ = list_checkpoints(output_dir / "checkpoints")
@@ -46,6 +72,7 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> float | None:
     try:
         return _run(cfg, output_dir)
     except UserError as err:
+        remove_fresh_hydra_dir(output_dir)
         if wants_traceback(bool(cfg.get("debug", False))):
             raise
         report(err)
@@ -69,6 +96,19 @@ class Prepared:
         return self.devices * self.resolved.num_nodes
 
 
+def check_components(cfg: DictConfig) -> None:
+    """Build the model (on the meta device: no memory, no init cost), data module and task once,
+    so an argument their constructors refuse is reported before anything is written."""
+    import torch
+
+    from framework.config.build import build
+
+    with torch.device("meta"):
+        build(cfg.model, "model")
+    build(cfg.data, "data")
+    build(cfg.task, "task")
+
+
 def loop_settings(cfg: DictConfig) -> LoopSettings:
     return LoopSettings(micro_batch_size=cfg.data.get("batch_size", 1), accumulate=cfg.trainer.accumulate,
                         clip_grad_norm=cfg.trainer.clip_grad_norm, clip_grad_value=cfg.trainer.clip_grad_value)
@@ -87,6 +127,7 @@ def prepare(cfg: DictConfig) -> Prepared:
     check_values(resolved)
     check_targets(resolved)
     plugins = build_plugins(resolved)
+    check_components(resolved)
     devices = plugins.accelerator.resolve_devices(resolved.devices)
     check_compatibility(Plan(plugins.accelerator, plugins.strategy, plugins.precision, plugins.checkpoint_io,
                              plugins.cluster, devices, resolved.num_nodes, loop_settings(resolved)))

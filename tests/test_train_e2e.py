@@ -82,7 +82,7 @@ def test_user_errors_exit_2_with_one_clear_message(tmp_path, overrides, fragment
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert fragment in result.stderr
     assert "Traceback" not in result.stderr
-    assert not (tmp_path / "outputs" / "err" / "checkpoints").exists()  # nothing written
+    assert not (tmp_path / "outputs").exists()  # nothing written
 
 
 def test_truncated_checkpoint_says_truncated(tmp_path):

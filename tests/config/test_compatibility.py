@@ -41,7 +41,7 @@ def test_mps_refusals(monkeypatch):
     with pytest.raises(ConfigError) as err:
         check_compatibility(plan(MPSAccelerator(), FP64Precision()))
     assert "MPS has no float64" in str(err.value)
-    with pytest.raises(ConfigError, match="mps supports one process only"):
+    with pytest.raises(ConfigError, match="MPS supports one process only"):
         check_compatibility(plan(MPSAccelerator(), devices=2))
 
 

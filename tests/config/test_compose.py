@@ -20,7 +20,9 @@ OPTIONS = [(g, f.stem) for g in GROUPS for f in sorted((CONF / g).glob("*.yaml")
 def test_every_design_option_ships():
     expected = {
         "accelerator": {"auto", "cpu", "cuda", "mps"},
-        "strategy": {"auto", "single_device"},
+        "strategy": {"auto", "single_device", "ddp", "ddp_spawn", "fsdp", "fsdp_cpu_offload", "deepspeed_stage_1",
+                     "deepspeed_stage_2", "deepspeed_stage_2_offload", "deepspeed_stage_3", "deepspeed_stage_3_offload",
+                     "deepspeed_stage_3_offload_nvme", "ddp_sharded", "fairscale_fsdp"},
         "precision": {"32", "64", "16", "bf16", "16_true", "bf16_true"},
         "checkpoint_io": {"torch"},
         "cluster": {"auto", "local"},

@@ -1,0 +1,165 @@
+"""Every multi-process strategy trains the default model with 2 processes (gloo, CPU) and agrees
+with ddp; ddp agrees with single_device on the same global batch; launch behaviour."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import (DIGITS, ROOT, TINY_GPT, assert_state_equal, checkpoints, load_model_state,
+                            load_optimizer_state, run_inprocess, run_train)
+
+pytestmark = pytest.mark.slow
+
+STEPS = 4
+# No dropout (each rank would draw its own masks) and no validation at the start: the losses of
+# the first steps are compared one by one.
+BASE = [*TINY_GPT, f"trainer.max_steps={STEPS}", "trainer.log_every=1", "trainer.val_every=2",
+        "model.dropout=0.0", "trainer.val_at_start=false", "callbacks=[checkpoint]"]
+STRATEGIES = ["ddp", "ddp_spawn", "fsdp", "fsdp_cpu_offload", "ddp_sharded", "deepspeed_stage_1",
+              "deepspeed_stage_2", "deepspeed_stage_2_offload", "deepspeed_stage_3", "deepspeed_stage_3_offload"]
+# bf16 rounds activations to 8 bits of mantissa; strategies differ in where they round (FSDP
+# gathers bf16 parameters, DeepSpeed keeps bf16 module weights), so per-step losses agree to
+# about 1e-2 relative, not to float32 precision.
+TOLERANCE = {"32": 1e-5, "bf16": 2e-2}
+
+
+def train_losses(out) -> list[float]:
+    rows = csv.DictReader(open(out / "metrics.csv"))
+    return [float(r["train/loss"]) for r in rows if r.get("train/loss")]
+
+
+def run_world(tmp_path, name, strategy, devices, extra=()):
+    out = tmp_path / name
+    run_inprocess([*BASE, f"strategy={strategy}", f"devices={devices}", *extra], out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """ddp at 2 processes, per precision."""
+    root = tmp_path_factory.mktemp("ddp_reference")
+    return {p: train_losses(run_world(root, f"ddp_{p}", "ddp", 2, [f"precision={p}"])) for p in ("32", "bf16")}
+
+
+@pytest.mark.parametrize("precision", ["32", "bf16"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_strategy_matches_ddp(tmp_path, reference, strategy, precision):
+    out = run_world(tmp_path, "run", strategy, 2, [f"precision={precision}"])
+    losses = train_losses(out)
+    assert len(losses) == STEPS
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference[precision]),
+                               rtol=TOLERANCE[precision], atol=TOLERANCE[precision])
+    assert losses[-1] < losses[0]  # it learns
+    meta = json.loads((checkpoints(out)[-1] / "meta.json").read_text())
+    assert meta["world_size"] == 2 and meta["strategy"] == strategy
+    model = load_model_state(checkpoints(out)[-1])
+    assert "blocks.0.attn.qkv.weight" in model and model["blocks.0.attn.qkv.weight"].shape == (96, 32)
+
+
+def test_ddp_equals_single_device_on_the_same_global_batch(tmp_path):
+    ddp = run_world(tmp_path, "ddp", "ddp", 2, ["data.batch_size=4"])
+    single = run_world(tmp_path, "single", "single_device", 1, ["data.batch_size=8"])
+    torch.testing.assert_close(torch.tensor(train_losses(ddp)), torch.tensor(train_losses(single)),
+                               rtol=1e-5, atol=1e-5)
+    a, b = load_model_state(checkpoints(ddp)[-1]), load_model_state(checkpoints(single)[-1])
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)
+
+
+def test_ddp_sharded_is_bit_identical_to_ddp(tmp_path):
+    extra = ["trainer.accumulate=3", "trainer.clip_grad_norm=0.5", "trainer.max_steps=5"]
+    a = run_world(tmp_path, "ddp", "ddp", 2, extra)
+    b = run_world(tmp_path, "sharded", "ddp_sharded", 2, extra)
+    assert_state_equal(load_model_state(checkpoints(a)[-1]), load_model_state(checkpoints(b)[-1]), "model")
+    assert_state_equal(load_optimizer_state(checkpoints(a)[-1]), load_optimizer_state(checkpoints(b)[-1]),
+                       "optimizer")
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_multi_process_resume_is_bit_exact(tmp_path, strategy):
+    extra = ["trainer.accumulate=2", "scheduler.total_steps=6", "callbacks.checkpoint.every_n_steps=3",
+             "callbacks.checkpoint.keep_last_k=4"]
+    straight = run_world(tmp_path, "straight", strategy, 2, [*extra, "trainer.max_steps=6"])
+    resumed = run_world(tmp_path, "resumed", strategy, 2, [*extra, "trainer.max_steps=3"])
+    run_inprocess([*BASE, f"strategy={strategy}", "devices=2", *extra, "trainer.max_steps=6", "resume=auto"],
+                  resumed)
+    a, b = checkpoints(straight)[-1], checkpoints(resumed)[-1]
+    assert a.name == b.name == "step_000006"
+    assert_state_equal(load_model_state(a), load_model_state(b), "model")
+    assert_state_equal(load_optimizer_state(a), load_optimizer_state(b), "optimizer")
+
+
+def test_multirun_of_two_process_jobs(tmp_path):
+    result = run_train(["-m", "strategy=ddp,fsdp", "devices=2", "name=sweep", *BASE], tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr
+    sweep = tmp_path / "multirun" / "sweep"
+    jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
+    assert jobs == ["0", "1"]
+    for job, strategy in zip(jobs, ["ddp", "fsdp"]):
+        summary = json.loads((sweep / job / "summary.json").read_text())
+        assert summary["strategy"] == strategy and summary["world_size"] == 2
+        assert not [p for p in (sweep / job).iterdir() if p.name.startswith("elastic-")]  # no stray dirs
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_only_rank_zero_prints(tmp_path):
+    result = run_train(["strategy=ddp", "devices=2", "name=print", *BASE], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count(f"step {STEPS} | val/loss") == 1
+    assert result.stdout.count("saved checkpoint") == 1
+
+
+def test_a_failing_worker_stops_the_group_and_is_shown_first(tmp_path):
+    args = [*DIGITS, "model._target_=tests.helpers.failing.FailOnRank", "+model.rank=1", "strategy=ddp",
+            "devices=2", "name=fail", "trainer.max_steps=3"]
+    result = run_train(args, tmp_path, env={"PYTHONPATH": str(ROOT)})
+    assert result.returncode == 1
+    assert "worker rank 1 failed first" in result.stderr
+    assert "deliberate failure on rank 1" in result.stderr
+
+
+def test_a_user_error_inside_a_worker_exits_2(tmp_path):
+    result = run_train(["strategy=fsdp", "devices=2", "strategy.wrap_modules=[Nope]", "name=wrap", *BASE], tmp_path)
+    assert result.returncode == 2
+    assert "strategy.wrap_modules=['Nope']: the model has no module of these classes" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("overrides,fragment", [
+    (["strategy=deepspeed_stage_2", "precision=64"], "DeepSpeed has no float64 mode"),
+    (["strategy=deepspeed_stage_3", "precision=16"], "DeepSpeed refuses fp16"),
+    (["strategy=deepspeed_stage_3_offload_nvme"], "NVMe offload needs the libaio library"),
+    (["strategy=fairscale_fsdp"], "use strategy=fsdp"),
+    (["strategy=deepspeed_stage_2", "trainer.clip_grad_value=1"], "clips by global norm only"),
+    (["strategy=deepspeed_stage_2", "precision=bf16_true"], "use precision=bf16"),
+    (["strategy=ddp", "num_nodes=2"], "start one process per device on every node"),
+    (["strategy=ddp", "devices=64"], "devices=64: accelerator=cpu has only"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_compatibility_refusals_before_any_process(tmp_path, overrides, fragment):
+    if "libaio" in fragment:
+        import ctypes.util
+
+        if ctypes.util.find_library("aio"):
+            pytest.skip("libaio is installed here, so NVMe offload is not refused")
+    if "fp16" in fragment and torch.ops.mkldnn._is_mkldnn_fp16_supported():
+        pytest.skip("this CPU supports fp16")
+    result = run_train([*overrides, "devices=2", "name=refused"] if "devices=64" not in overrides
+                       else [*overrides, "name=refused"], tmp_path)
+    assert result.returncode == 2 and fragment in result.stderr
+    assert not (tmp_path / "outputs" / "refused").exists()
+
+
+def test_deepspeed_and_fairscale_are_imported_only_when_chosen():
+    code = ("import sys; from tests.conftest import compose_cfg; from framework.runner import prepare; "
+            "prepare(compose_cfg(['strategy=ddp', 'devices=2'])); "
+            "prepare(compose_cfg(['strategy=deepspeed_stage_3', 'devices=2'])); "
+            "print(sorted(m for m in ('deepspeed', 'fairscale', 'tensorboard') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stderr
