@@ -8,7 +8,7 @@ TORCH_VERSION ?= 2.13.0
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup train test clean
+.PHONY: setup train test bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ train: setup
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Side-by-side measurements (not tests); results and how to read them: benchmarks/README.md
+bench: setup
+	$(BIN)/python benchmarks/memory_per_rank.py
 
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache

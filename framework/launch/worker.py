@@ -79,6 +79,7 @@ def train_worker(config: dict, output_dir: str) -> dict[str, float]:
         configure_determinism(cfg.trainer.deterministic)
         datamodule = build(cfg.data, "data")
         task = build(cfg.task, "task")
+        callbacks = {name: build(node, f"callbacks.{name}") for name, node in cfg.callbacks.items()}
         model = build(cfg.model, "model")
         optimizer_factory = guarded(build(cfg.optimizer, "optimizer"), "optimizer")
         strategy.configure_loop(loop_settings(cfg))
@@ -88,7 +89,6 @@ def train_worker(config: dict, output_dir: str) -> dict[str, float]:
                                               total_optimizer_steps(cfg.trainer, len(train_loader)))
         val_loader = build_loader(datamodule, strategy, train=False, seed=cfg.seed)
 
-        callbacks = {name: build(node, f"callbacks.{name}") for name, node in cfg.callbacks.items()}
         loggers = []
         if strategy.is_global_zero:
             loggers = [build(node, f"logger.{name}", save_dir=str(output_dir)) for name, node in cfg.logger.items()]

@@ -20,3 +20,15 @@ def test_lr_monitor_logs_every_group(tmp_path):
     run_inprocess([*DIGITS, "trainer.max_steps=10", "scheduler=constant", "optimizer.lr=0.02"], out)
     lrs = {float(r["lr/pg0"]) for r in csv.DictReader(open(out / "metrics.csv")) if r.get("lr/pg0")}
     assert lrs == {0.02}
+
+
+def test_memory_monitor_writes_per_rank_peaks(tmp_path):
+    out = tmp_path / "run"
+    run_inprocess([*DIGITS, "trainer.max_steps=6", "callbacks=[memory_monitor]"], out)
+    memory = json.loads((out / "memory.json").read_text())
+    (rank,) = memory["ranks"]
+    assert rank["rank"] == 0 and rank["train_peak_rss_bytes"] > 50 * 2**20
+    assert rank["setup_peak_rss_bytes"] >= rank["baseline_rss_bytes"] > 0
+    logged = [float(r["memory/train_peak_rss_mb"]) for r in csv.DictReader(open(out / "metrics.csv"))
+              if r.get("memory/train_peak_rss_mb")]
+    assert logged and all(v > 50 for v in logged)
