@@ -104,6 +104,11 @@ RULES: list[Rule] = [
         f"accelerator={_acc(p)} has none; use strategy=fsdp (torch FSDP2), which runs everywhere.",
     ),
     Rule(
+        lambda p: getattr(p.strategy, "sync_batchnorm", False) and _acc(p) != "cuda",
+        lambda p: f"strategy.sync_batchnorm=true with accelerator={_acc(p)}: torch's SyncBatchNorm runs on "
+        "CUDA only; set strategy.sync_batchnorm=false.",
+    ),
+    Rule(
         lambda p: _deepspeed(p) and _prec(p) == "64",
         lambda p: f"strategy={_strat(p)} with precision=64: DeepSpeed has no float64 mode; use precision=32 "
         "(or strategy=ddp / fsdp for float64).",

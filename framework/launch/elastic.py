@@ -6,10 +6,12 @@ working (each job gets its own worker group, rendezvous port and run directory).
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
-import sys
 import tempfile
+import time
+import traceback
 import uuid
 from pathlib import Path
 
@@ -19,7 +21,7 @@ _USER_ERRORS = {"ConfigError": ConfigError, "CheckpointError": CheckpointError, 
 _USER_ERROR_KEY = "__framework_user_error__"
 
 
-def worker_entry(config: dict, output_dir: str, threads: int):
+def worker_entry(config: dict, output_dir: str, threads: int, failure_dir: str):
     """Module-level (picklable) entry of every worker process."""
     import torch
 
@@ -30,6 +32,14 @@ def worker_entry(config: dict, output_dir: str, threads: int):
         return train_worker(config, output_dir)
     except UserError as err:  # reported by the launching process as the user's error, exit code 2
         return {_USER_ERROR_KEY: (type(err).__name__, str(err))}
+    except BaseException as err:
+        # When one rank fails, the others fail soon after (a collective loses its peer); the
+        # launching process shows the earliest failure first, so it records when this one happened.
+        rank = int(os.environ.get("RANK", 0))
+        record = {"rank": rank, "time_ns": time.time_ns(), "error": f"{type(err).__name__}: {err}",
+                  "traceback": traceback.format_exc()}
+        (Path(failure_dir) / f"rank{rank}.json").write_text(json.dumps(record))
+        raise
 
 
 def launch_local_workers(config: dict, output_dir: Path, plugins, nproc: int) -> dict:
@@ -38,9 +48,12 @@ def launch_local_workers(config: dict, output_dir: Path, plugins, nproc: int) ->
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
+    # Worker failures are reported once, by WorkerFailed, not again by the agent's own logging.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     threads = max(1, (os.cpu_count() or 1) // nproc)
     logs_dir = Path(tempfile.mkdtemp(prefix="elastic-", dir=output_dir))
+    failure_dir = logs_dir / "failures"
+    failure_dir.mkdir()
     launch_config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
         rdzv_backend="c10d", rdzv_endpoint=f"{plugins.cluster.main_address}:{plugins.cluster.main_port}",
@@ -49,9 +62,9 @@ def launch_local_workers(config: dict, output_dir: Path, plugins, nproc: int) ->
         local_addr=plugins.cluster.main_address,
     )
     try:
-        results = elastic_launch(launch_config, worker_entry)(config, str(output_dir), threads)
+        results = elastic_launch(launch_config, worker_entry)(config, str(output_dir), threads, str(failure_dir))
     except ChildFailedError as err:
-        raise WorkerFailed(err) from None
+        raise WorkerFailed(err, failure_dir) from None
     finally:
         _remove_tree(logs_dir)
     for rank in sorted(results):
@@ -63,20 +76,24 @@ def launch_local_workers(config: dict, output_dir: Path, plugins, nproc: int) ->
 
 
 class WorkerFailed(RuntimeError):
-    """A worker process died or raised; the first failure is shown first."""
+    """A worker process died or raised. The earliest failure is shown first, with its traceback;
+    the others (usually consequences: a collective that lost its peer) follow in one line each."""
 
-    def __init__(self, err):
-        failures = sorted(err.failures.items(), key=lambda kv: kv[1].timestamp)
-        rank, first = failures[0]
-        lines = [f"worker rank {rank} failed first (exit code {first.exitcode}): {first.message}"]
-        details = first.error_file_data.get("message", {}) if isinstance(first.error_file_data, dict) else {}
-        trace = details.get("extraInfo", {}).get("py_callstack") if isinstance(details, dict) else None
-        if trace:
-            lines.append(trace.rstrip())
-        for other_rank, other in failures[1:]:
-            lines.append(f"worker rank {other_rank} also failed (exit code {other.exitcode})")
+    def __init__(self, err, failure_dir: Path):
+        records = sorted((json.loads(p.read_text()) for p in failure_dir.glob("rank*.json")),
+                         key=lambda r: r["time_ns"])
+        lines = []
+        if records:
+            first = records[0]
+            lines.append(f"worker rank {first['rank']} failed first: {first['error']}")
+            lines.append(first["traceback"].rstrip())
+            lines += [f"worker rank {r['rank']} failed after it: {r['error'].splitlines()[0]}" for r in records[1:]]
+        reported = {r["rank"] for r in records}
+        for rank, failure in sorted(err.failures.items()):  # killed outright (no Python exception)
+            if rank not in reported:
+                lines.append(f"worker rank {rank} exited with code {failure.exitcode} "
+                             f"({'killed by a signal' if failure.exitcode < 0 else 'no Python error recorded'})")
         super().__init__("\n".join(lines))
-        self.exit_code = first.exitcode
 
 
 def _remove_tree(path: Path) -> None:

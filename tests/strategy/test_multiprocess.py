@@ -122,6 +122,8 @@ def test_a_failing_worker_stops_the_group_and_is_shown_first(tmp_path):
     assert result.returncode == 1
     assert "worker rank 1 failed first" in result.stderr
     assert "deliberate failure on rank 1" in result.stderr
+    assert result.stderr.startswith("error: worker rank 1 failed first")  # the cause, before the consequences
+    assert result.stderr.count("Traceback") == 1
 
 
 def test_a_user_error_inside_a_worker_exits_2(tmp_path):
@@ -140,6 +142,7 @@ def test_a_user_error_inside_a_worker_exits_2(tmp_path):
     (["strategy=deepspeed_stage_2", "precision=bf16_true"], "use precision=bf16"),
     (["strategy=ddp", "num_nodes=2"], "start one process per device on every node"),
     (["strategy=ddp", "devices=64"], "devices=64: accelerator=cpu has only"),
+    (["strategy=ddp", "strategy.sync_batchnorm=true"], "SyncBatchNorm runs on CUDA only"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
 def test_compatibility_refusals_before_any_process(tmp_path, overrides, fragment):
     if "libaio" in fragment:
