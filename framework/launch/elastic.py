@@ -49,7 +49,8 @@ def launch_local_workers(config: dict, output_dir: Path, plugins, nproc: int) ->
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     # Worker failures are reported once, by WorkerFailed, not again by the agent's own logging.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    for name in ("torch.distributed.elastic", "torch.multiprocessing"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     threads = max(1, (os.cpu_count() or 1) // nproc)
     logs_dir = Path(tempfile.mkdtemp(prefix="elastic-", dir=output_dir))
     failure_dir = logs_dir / "failures"
