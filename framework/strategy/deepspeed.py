@@ -32,18 +32,22 @@ class DeepSpeedStrategy(ParallelStrategy):
     accumulation mode (backward accumulates locally, `step` reduces and updates)."""
 
     name = "deepspeed"
+    #: what a subclass (one per conf/strategy/deepspeed_stage_*.yaml) sets up when not told
+    default_stage: int = 2
+    default_offload_optimizer: str = "none"
+    default_offload_parameters: str = "none"
 
-    def __init__(self, *args, stage: Literal[0, 1, 2, 3] = 2, offload_optimizer: OffloadDevice = "none",
-                 offload_parameters: OffloadDevice = "none", nvme_path: str = "/local_nvme",
+    def __init__(self, *args, stage: Literal[0, 1, 2, 3] | None = None, offload_optimizer: OffloadDevice | None = None,
+                 offload_parameters: OffloadDevice | None = None, nvme_path: str = "/local_nvme",
                  config: dict | None = None, timeout_s: float = 1800.0, **kwargs):
         """stage: ZeRO stage (0: plain data parallel); offload_optimizer: keep optimizer state (and
         the update) on cpu or nvme (stages 1-3); offload_parameters: keep parameters on cpu or
         nvme (stage 3); nvme_path: folder on a fast local disk for nvme offload; config: raw
         DeepSpeed keys merged over the generated config; timeout_s: collective timeout."""
         super().__init__(*args, timeout_s=timeout_s, **kwargs)
-        self.stage = stage
-        self.offload_optimizer = offload_optimizer
-        self.offload_parameters = offload_parameters
+        self.stage = self.default_stage if stage is None else stage
+        self.offload_optimizer = offload_optimizer or self.default_offload_optimizer
+        self.offload_parameters = offload_parameters or self.default_offload_parameters
         self.nvme_path = nvme_path
         self.raw_config = dict(config or {})
         self.engine = None
