@@ -55,10 +55,13 @@ def resume_path(cfg, output_dir: Path, say) -> Path | None:
     return complete[-1].path
 
 
-def configure_determinism(deterministic: bool) -> None:
+def configure_determinism(deterministic: bool) -> bool:
+    """Apply trainer.deterministic; returns the previous setting, restored when the run ends."""
+    previous = torch.are_deterministic_algorithms_enabled()
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # required by cuBLAS
-        torch.use_deterministic_algorithms(True)
+    torch.use_deterministic_algorithms(deterministic or previous)
+    return previous
 
 
 def train_worker(config: dict, output_dir: str) -> dict[str, float]:
@@ -74,9 +77,9 @@ def train_worker(config: dict, output_dir: str) -> dict[str, float]:
     plugins = build_plugins(cfg)
     strategy = plugins.strategy
     strategy.setup_environment()
+    was_deterministic = configure_determinism(cfg.trainer.deterministic)
     try:
         seed_everything(cfg.seed)
-        configure_determinism(cfg.trainer.deterministic)
         datamodule = build(cfg.data, "data")
         task = build(cfg.task, "task")
         callbacks = {name: build(node, f"callbacks.{name}") for name, node in cfg.callbacks.items()}
@@ -105,3 +108,4 @@ def train_worker(config: dict, output_dir: str) -> dict[str, float]:
         return loop.fit(resume_path(cfg, output_dir, loop.say))
     finally:
         strategy.teardown()
+        torch.use_deterministic_algorithms(was_deterministic)

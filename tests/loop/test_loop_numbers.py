@@ -70,3 +70,22 @@ def test_cosine_schedule_reaches_min_ratio(tmp_path):
 def test_objective_is_returned(tmp_path):
     value = run_inprocess([*DIGITS, "trainer.max_steps=5", "trainer.objective=val/accuracy"], tmp_path / "r")
     assert isinstance(value, float) and 0.0 <= value <= 1.0
+
+
+def test_epoch_interval_scheduler_steps_once_per_epoch(tmp_path):
+    """22 batches per epoch; StepLR(step_size=1, gamma=0.5) per epoch halves the LR at 22 and 44."""
+    out = tmp_path / "run"
+    run_inprocess([*DIGITS, "trainer.max_steps=50", "trainer.log_every=1", "scheduler=step",
+                   "scheduler.step_size=1", "optimizer.lr=0.01", "trainer.val_every=1000"], out)
+    lr = {int(r["step"]): float(r["lr/pg0"]) for r in csv.DictReader(open(out / "metrics.csv")) if r.get("lr/pg0")}
+    assert lr[22] == pytest.approx(0.01) and lr[23] == pytest.approx(0.005)
+    assert lr[44] == pytest.approx(0.005) and lr[45] == pytest.approx(0.0025)
+
+
+def test_deterministic_runs_repeat_exactly(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for out in (a, b):
+        run_inprocess([*DIGITS, "trainer.max_steps=5", "trainer.deterministic=true", "model.dropout=0.3"], out)
+    wa, wb = load_model_state(checkpoints(a)[-1]), load_model_state(checkpoints(b)[-1])
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert not torch.are_deterministic_algorithms_enabled()  # restored when the run ended
