@@ -45,6 +45,9 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """Token + position embeddings, `n_layer` Blocks, a final LayerNorm and a tied LM head."""
 
+    #: the modules a sharding strategy wraps as units by default (strategy.wrap_modules=null)
+    sharding_units = ("Block",)
+
     def __init__(self, vocab_size: PositiveInt = 256, block_size: PositiveInt = 128, n_layer: PositiveInt = 4,
                  n_head: PositiveInt = 4, n_embd: PositiveInt = 128, dropout: NonNegativeFloat = 0.0):
         """vocab_size: tokens (256 for bytes); block_size: the longest context; n_layer: Blocks;

@@ -18,12 +18,12 @@ class FSDPStrategy(ParallelStrategy):
 
     def __init__(self, *args, wrap_modules: list[str] | None = None, reshard_after_forward: bool = True,
                  cpu_offload: bool = False, timeout_s: float = 1800.0, **kwargs):
-        """wrap_modules: class names of the modules to shard as units (e.g. [Block]); empty: only
-        the root; reshard_after_forward: free gathered parameters after forward (less memory,
+        """wrap_modules: class names of the modules to shard as units (e.g. [Block]); null: the
+        model's own `sharding_units` attribute if it has one, else only the root; reshard_after_forward: free gathered parameters after forward (less memory,
         one more all-gather in backward); cpu_offload: keep sharded parameters, gradients and
         optimizer state in CPU memory; timeout_s: how long a collective may wait."""
         super().__init__(*args, timeout_s=timeout_s, **kwargs)
-        self.wrap_modules = list(wrap_modules or [])
+        self.wrap_modules = None if wrap_modules is None else list(wrap_modules)
         self.reshard_after_forward = reshard_after_forward
         self.cpu_offload = cpu_offload
 
@@ -43,7 +43,8 @@ class FSDPStrategy(ParallelStrategy):
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         from torch.distributed.fsdp import fully_shard
 
-        units = [m for m in model.modules() if type(m).__name__ in self.wrap_modules and m is not model]
+        names = self.wrap_modules if self.wrap_modules is not None else list(getattr(model, "sharding_units", ()))
+        units = [m for m in model.modules() if type(m).__name__ in names and m is not model]
         if self.wrap_modules and not units:
             present = sorted({type(m).__name__ for m in model.modules()})
             raise ConfigError(f"strategy.wrap_modules={self.wrap_modules}: the model has no module of these "
