@@ -123,13 +123,14 @@ def check_files(path: Path, meta: dict, names: list[str]) -> None:
 
 
 def load_checkpoint_files(io, path: Path, rank: int) -> tuple[dict, dict[str, Any]]:
-    """(meta, {name: object}) for the shared files and this rank's per-rank files."""
+    """(meta, {name: object}) for the shared files and this rank's loop state. A rank the
+    checkpoint has no loop state for (it was written by fewer processes) gets rank zero's; the
+    loop then translates the data position (see FitLoop.restore)."""
     meta = read_meta(path)
     shared = [n for n in meta["files"] if n.endswith(".pt") and "_rank" not in n]
     mine = f"loop_rank{rank}.pt"
     if mine not in meta["files"]:
-        raise CheckpointError(f"{path} was written by {meta.get('world_size')} process(es) and has no loop "
-                              f"state for rank {rank}; resume it with the same devices x num_nodes.")
+        mine = "loop_rank0.pt"
     check_files(path, meta, shared + [mine])
     objects = {n[:-3]: io.load(path / n) for n in shared}
     objects["loop"] = io.load(path / mine)

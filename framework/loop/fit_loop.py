@@ -198,7 +198,15 @@ class FitLoop:
                                   "it was saved from a different config (see its meta.json).") from err
         loop = objects["loop"]
         self.state.load_state_dict(loop["state"])
-        self.train_loader.load_state_dict(loop["train_loader"])
+        saved_world = int(meta.get("world_size", strategy.world_size))
+        if saved_world == strategy.world_size:
+            self.train_loader.load_state_dict(loop["train_loader"])
+            set_rng_state(loop["rng"])
+        else:
+            self._translate_data_position(loop, saved_world)
+            set_rng_state(loop["rng"])  # rank zero's streams: a new world size cannot continue the old ones
+            self.say(f"resuming a checkpoint of {saved_world} process(es) with {strategy.world_size}: weights, "
+                     "optimizer, step and epoch are exact; the data order within this epoch is re-dealt")
         if self.scheduler is not None and loop["scheduler"] is not None:
             self.scheduler.load_state_dict(loop["scheduler"])
         strategy.precision.load_state_dict(loop["precision"])
@@ -208,10 +216,26 @@ class FitLoop:
         window = loop["train_window"]
         self._window.update(loss=window["loss"].to(strategy.root_device), batches=window["batches"],
                             items=window["items"])
-        set_rng_state(loop["rng"])
         for logger in self.loggers:
             logger.truncate(self.state.step)
         self.say(f"resumed from {path} at step {self.state.step} (epoch {self.state.epoch})")
+
+
+    def _translate_data_position(self, loop: dict, saved_world: int) -> None:
+        """Continue the epoch after the same number of samples, dealt to a different number of
+        ranks: skip as many of this rank's batches as cover the samples already seen, rounded down
+        to a whole accumulation group."""
+        seen = loop["train_loader"].get("_num_yielded", 0) * saved_world  # batches, all ranks together
+        k = self.trainer.accumulate
+        skip = (seen // self.strategy.world_size) // k * k
+        skip = min(skip, len(self.train_loader))
+        self.state.batch_in_epoch = skip
+        self.train_loader.sampler.set_epoch(self.state.epoch)
+        template = self.train_loader.state_dict()
+        batch = self.train_loader.batch_size
+        template.update({"_num_yielded": skip, "_sampler_iter_yielded": skip,
+                         "_sampler_iter_state": {"samples_yielded": skip * batch}, "_iterator_finished": False})
+        self.train_loader.load_state_dict(template)
 
 
 def objective(metrics: dict[str, Any], name: str) -> float | None:

@@ -203,11 +203,31 @@ class DeepSpeedStrategy(ParallelStrategy):
             with torch.no_grad():
                 param.copy_(value.to(param.dtype))
 
+    def _ensure_optimizer_state(self, optimizer, saved: dict) -> None:
+        """Torch optimizers create their state at the first step; a fresh engine has none to load
+        into. Create it (zeros, shaped like DeepSpeed's flat fp32 partitions) and let ZeRO link it
+        to the parameters, as its first step would."""
+        example = next(iter(saved.values()), {})
+        keys = [k for k, v in example.items() if torch.is_tensor(v) and v.dim() > 0]
+        zero = self.engine.optimizer
+        # ZeRO-1/2 put their flat partitions in the torch optimizer's groups; ZeRO-3 keeps them aside
+        flats = [p for g in optimizer.param_groups for p in g["params"]]
+        flats += list(getattr(zero, "fp32_partitioned_groups_flat", []))
+        created = False
+        for flat in flats:
+            if not optimizer.state.get(flat):
+                optimizer.state[flat] = {"step": torch.tensor(0.0), **{k: torch.zeros_like(flat) for k in keys}}
+                created = True
+        if created and hasattr(zero, "_lazy_init_hp_params_optimizer_state"):  # ZeRO 1/2 link lazily
+            zero._hp_optimizer_states_linked = False
+            zero._lazy_init_hp_params_optimizer_state()
+
     def load_optimizer_state_dict(self, model, optimizer, state: dict) -> None:
         from deepspeed.utils import safe_set_full_optimizer_state
 
         module, params = self._named_params()
         saved = state["state"]
+        self._ensure_optimizer_state(optimizer, saved)
         step = None
         seen = set()
         for name, param in params.items():

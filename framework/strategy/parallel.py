@@ -1,6 +1,7 @@
 """Shared base of the multi-process strategies: the process group and how workers start."""
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -25,6 +26,7 @@ class ParallelStrategy(Strategy):
 
     def setup_environment(self) -> None:
         if not dist.is_initialized():
+            self._set_env = _describe_lone_process()
             cluster = self.cluster
             dist.init_process_group(
                 backend=self.accelerator.distributed_backend,
@@ -38,3 +40,24 @@ class ParallelStrategy(Strategy):
         super().teardown()
         if dist.is_initialized():
             dist.destroy_process_group()
+        for key in getattr(self, "_set_env", ()):
+            os.environ.pop(key, None)
+
+
+def _describe_lone_process() -> list[str]:
+    """A multi-process strategy run as a single process in the launching process (devices=1)
+    has no launcher to set the usual variables; set them, so libraries that read them
+    (DeepSpeed reads LOCAL_RANK) see a world of one."""
+    if "WORLD_SIZE" in os.environ:
+        return []
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    values = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    added = [key for key in values if key not in os.environ]
+    for key in added:
+        os.environ[key] = values[key]
+    return added
