@@ -23,6 +23,9 @@ class Callback:
 
     def on_epoch_end(self, loop) -> None: ...
 
+    def on_checkpoint_saved(self, loop, path) -> None:
+        """A checkpoint became complete (for an asynchronous checkpoint_io, after its writes)."""
+
     def on_fit_end(self, loop) -> None: ...
 
     def state_dict(self) -> dict:

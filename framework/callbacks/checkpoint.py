@@ -40,6 +40,8 @@ class ModelCheckpoint(Callback):
     def _save(self, loop) -> None:
         loop.save_checkpoint()
         self.last_saved_step = loop.state.step
+
+    def on_checkpoint_saved(self, loop, path) -> None:
         if loop.strategy.is_global_zero:
             self.prune(loop.checkpoint_dir)
         loop.strategy.barrier()

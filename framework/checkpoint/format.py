@@ -52,10 +52,21 @@ def versions() -> dict[str, str]:
     return {"framework": framework.__version__, "torch": torch.__version__, "python": platform.python_version()}
 
 
-def write_checkpoint(strategy, root: Path, step: int, shared: dict[str, Any], per_rank: dict[str, Any],
-                     meta: dict) -> Path:
-    """Collective: every rank calls it. `shared` (name -> object) is written by rank zero,
-    `per_rank` by each rank as `<name>_rank<r>.pt`. Returns the final directory."""
+@dataclass
+class PendingCheckpoint:
+    """Files handed to the CheckpointIO; complete once `finalize_checkpoint` has run."""
+
+    partial: Path
+    final: Path
+    step: int
+    meta: dict
+
+
+def begin_checkpoint(strategy, root: Path, step: int, shared: dict[str, Any], per_rank: dict[str, Any],
+                     meta: dict) -> PendingCheckpoint:
+    """Collective: every rank calls it. Hands `shared` (name -> object, rank zero) and `per_rank`
+    (each rank, as `<name>_rank<r>.pt`) to the CheckpointIO, which may still be writing when this
+    returns (an asynchronous one); the checkpoint is not visible until it is finalized."""
     io = strategy.checkpoint_io
     final = root / checkpoint_name(step)
     partial = root / f"{PARTIAL_PREFIX}{final.name}"
@@ -69,17 +80,25 @@ def write_checkpoint(strategy, root: Path, step: int, shared: dict[str, Any], pe
     if strategy.is_global_zero:
         for name, obj in shared.items():
             io.save(obj, partial / f"{name}.pt")
-    io.wait()
+    return PendingCheckpoint(partial, final, step, meta)
+
+
+def finalize_checkpoint(strategy, pending: PendingCheckpoint) -> Path:
+    """Collective: wait for every rank's writes, then write meta.json (with every file's size)
+    and rename the directory into place. Returns the final directory."""
+    strategy.checkpoint_io.wait()
     strategy.barrier()
+    partial, final = pending.partial, pending.final
     if strategy.is_global_zero:
         files = {p.name: p.stat().st_size for p in sorted(partial.iterdir())}
-        meta = {"format_version": FORMAT_VERSION, "step": step, "world_size": strategy.world_size,
-                "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "versions": versions(), **meta, "files": files}
+        meta = {"format_version": FORMAT_VERSION, "step": pending.step, "world_size": strategy.world_size,
+                "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "versions": versions(), **pending.meta,
+                "files": files}
         tmp = partial / f".{META}.tmp"
         tmp.write_text(json.dumps(meta, indent=2, default=str))
         os.replace(tmp, partial / META)
         if final.exists():  # the same step saved again (e.g. after a resume): replace it whole
-            trash = root / f"{PARTIAL_PREFIX}old-{final.name}"
+            trash = final.parent / f"{PARTIAL_PREFIX}old-{final.name}"
             os.replace(final, trash)
             os.replace(partial, final)
             shutil.rmtree(trash)

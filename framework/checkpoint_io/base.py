@@ -33,8 +33,15 @@ class CheckpointIO(ABC):
         elif p.exists():
             p.unlink()
 
+    #: whether `save` may return before the bytes are written (the loop then finalizes later)
+    is_async: bool = False
+
     def wait(self) -> None:
-        """Block until every pending write is durable."""
+        """Block until every pending write is durable; raise the first error a write hit."""
+
+    def pending(self) -> bool:
+        """Whether a write is still in progress (raises a write's error if one failed)."""
+        return False
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from framework.checkpoint.format import load_checkpoint_files, write_checkpoint
+from framework.checkpoint.format import begin_checkpoint, finalize_checkpoint, load_checkpoint_files
 from framework.checkpoint.rng import rng_state, set_rng_state
 from framework.errors import CheckpointError, ConfigError
 from framework.loop.state import LoopState
@@ -36,6 +36,7 @@ class FitLoop:
         self.checkpoint_dir = self.output_dir / "checkpoints"
         self.run_meta = run_meta
         self.state = LoopState()
+        self._pending_checkpoint = None
         self._window = {"loss": torch.zeros((), dtype=torch.float64, device=strategy.root_device),
                         "batches": 0, "items": 0, "start": time.perf_counter()}
 
@@ -72,6 +73,7 @@ class FitLoop:
         if self.state.last_val_step != self.state.step:
             self.validate()
         self._hook("on_fit_end")
+        self._finalize_checkpoint(wait=True)
         for logger in self.loggers:
             logger.finalize()
         return dict(self.state.metrics)
@@ -117,6 +119,7 @@ class FitLoop:
         if self.scheduler is not None and self.scheduler_interval == "step":
             self.scheduler.step()
         self.state.step += 1
+        self._finalize_checkpoint_if_written()
         if self.state.step % t.log_every == 0:
             self._log_train(grad_norm, stepped)
         if self.state.step % t.val_every == 0:
@@ -167,8 +170,12 @@ class FitLoop:
         return metrics
 
     # ---- checkpoints --------------------------------------------------------------------
-    def save_checkpoint(self) -> Path:
+    def save_checkpoint(self) -> None:
+        """Collective. Hands the state to the CheckpointIO; with a synchronous one the checkpoint is
+        complete on return, with an asynchronous one at a later step boundary (a checkpoint still
+        being written is finished first)."""
         strategy = self.strategy
+        self._finalize_checkpoint(wait=True)
         per_rank = {"loop": {
             "state": self.state.state_dict(),
             "rng": rng_state(),
@@ -182,10 +189,28 @@ class FitLoop:
         shared = {"model": strategy.model_state_dict(self.model),
                   "optimizer": strategy.optimizer_state_dict(self.model, self.optimizer)}
         meta = {**self.run_meta, "epoch": self.state.epoch, "metrics": self.state.fresh_metrics()}
-        path = write_checkpoint(strategy, self.checkpoint_dir, self.state.step, shared,
-                                per_rank, meta)
+        self._pending_checkpoint = begin_checkpoint(strategy, self.checkpoint_dir, self.state.step, shared,
+                                                    per_rank, meta)
+        if not strategy.checkpoint_io.is_async:
+            self._finalize_checkpoint(wait=True)
+
+    def _finalize_checkpoint_if_written(self) -> None:
+        """At a step boundary: finalize a background checkpoint once every rank's writes are done
+        (one tiny all-reduce per step, only while a checkpoint is pending)."""
+        if self._pending_checkpoint is None:
+            return
+        done = torch.tensor(0.0 if self.strategy.checkpoint_io.pending() else 1.0, device=self.strategy.root_device)
+        if self.strategy.reduce(done, "min").item() == 1.0:
+            self._finalize_checkpoint(wait=False)
+
+    def _finalize_checkpoint(self, wait: bool) -> None:
+        if self._pending_checkpoint is None:
+            return
+        pending, self._pending_checkpoint = self._pending_checkpoint, None
+        path = finalize_checkpoint(self.strategy, pending)  # waits for the writes itself
         self.say(f"saved checkpoint {path}")
-        return path
+        self._hook("on_checkpoint_saved", path)
+
 
     def restore(self, path: Path) -> None:
         strategy = self.strategy

@@ -81,9 +81,9 @@ def test_ddp_sharded_is_bit_identical_to_ddp(tmp_path):
                        "optimizer")
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_multi_process_resume_is_bit_exact(tmp_path, strategy):
-    extra = ["trainer.accumulate=2", "scheduler.total_steps=6", "callbacks.checkpoint.every_n_steps=3",
+@pytest.mark.parametrize("strategy,io", [("ddp", "torch"), ("fsdp", "torch"), ("ddp", "async")])
+def test_multi_process_resume_is_bit_exact(tmp_path, strategy, io):
+    extra = [f"checkpoint_io={io}", "trainer.accumulate=2", "scheduler.total_steps=6", "callbacks.checkpoint.every_n_steps=3",
              "callbacks.checkpoint.keep_last_k=4"]
     straight = run_world(tmp_path, "straight", strategy, 2, [*extra, "trainer.max_steps=6"])
     resumed = run_world(tmp_path, "resumed", strategy, 2, [*extra, "trainer.max_steps=3"])
