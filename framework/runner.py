@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from dataclasses import dataclass
 import time
@@ -17,6 +18,7 @@ from framework.config.validate import check_values
 from framework.errors import ConfigError, UserError, report, runner_state, wants_traceback
 from framework.launch.elastic import WorkerFailed
 from framework.launch.launcher import launch
+from framework.loop.preemption import EXIT_PREEMPTED, Preempted
 from framework.plugins import Plugins, build_plugins
 from framework.strategy.base import LoopSettings
 
@@ -80,6 +82,9 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> float | None:
     except WorkerFailed as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
+    except Preempted as err:
+        print(f"preempted: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_PREEMPTED) from None
 
 
 @dataclass
@@ -144,6 +149,9 @@ def _run(cfg: DictConfig, output_dir) -> float | None:
     # 3. launch and 4. fit
     started = time.time()
     metrics = launch(config, output_dir, plugins, prepared.world_size)
+    if "trainer/preempted_step" in metrics:
+        number = int(metrics.get("trainer/preempted_signal", 0))
+        raise Preempted(signal.Signals(number).name if number else "a signal", int(metrics["trainer/preempted_step"]))
     # 5. the objective, for sweepers
     objective_name = resolved.trainer.objective
     objective = metrics.get(objective_name)

@@ -8,7 +8,7 @@ wrong type is rejected while the config is composed, naming the key. The plugin 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -40,6 +40,8 @@ class TrainerConfig:
     """Use only deterministic algorithms (torch.use_deterministic_algorithms)."""
     progress_bar: bool = True
     """Show a live progress bar with loss and throughput (only ever on a terminal, rank zero)."""
+    preemption_signals: List[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
+    """Signals that make the run save at the next step boundary and exit with code 75 (requeue)."""
     max_restarts: int = 0
     """Restart the worker group this many times after a worker dies (multi-process runs)."""
     objective: str = "val/loss"

@@ -42,6 +42,11 @@ def check_values(cfg: DictConfig) -> None:
     t = cfg.trainer
     if t.max_steps is None and t.max_epochs is None:
         problems.append("trainer.max_steps and trainer.max_epochs are both null: set one, e.g. trainer.max_steps=500.")
+    import signal
+
+    for name in cfg.trainer.preemption_signals:
+        if (name if str(name).startswith("SIG") else f"SIG{name}") not in signal.Signals.__members__:
+            problems.append(f"trainer.preemption_signals: {name!r} is not a signal name (e.g. SIGTERM, SIGUSR1).")
     if cfg.ckpt_path is not None and cfg.resume is not None:
         problems.append(f"ckpt_path={cfg.ckpt_path!r} and resume={cfg.resume!r} both choose a checkpoint: give one.")
     for group in ("accelerator", "strategy", "precision", "checkpoint_io", "cluster", "model", "data", "task", "optimizer"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import tempfile
 import time
 import traceback
@@ -28,6 +29,7 @@ def worker_entry(config: dict, output_dir: str, threads: int, failure_dir: str):
     torch.set_num_threads(threads)
     from framework.launch.worker import train_worker
 
+    (Path(failure_dir) / f"pid{os.environ.get('RANK', 0)}").write_text(str(os.getpid()))  # for SignalForwarder
     try:
         return train_worker(config, output_dir)
     except UserError as err:  # reported by the launching process as the user's error, exit code 2
@@ -44,7 +46,7 @@ def worker_entry(config: dict, output_dir: str, threads: int, failure_dir: str):
 
 def launch_local_workers(config: dict, output_dir: Path, plugins, nproc: int) -> dict:
     """Run `nproc` workers on this node and return rank zero's result."""
-    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -62,11 +64,19 @@ def launch_local_workers(config: dict, output_dir: Path, plugins, nproc: int) ->
         monitor_interval=0.1, logs_specs=DefaultLogsSpecs(log_dir=str(logs_dir)),
         local_addr=plugins.cluster.main_address,
     )
+    forwarder = SignalForwarder(config["trainer"].get("preemption_signals", []), failure_dir)
     try:
         results = elastic_launch(launch_config, worker_entry)(config, str(output_dir), threads, str(failure_dir))
     except ChildFailedError as err:
         raise WorkerFailed(err, failure_dir) from None
+    except SignalException as err:
+        # The agent got the signal itself (SIGTERM): it passed it on to the workers and waited
+        # for them, and they saved a checkpoint at their next step boundary.
+        from framework.loop.preemption import Preempted
+
+        raise Preempted(signal.Signals(err.sigval).name, None) from None
     finally:
+        forwarder.restore()
         _remove_tree(logs_dir)
     for rank in sorted(results):
         result = results[rank]
@@ -74,6 +84,34 @@ def launch_local_workers(config: dict, output_dir: Path, plugins, nproc: int) ->
             kind, message = result[_USER_ERROR_KEY]
             raise _USER_ERRORS.get(kind, UserError)(message)
     return results[0]
+
+
+class SignalForwarder:
+    """Passes the preemption signals the elastic agent does not handle itself (it handles SIGTERM,
+    SIGINT, SIGHUP, SIGQUIT by stopping the workers with SIGTERM) on to the worker processes."""
+
+    AGENT_HANDLES = {"SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"}
+
+    def __init__(self, names: list[str], pid_dir: Path):
+        from framework.loop.preemption import signal_number
+
+        self.pid_dir = pid_dir
+        self._previous = {}
+        for name in names:
+            number = signal_number(name)
+            if number.name not in self.AGENT_HANDLES:
+                self._previous[number] = signal.signal(number, self._forward)
+
+    def _forward(self, number, frame) -> None:
+        for pid_file in self.pid_dir.glob("pid*"):  # each worker wrote its pid when it started
+            try:
+                os.kill(int(pid_file.read_text()), number)
+            except (OSError, ValueError):
+                pass
+
+    def restore(self) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
 
 
 class WorkerFailed(RuntimeError):

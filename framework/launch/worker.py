@@ -70,6 +70,7 @@ def train_worker(config: dict, output_dir: str) -> dict[str, float]:
     from framework.callbacks.progress import RichProgress, TextProgress
     from framework.data.loaders import build_loader
     from framework.loop.fit_loop import FitLoop
+    from framework.loop.preemption import PreemptionWatcher
     from framework.runner import loop_settings
 
     cfg = OmegaConf.create(config)
@@ -101,11 +102,15 @@ def train_worker(config: dict, output_dir: str) -> dict[str, float]:
             callbacks["progress"] = RichProgress() if bar else TextProgress()
         run_meta = {"strategy": strategy.name, "precision": plugins.precision.name,
                     "accelerator": plugins.accelerator.name, "config": config}
+        preemption = PreemptionWatcher(list(cfg.trainer.preemption_signals))
         loop = FitLoop(strategy=strategy, task=task, model=model, optimizer=optimizer, scheduler=scheduler,
                        scheduler_interval=interval, train_loader=train_loader, val_loader=val_loader,
                        trainer=cfg.trainer, callbacks=callbacks, loggers=loggers, output_dir=output_dir,
-                       run_meta=run_meta)
-        return loop.fit(resume_path(cfg, output_dir, loop.say))
+                       run_meta=run_meta, preemption=preemption)
+        try:
+            return loop.fit(resume_path(cfg, output_dir, loop.say))
+        finally:
+            preemption.restore()
     finally:
         strategy.teardown()
         torch.use_deterministic_algorithms(was_deterministic)

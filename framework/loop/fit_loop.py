@@ -14,13 +14,14 @@ import torch
 from framework.checkpoint.format import begin_checkpoint, finalize_checkpoint, load_checkpoint_files
 from framework.checkpoint.rng import rng_state, set_rng_state
 from framework.errors import CheckpointError, ConfigError
+from framework.loop.preemption import signal_number
 from framework.loop.state import LoopState
 
 
 class FitLoop:
     def __init__(self, *, strategy, task, model, optimizer, scheduler, scheduler_interval: str,
                  train_loader, val_loader, trainer, callbacks: dict, loggers: list, output_dir: Path,
-                 run_meta: dict):
+                 run_meta: dict, preemption=None):
         self.strategy = strategy
         self.task = task
         self.model = model
@@ -37,6 +38,8 @@ class FitLoop:
         self.run_meta = run_meta
         self.state = LoopState()
         self._pending_checkpoint = None
+        self.preemption = preemption
+        self.preempted_by: str | None = None
         self._window = {"loss": torch.zeros((), dtype=torch.float64, device=strategy.root_device),
                         "batches": 0, "items": 0, "start": time.perf_counter()}
 
@@ -70,6 +73,11 @@ class FitLoop:
             self.validate()
         while not self._done():
             self._run_epoch()
+        if self.preempted_by is not None:
+            self._finalize_checkpoint(wait=True)
+            number = float(signal_number(self.preempted_by)) if self.preempted_by.startswith("SIG") else 0.0
+            return {**self.state.metrics, "trainer/preempted_step": float(self.state.step),
+                    "trainer/preempted_signal": number}
         if self.state.last_val_step != self.state.step:
             self.validate()
         self._hook("on_fit_end")
@@ -80,7 +88,7 @@ class FitLoop:
 
     def _done(self) -> bool:
         t, s = self.trainer, self.state
-        return (s.should_stop or (t.max_steps is not None and s.step >= t.max_steps)
+        return (s.should_stop or self.preempted_by is not None or (t.max_steps is not None and s.step >= t.max_steps)
                 or (t.max_epochs is not None and s.epoch >= t.max_epochs))
 
     def _run_epoch(self) -> None:
@@ -125,6 +133,21 @@ class FitLoop:
         if self.state.step % t.val_every == 0:
             self.validate()
         self._hook("on_train_step_end")
+        self._check_preemption()
+
+    def _check_preemption(self) -> None:
+        """Every rank stops at the same step: the flag is agreed with one all-reduce (only in
+        multi-process runs). The checkpoint is written here; the loop then ends."""
+        if self.preemption is None:
+            return
+        flag = self.preemption.received is not None
+        if self.strategy.world_size > 1:
+            flag = self.strategy.reduce(torch.tensor(float(flag), device=self.strategy.root_device), "max").item() > 0
+        if flag:
+            self.preempted_by = self.preemption.received or "a signal on another rank"
+            self.say(f"{self.preempted_by} received: saving a checkpoint at step {self.state.step} and stopping")
+            self.save_checkpoint()
+            self._finalize_checkpoint(wait=True)
 
     def _log_train(self, grad_norm, stepped: bool) -> None:
         w = self._window

@@ -1,0 +1,58 @@
+"""A preemption signal: save at the next step boundary, exit 75, resume=auto continues exactly."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, TINY_GPT, assert_state_equal, checkpoints, load_model_state, run_train
+
+pytestmark = pytest.mark.slow
+
+ARGS = [*TINY_GPT, "trainer.log_every=1", "trainer.val_every=1000", "trainer.val_at_start=false",
+        "scheduler.total_steps=400", "model.dropout=0.1", "callbacks.checkpoint.every_n_steps=1000"]
+
+
+def start_then_signal(tmp_path, args, sig, after_step=5):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith(f"step {after_step}/"):
+            proc.send_signal(sig)
+            break
+    out, err = proc.communicate(timeout=300)
+    return proc.returncode, out, err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_single_process_signal_saves_and_resumes_exactly(tmp_path, sig):
+    code, out, err = start_then_signal(tmp_path, [*ARGS, "name=pre", "trainer.max_steps=400"], sig)
+    assert code == 75, err
+    assert f"stopped by {sig.name}" in err
+    (ckpt,) = checkpoints(tmp_path / "outputs" / "pre")
+    stopped = int(ckpt.name.split("_")[1])
+    assert stopped >= 5
+    end = stopped + 3
+    assert run_train([*ARGS, "name=pre", f"trainer.max_steps={end}", "resume=auto"], tmp_path).returncode == 0
+    assert run_train([*ARGS, "name=straight", f"trainer.max_steps={end}"], tmp_path).returncode == 0
+    assert_state_equal(load_model_state(checkpoints(tmp_path / "outputs" / "pre")[-1]),
+                       load_model_state(checkpoints(tmp_path / "outputs" / "straight")[-1]))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_multi_process_signal_to_the_launcher(tmp_path, sig):
+    """SIGTERM reaches the workers through torch's elastic agent, SIGUSR1 through our forwarder;
+    both ranks stop at the same step with one checkpoint."""
+    args = [*ARGS, "name=ddp", "strategy=ddp", "devices=2", "trainer.max_steps=400"]
+    code, out, err = start_then_signal(tmp_path, args, sig)
+    assert code == 75, err
+    (ckpt,) = checkpoints(tmp_path / "outputs" / "ddp")
+    assert sorted(p.name for p in ckpt.iterdir()) == ["loop_rank0.pt", "loop_rank1.pt", "meta.json", "model.pt",
+                                                      "optimizer.pt"]
+    resumed = run_train([*args[:-1], "trainer.max_steps=" + str(int(ckpt.name.split("_")[1]) + 2), "resume=auto"],
+                        tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
