@@ -38,9 +38,10 @@ def worker_entry(config: dict, output_dir: str, threads: int, failure_dir: str):
         # When one rank fails, the others fail soon after (a collective loses its peer); the
         # launching process shows the earliest failure first, so it records when this one happened.
         rank = int(os.environ.get("RANK", 0))
-        record = {"rank": rank, "time_ns": time.time_ns(), "error": f"{type(err).__name__}: {err}",
-                  "traceback": traceback.format_exc()}
-        (Path(failure_dir) / f"rank{rank}.json").write_text(json.dumps(record))
+        attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        record = {"rank": rank, "attempt": attempt, "time_ns": time.time_ns(),
+                  "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
+        (Path(failure_dir) / f"rank{rank}-attempt{attempt}.json").write_text(json.dumps(record))
         raise
 
 
@@ -115,23 +116,32 @@ class SignalForwarder:
 
 
 class WorkerFailed(RuntimeError):
-    """A worker process died or raised. The earliest failure is shown first, with its traceback;
-    the others (usually consequences: a collective that lost its peer) follow in one line each."""
+    """A worker process died or raised. Every Python error in a worker leaves a record, so a rank
+    without one died abruptly (SIGKILL, the out-of-memory killer, a crash in native code): that is
+    the likely cause and is shown first. Then the Python errors, earliest first with its
+    traceback; the later ones are usually consequences (a collective that lost its peer)."""
 
     def __init__(self, err, failure_dir: Path):
-        records = sorted((json.loads(p.read_text()) for p in failure_dir.glob("rank*.json")),
-                         key=lambda r: r["time_ns"])
+        records = [json.loads(p.read_text()) for p in failure_dir.glob("rank*.json")]
+        last_attempt = max((r["attempt"] for r in records), default=0)  # earlier attempts were restarted
+        records = sorted((r for r in records if r["attempt"] == last_attempt), key=lambda r: r["time_ns"])
+        started = {int(p.name[3:]) for p in failure_dir.glob("pid*")}
+        recorded = {r["rank"] for r in records}
+        codes = {rank: f.exitcode for rank, f in err.failures.items()}
         lines = []
-        if records:
-            first = records[0]
-            lines.append(f"worker rank {first['rank']} failed first: {first['error']}")
-            lines.append(first["traceback"].rstrip())
-            lines += [f"worker rank {r['rank']} failed after it: {r['error'].splitlines()[0]}" for r in records[1:]]
-        reported = {r["rank"] for r in records}
-        for rank, failure in sorted(err.failures.items()):  # killed outright (no Python exception)
-            if rank not in reported:
-                lines.append(f"worker rank {rank} exited with code {failure.exitcode} "
-                             f"({'killed by a signal' if failure.exitcode < 0 else 'no Python error recorded'})")
+        for rank in sorted(started - recorded):
+            code = codes.get(rank)
+            how = f"exit code {code}" if code is not None else "no Python error recorded"
+            lines.append(f"worker rank {rank} died abruptly ({how}): killed by a signal, the out-of-memory "
+                         "killer, or a crash in native code")
+        for i, record in enumerate(records):
+            if i == 0 and not lines:
+                lines.append(f"worker rank {record['rank']} failed first: {record['error']}")
+                lines.append(record["traceback"].rstrip())
+            else:
+                lines.append(f"worker rank {record['rank']} failed after it: {record['error'].splitlines()[0]}")
+        if not lines:
+            lines = [f"worker rank {rank} exited with code {code}" for rank, code in sorted(codes.items())]
         super().__init__("\n".join(lines))
 
 

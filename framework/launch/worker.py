@@ -41,15 +41,20 @@ def build_scheduler(node, optimizer, total_steps: int):
 
 
 def resume_path(cfg, output_dir: Path, say) -> Path | None:
-    """The checkpoint to resume from: ckpt_path, or with resume=auto the newest complete one."""
-    if cfg.ckpt_path:
+    """The checkpoint to resume from: ckpt_path, or with resume=auto the newest complete one. A
+    worker group restarted by the elastic agent (trainer.max_restarts) resumes from the newest
+    checkpoint of this run, or from ckpt_path again if there is none yet."""
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    if cfg.ckpt_path and not restarted:
         return Path(cfg.ckpt_path).expanduser()
-    if cfg.resume != "auto":
+    if cfg.resume != "auto" and not restarted:  # after a restart: always the newest checkpoint
         return None
     complete, partial = list_checkpoints(output_dir / "checkpoints")
     for p in partial:
         say(f"resume=auto: ignoring incomplete checkpoint {p} (its write did not finish)")
     if not complete:
+        if restarted and cfg.ckpt_path:
+            return Path(cfg.ckpt_path).expanduser()
         say(f"resume=auto: no checkpoint in {output_dir / 'checkpoints'}; starting from step 0")
         return None
     return complete[-1].path

@@ -28,12 +28,17 @@ class ParallelStrategy(Strategy):
         if not dist.is_initialized():
             self._set_env = _describe_lone_process()
             cluster = self.cluster
-            dist.init_process_group(
-                backend=self.accelerator.distributed_backend,
-                init_method=f"tcp://{cluster.main_address}:{cluster.main_port}",
-                world_size=cluster.world_size(), rank=cluster.global_rank(),
-                timeout=timedelta(seconds=self.timeout_s),
-            )
+            timeout = timedelta(seconds=self.timeout_s)
+            init = {"init_method": f"tcp://{cluster.main_address}:{cluster.main_port}"}
+            if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+                # Join the elastic agent's store under a per-attempt prefix: after a restart
+                # (trainer.max_restarts) the new group must not read the addresses the group it
+                # replaces left there.
+                store = dist.TCPStore(cluster.main_address, cluster.main_port, is_master=False, timeout=timeout)
+                attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+                init = {"store": dist.PrefixStore(f"framework/attempt_{attempt}", store)}
+            dist.init_process_group(backend=self.accelerator.distributed_backend, world_size=cluster.world_size(),
+                                    rank=cluster.global_rank(), timeout=timeout, **init)
         super().setup_environment()
 
     def teardown(self) -> None:
