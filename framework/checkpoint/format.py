@@ -147,6 +147,9 @@ def load_checkpoint_files(io, path: Path, rank: int) -> tuple[dict, dict[str, An
     loop then translates the data position (see FitLoop.restore)."""
     meta = read_meta(path)
     shared = [n for n in meta["files"] if n.endswith(".pt") and "_rank" not in n]
+    if meta.get("weights_only"):  # imported weights (framework convert --from deepspeed)
+        check_files(path, meta, ["model.pt"])
+        return meta, {"model": io.load(path / "model.pt")}
     mine = f"loop_rank{rank}.pt"
     if mine not in meta["files"]:
         mine = "loop_rank0.pt"

@@ -240,6 +240,9 @@ class FitLoop:
         meta, objects = load_checkpoint_files(strategy.checkpoint_io, Path(path), strategy.global_rank)
         try:
             strategy.load_model_state_dict(self.model, objects["model"])
+            if "optimizer" not in objects:
+                self.say(f"initialised the weights from {path} (weights only: a fresh optimizer, step 0)")
+                return
             strategy.load_optimizer_state_dict(self.model, self.optimizer, objects["optimizer"])
         except (RuntimeError, KeyError, ValueError) as err:
             raise CheckpointError(f"{path} does not fit this model/optimizer ({str(err).splitlines()[0]}); "

@@ -1,0 +1,69 @@
+"""`framework convert`: a checkpoint to a plain state_dict for inference, and a DeepSpeed native
+checkpoint into this framework's format."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from framework.checkpoint.format import FORMAT_VERSION, META, check_files, read_meta, versions
+from framework.checkpoint_io.torch import TorchCheckpointIO
+from framework.errors import CheckpointError, ConfigError
+
+FORMATS = ("torch", "safetensors")
+
+
+def export_weights(checkpoint: Path, out: Path, to: str = "torch") -> Path:
+    """Write the model weights of `checkpoint` (a checkpoint directory of this framework) as a
+    plain state_dict: `torch` (torch.save, loads with weights_only) or `safetensors`."""
+    meta = read_meta(checkpoint)
+    check_files(checkpoint, meta, ["model.pt"])
+    state = TorchCheckpointIO().load(checkpoint / "model.pt")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if to == "torch":
+        TorchCheckpointIO().save(state, out)
+    elif to == "safetensors":
+        try:
+            from safetensors.torch import save_file
+        except ImportError as err:
+            raise ConfigError("--to safetensors needs the safetensors package: pip install safetensors") from err
+        # safetensors refuses tensors that share memory (tied weights): store each once, contiguous
+        seen: dict[int, str] = {}
+        unique = {}
+        for name, tensor in state.items():
+            key = tensor.untyped_storage().data_ptr()
+            if key in seen:
+                continue
+            seen[key] = name
+            unique[name] = tensor.contiguous()
+        save_file(unique, str(out), metadata={"framework_step": str(meta["step"]),
+                                               "tied": json.dumps({n: seen[t.untyped_storage().data_ptr()]
+                                                                   for n, t in state.items() if n not in unique})})
+    else:
+        raise ConfigError(f"--to {to}: choose one of {', '.join(FORMATS)}.")
+    return out
+
+
+def import_deepspeed(ds_dir: Path, out: Path, tag: str | None = None) -> Path:
+    """A DeepSpeed native checkpoint (any ZeRO stage, any world size) -> a checkpoint directory of
+    this framework holding its exact fp32 weights (DeepSpeed's zero_to_fp32; optimizer state is
+    not carried over, so a run started from it begins a fresh optimizer)."""
+    try:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    except ImportError as err:
+        raise ConfigError("importing a DeepSpeed checkpoint needs deepspeed: pip install 'framework[deepspeed]'") from err
+    if not ds_dir.is_dir():
+        raise CheckpointError(f"{ds_dir} is not a DeepSpeed checkpoint directory.")
+    try:
+        state = get_fp32_state_dict_from_zero_checkpoint(str(ds_dir), tag=tag)
+    except (FileNotFoundError, ValueError, KeyError) as err:
+        raise CheckpointError(f"{ds_dir} is not a readable DeepSpeed checkpoint ({err}).") from err
+    io = TorchCheckpointIO()
+    out.mkdir(parents=True, exist_ok=False)
+    io.save({k: v.contiguous() for k, v in state.items()}, out / "model.pt")
+    meta = {"format_version": FORMAT_VERSION, "step": 0, "epoch": 0, "world_size": 1, "strategy": "imported",
+            "source": {"deepspeed_checkpoint": str(ds_dir), "tag": tag}, "versions": versions(),
+            "weights_only": True, "files": {"model.pt": (out / "model.pt").stat().st_size}}
+    (out / META).write_text(json.dumps(meta, indent=2))
+    return out
