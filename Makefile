@@ -28,6 +28,7 @@ test: setup
 # Side-by-side measurements (not tests); results and how to read them: benchmarks/README.md
 bench: setup
 	$(BIN)/python benchmarks/memory_per_rank.py
+	$(BIN)/python benchmarks/checkpoint_io.py
 
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache
