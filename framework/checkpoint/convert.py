@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
 
 from framework.checkpoint.format import FORMAT_VERSION, META, check_files, read_meta, versions
 from framework.checkpoint_io.torch import TorchCheckpointIO

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Iterable
+from typing import Any, Callable, ContextManager
 
 import torch
 import torch.distributed as dist

@@ -5,6 +5,10 @@ compatibility table refuses it there before any process starts and points to `st
 (torch's own FSDP2, which runs everywhere and is the maintained successor)."""
 from __future__ import annotations
 
+from contextlib import nullcontext
+
+import torch
+
 from framework.strategy.parallel import ParallelStrategy
 
 
@@ -28,7 +32,7 @@ class FairscaleFSDPStrategy(ParallelStrategy):
     def _fsdp_kwargs(self) -> dict:
         dtypes = self.precision.sharded_param_dtypes()
         return {"reshard_after_forward": self.reshard_after_forward, "move_params_to_cpu": self.cpu_offload,
-                "mixed_precision": dtypes is not None and dtypes[0] == __import__("torch").float16,
+                "mixed_precision": dtypes is not None and dtypes[0] == torch.float16,
                 "compute_device": self.root_device}
 
     def wrap_model(self, model):
@@ -42,8 +46,6 @@ class FairscaleFSDPStrategy(ParallelStrategy):
         return FSDP(model, **kwargs)
 
     def no_backward_sync(self, model, skip: bool):
-        from contextlib import nullcontext
-
         return model.no_sync() if skip else nullcontext()
 
     def clip_gradients(self, model, optimizer, max_norm=None, max_value=None):
@@ -51,14 +53,11 @@ class FairscaleFSDPStrategy(ParallelStrategy):
             return None
         self.precision.unscale_gradients(optimizer)
         if max_value is not None:
-            import torch
-
             torch.nn.utils.clip_grad_value_([p for p in model.parameters() if p.grad is not None], max_value)
         return model.clip_grad_norm_(max_norm) if max_norm is not None else None
 
     def model_state_dict(self, model) -> dict:
-        with model.state_dict_type("full") if hasattr(model, "state_dict_type") else __import__("contextlib").nullcontext():
-            state = model.state_dict()
+        state = model.state_dict()  # fairscale's FSDP gathers the full state on state_dict()
         return {k: v.detach().cpu() for k, v in state.items()} if self.is_global_zero else {}
 
     def load_model_state_dict(self, model, state: dict) -> None:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 
-import pytest
 import torch
 
 from framework.accelerator.auto import auto_accelerator
