@@ -1,6 +1,7 @@
 """What every training process runs: build everything from the resolved config, then fit."""
 from __future__ import annotations
 
+import gc
 import math
 import os
 import sys
@@ -72,50 +73,58 @@ def configure_determinism(deterministic: bool) -> bool:
 def train_worker(config: dict, output_dir: str) -> dict[str, float]:
     """Entry of every training process. `config` is the resolved config as plain containers
     (picklable: workers never re-read sys.argv or Hydra state). Returns the final metrics."""
+    cfg = OmegaConf.create(config)
+    plugins = build_plugins(cfg)
+    strategy = plugins.strategy
+    strategy.setup_environment()
+    was_deterministic = configure_determinism(cfg.trainer.deterministic)
+    try:
+        # Everything that holds the wrapped model lives inside _fit, so it is freed when _fit
+        # returns, before the process group is destroyed (a DDP reducer outliving its gloo group
+        # can hang in the group's destructor).
+        return _fit(cfg, config, plugins, Path(output_dir))
+    finally:
+        gc.collect()
+        strategy.teardown()
+        torch.use_deterministic_algorithms(was_deterministic)
+
+
+def _fit(cfg, config: dict, plugins, output_dir: Path) -> dict[str, float]:
     from framework.callbacks.progress import RichProgress, TextProgress
     from framework.data.loaders import build_loader
     from framework.loop.fit_loop import FitLoop
     from framework.loop.preemption import PreemptionWatcher
     from framework.runner import loop_settings
 
-    cfg = OmegaConf.create(config)
-    output_dir = Path(output_dir)
-    plugins = build_plugins(cfg)
     strategy = plugins.strategy
-    strategy.setup_environment()
-    was_deterministic = configure_determinism(cfg.trainer.deterministic)
-    try:
-        seed_everything(cfg.seed)
-        datamodule = build(cfg.data, "data")
-        task = build(cfg.task, "task")
-        callbacks = {name: build(node, f"callbacks.{name}") for name, node in cfg.callbacks.items()}
-        model = build(cfg.model, "model")
-        optimizer_factory = guarded(build(cfg.optimizer, "optimizer"), "optimizer")
-        strategy.configure_loop(loop_settings(cfg))
-        model, optimizer = strategy.setup(model, optimizer_factory)
-        train_loader = build_loader(datamodule, strategy, train=True, seed=cfg.seed)
-        scheduler, interval = build_scheduler(cfg.scheduler, optimizer,
-                                              total_optimizer_steps(cfg.trainer, len(train_loader)))
-        val_loader = build_loader(datamodule, strategy, train=False, seed=cfg.seed)
+    seed_everything(cfg.seed)
+    datamodule = build(cfg.data, "data")
+    task = build(cfg.task, "task")
+    callbacks = {name: build(node, f"callbacks.{name}") for name, node in cfg.callbacks.items()}
+    model = build(cfg.model, "model")
+    optimizer_factory = guarded(build(cfg.optimizer, "optimizer"), "optimizer")
+    strategy.configure_loop(loop_settings(cfg))
+    model, optimizer = strategy.setup(model, optimizer_factory)
+    train_loader = build_loader(datamodule, strategy, train=True, seed=cfg.seed)
+    scheduler, interval = build_scheduler(cfg.scheduler, optimizer,
+                                          total_optimizer_steps(cfg.trainer, len(train_loader)))
+    val_loader = build_loader(datamodule, strategy, train=False, seed=cfg.seed)
 
-        loggers = []
-        if strategy.is_global_zero:
-            loggers = [build(node, f"logger.{name}", save_dir=str(output_dir)) for name, node in cfg.logger.items()]
-            for logger in loggers:
-                logger.log_hyperparams(config)
-            bar = cfg.trainer.progress_bar and sys.stdout.isatty()
-            callbacks["progress"] = RichProgress() if bar else TextProgress()
-        run_meta = {"strategy": strategy.name, "precision": plugins.precision.name,
-                    "accelerator": plugins.accelerator.name, "config": config}
-        preemption = PreemptionWatcher(list(cfg.trainer.preemption_signals))
-        loop = FitLoop(strategy=strategy, task=task, model=model, optimizer=optimizer, scheduler=scheduler,
-                       scheduler_interval=interval, train_loader=train_loader, val_loader=val_loader,
-                       trainer=cfg.trainer, callbacks=callbacks, loggers=loggers, output_dir=output_dir,
-                       run_meta=run_meta, preemption=preemption)
-        try:
-            return loop.fit(resume_path(cfg, output_dir, loop.say))
-        finally:
-            preemption.restore()
+    loggers = []
+    if strategy.is_global_zero:
+        loggers = [build(node, f"logger.{name}", save_dir=str(output_dir)) for name, node in cfg.logger.items()]
+        for logger in loggers:
+            logger.log_hyperparams(config)
+        bar = cfg.trainer.progress_bar and sys.stdout.isatty()
+        callbacks["progress"] = RichProgress() if bar else TextProgress()
+    run_meta = {"strategy": strategy.name, "precision": plugins.precision.name,
+                "accelerator": plugins.accelerator.name, "config": config}
+    preemption = PreemptionWatcher(list(cfg.trainer.preemption_signals))
+    loop = FitLoop(strategy=strategy, task=task, model=model, optimizer=optimizer, scheduler=scheduler,
+                   scheduler_interval=interval, train_loader=train_loader, val_loader=val_loader,
+                   trainer=cfg.trainer, callbacks=callbacks, loggers=loggers, output_dir=output_dir,
+                   run_meta=run_meta, preemption=preemption)
+    try:
+        return loop.fit(resume_path(cfg, output_dir, loop.say))
     finally:
-        strategy.teardown()
-        torch.use_deterministic_algorithms(was_deterministic)
+        preemption.restore()

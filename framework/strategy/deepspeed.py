@@ -108,6 +108,13 @@ class DeepSpeedStrategy(ParallelStrategy):
         self.engine = engine
         return engine, base  # schedulers and LR monitors act on the torch optimizer's param_groups
 
+    def teardown(self) -> None:
+        import gc
+
+        self.engine = None  # the engine holds the model: free it before the process group goes
+        gc.collect()
+        super().teardown()
+
     def unwrap(self, model):
         return model.module if self.engine is not None and model is self.engine else model
 

@@ -66,6 +66,7 @@ def test_auto_picks_ddp_for_several_processes():
 
 def test_ddp_wrap_options():
     """A one-rank gloo group is enough to check what wrap_model builds."""
+    import gc
     import socket
 
     import torch.distributed as dist
@@ -84,5 +85,7 @@ def test_ddp_wrap_options():
             assert not model.require_backward_grad_sync
         assert model.require_backward_grad_sync
         assert strategy.world_size == 1 and torch.equal(strategy.reduce(torch.ones(2), "sum"), torch.ones(2))
+        del model  # DDP's reducer must go before its process group (gloo's destructor can hang otherwise)
+        gc.collect()
     finally:
         dist.destroy_process_group()
