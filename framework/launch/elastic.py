@@ -128,18 +128,19 @@ class WorkerFailed(RuntimeError):
         started = {int(p.name[3:]) for p in failure_dir.glob("pid*")}
         recorded = {r["rank"] for r in records}
         codes = {rank: f.exitcode for rank, f in err.failures.items()}
-        lines = []
-        for rank in sorted(started - recorded):
-            code = codes.get(rank)
-            how = f"exit code {code}" if code is not None else "no Python error recorded"
-            lines.append(f"worker rank {rank} died abruptly ({how}): killed by a signal, the out-of-memory "
-                         "killer, or a crash in native code")
+        abrupt = sorted(started - recorded)
+        killed = [r for r in abrupt if codes.get(r) is not None]  # deaths the agent itself saw
+        unknown = [r for r in abrupt if codes.get(r) is None]  # probably stopped by the agent afterwards
+        lines = [f"worker rank {r} died abruptly (exit code {codes[r]}): killed by a signal, the out-of-memory "
+                 "killer, or a crash in native code" for r in killed]
         for i, record in enumerate(records):
             if i == 0 and not lines:
                 lines.append(f"worker rank {record['rank']} failed first: {record['error']}")
                 lines.append(record["traceback"].rstrip())
             else:
                 lines.append(f"worker rank {record['rank']} failed after it: {record['error'].splitlines()[0]}")
+        lines += [f"worker rank {r} died abruptly (no Python error recorded): killed by a signal, the "
+                  "out-of-memory killer, or a crash in native code" for r in unknown]
         if not lines:
             lines = [f"worker rank {rank} exited with code {code}" for rank, code in sorted(codes.items())]
         super().__init__("\n".join(lines))

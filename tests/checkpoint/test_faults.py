@@ -52,4 +52,5 @@ def test_without_restarts_a_killed_worker_fails_the_run(tmp_path):
                         "+callbacks.killer._target_=tests.helpers.killer.KillRankOnce"], tmp_path, env=ENV)
     assert result.returncode == 1
     assert result.stderr.startswith("error: worker rank 1 died abruptly")
-    assert "worker rank 0 failed after it" in result.stderr  # its collective lost its peer
+    # rank 0 either raised (its collective lost its peer) or was stopped by the agent first
+    assert "worker rank 0 failed after it" in result.stderr or "worker rank 0 died abruptly" in result.stderr
