@@ -4,10 +4,8 @@ It talks to the strategy alone for anything device-, precision- or process-speci
 """
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -138,8 +136,8 @@ class FitLoop:
     def _check_preemption(self) -> None:
         """Every rank stops at the same step: the flag is agreed with one all-reduce (only in
         multi-process runs). The checkpoint is written here; the loop then ends."""
-        if self.preemption is None:
-            return
+        if self.preemption is None or not self.preemption.watching:
+            return  # no signals watched: no per-step collective either
         flag = self.preemption.received is not None
         if self.strategy.world_size > 1:
             flag = self.strategy.reduce(torch.tensor(float(flag), device=self.strategy.root_device), "max").item() > 0
@@ -287,8 +285,3 @@ class FitLoop:
         template.update({"_num_yielded": skip, "_sampler_iter_yielded": skip,
                          "_sampler_iter_state": {"samples_yielded": skip * batch}, "_iterator_finished": False})
         self.train_loader.load_state_dict(template)
-
-
-def objective(metrics: dict[str, Any], name: str) -> float | None:
-    value = metrics.get(name)
-    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)

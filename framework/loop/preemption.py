@@ -29,6 +29,10 @@ class PreemptionWatcher:
             number = signal_number(name)
             self._previous[number] = signal.signal(number, self._handle)
 
+    @property
+    def watching(self) -> bool:
+        return bool(self._previous)
+
     def _handle(self, number, frame) -> None:
         self.received = self.received or signal.Signals(number).name
 
