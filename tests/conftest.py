@@ -49,12 +49,35 @@ def checkpoints(output_dir: Path) -> list[Path]:
     return sorted(p for p in (output_dir / "checkpoints").iterdir() if p.name.startswith("step_"))
 
 
+def _load_saved(ckpt: Path, name: str) -> dict:
+    """`name` ("model" or "optimizer") as saved, from either layout (a sharded one read whole)."""
+    if (ckpt / "state").is_dir():
+        from framework.checkpoint.sharded import read_full
+
+        return read_full(ckpt / "state", (name,))[name]
+    return torch.load(ckpt / f"{name}.pt", weights_only=True)
+
+
 def load_model_state(ckpt: Path) -> dict:
-    return torch.load(ckpt / "model.pt", weights_only=True)
+    return _load_saved(ckpt, "model")
 
 
 def load_optimizer_state(ckpt: Path) -> dict:
-    return torch.load(ckpt / "optimizer.pt", weights_only=True)
+    return _load_saved(ckpt, "optimizer")
+
+
+def assert_resume_is_exact(base: list[str], tmp_path: Path, steps: int) -> tuple[Path, Path]:
+    """`steps` steps straight vs steps/2 + resume=auto + steps/2: the last checkpoints of both hold
+    bit-identical model and optimizer state. Returns the two last checkpoints."""
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    run_inprocess([*base, f"trainer.max_steps={steps}"], straight)
+    run_inprocess([*base, f"trainer.max_steps={steps // 2}"], resumed)
+    run_inprocess([*base, f"trainer.max_steps={steps}", "resume=auto"], resumed)
+    a, b = checkpoints(straight)[-1], checkpoints(resumed)[-1]
+    assert a.name == b.name == f"step_{steps:06d}"
+    assert_state_equal(load_model_state(a), load_model_state(b), "model")
+    assert_state_equal(load_optimizer_state(a), load_optimizer_state(b), "optimizer")
+    return a, b
 
 
 def assert_state_equal(a, b, path="state"):

@@ -3,6 +3,9 @@
     checkpoints/step_000100/
         model.pt            model state by parameter name (rank zero)
         optimizer.pt        optimizer state (rank zero)
+      or, with checkpoint_io=dcp (meta.json says "layout": "sharded"):
+        state/              one torch.distributed.checkpoint directory holding {"model", "optimizer"},
+                            each rank's shards in its own file (framework.checkpoint.sharded)
         loop_rank<r>.pt     per rank: loop counters, RNG states, dataloader position, scheduler,
                             precision (loss scaler) and callback state
         meta.json           written last: step, epoch, world size, plugins, versions, config,
@@ -30,6 +33,7 @@ from framework.errors import CheckpointError
 FORMAT_VERSION = 1
 META = "meta.json"
 PARTIAL_PREFIX = ".partial-"
+FULL, SHARDED = "full", "sharded"
 
 
 def checkpoint_name(step: int) -> str:
@@ -63,10 +67,11 @@ class PendingCheckpoint:
 
 
 def begin_checkpoint(strategy, root: Path, step: int, shared: dict[str, Any], per_rank: dict[str, Any],
-                     meta: dict) -> PendingCheckpoint:
-    """Collective: every rank calls it. Hands `shared` (name -> object, rank zero) and `per_rank`
-    (each rank, as `<name>_rank<r>.pt`) to the CheckpointIO, which may still be writing when this
-    returns (an asynchronous one); the checkpoint is not visible until it is finalized."""
+                     meta: dict, sharded: dict[str, Any] | None = None) -> PendingCheckpoint:
+    """Collective: every rank calls it. Hands `shared` (name -> object, rank zero), `per_rank`
+    (each rank, as `<name>_rank<r>.pt`) and `sharded` (each rank's part, into one DCP directory
+    `state/`) to the CheckpointIO, which may still be writing when this returns (an asynchronous
+    one); the checkpoint is not visible until it is finalized."""
     io = strategy.checkpoint_io
     final = root / checkpoint_name(step)
     partial = root / f"{PARTIAL_PREFIX}{final.name}"
@@ -75,12 +80,16 @@ def begin_checkpoint(strategy, root: Path, step: int, shared: dict[str, Any], pe
             shutil.rmtree(partial)
         partial.mkdir(parents=True)
     strategy.barrier()
+    if sharded is not None:
+        from framework.checkpoint.sharded import STATE_DIR
+
+        io.save_sharded(sharded, partial / STATE_DIR)
     for name, obj in per_rank.items():
         io.save(obj, partial / f"{name}_rank{strategy.global_rank}.pt")
     if strategy.is_global_zero:
         for name, obj in shared.items():
             io.save(obj, partial / f"{name}.pt")
-    return PendingCheckpoint(partial, final, step, meta)
+    return PendingCheckpoint(partial, final, step, {"layout": SHARDED if sharded is not None else FULL, **meta})
 
 
 def finalize_checkpoint(strategy, pending: PendingCheckpoint) -> Path:
@@ -90,7 +99,7 @@ def finalize_checkpoint(strategy, pending: PendingCheckpoint) -> Path:
     strategy.barrier()
     partial, final = pending.partial, pending.final
     if strategy.is_global_zero:
-        files = {p.name: p.stat().st_size for p in sorted(partial.iterdir())}
+        files = {p.relative_to(partial).as_posix(): p.stat().st_size for p in sorted(partial.rglob("*")) if p.is_file()}
         meta = {"format_version": FORMAT_VERSION, "step": pending.step, "world_size": strategy.world_size,
                 "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "versions": versions(), **pending.meta,
                 "files": files}
@@ -146,17 +155,30 @@ def load_checkpoint_files(io, path: Path, rank: int) -> tuple[dict, dict[str, An
     checkpoint has no loop state for (it was written by fewer processes) gets rank zero's; the
     loop then translates the data position (see FitLoop.restore)."""
     meta = read_meta(path)
-    shared = [n for n in meta["files"] if n.endswith(".pt") and "_rank" not in n]
+    shared = [n for n in meta["files"] if n.endswith(".pt") and "_rank" not in n and "/" not in n]
     if meta.get("weights_only"):  # imported weights (framework convert --from deepspeed)
         check_files(path, meta, ["model.pt"])
         return meta, {"model": io.load(path / "model.pt")}
     mine = f"loop_rank{rank}.pt"
     if mine not in meta["files"]:
         mine = "loop_rank0.pt"
-    check_files(path, meta, shared + [mine])
+    check_files(path, meta, shared + [mine] + sharded_files(meta))
     objects = {n[:-3]: io.load(path / n) for n in shared}
     objects["loop"] = io.load(path / mine)
     return meta, objects
+
+
+def is_sharded(meta: dict) -> bool:
+    return meta.get("layout", FULL) == SHARDED
+
+
+def sharded_files(meta: dict) -> list[str]:
+    """The files of the DCP directory of a sharded checkpoint (none for the full layout)."""
+    if not is_sharded(meta):
+        return []
+    from framework.checkpoint.sharded import STATE_DIR
+
+    return [n for n in meta["files"] if n.startswith(f"{STATE_DIR}/")]
 
 
 def list_checkpoints(root: Path) -> tuple[list[CheckpointInfo], list[Path]]:

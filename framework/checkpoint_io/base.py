@@ -36,6 +36,15 @@ class CheckpointIO(ABC):
     #: whether `save` may return before the bytes are written (the loop then finalizes later)
     is_async: bool = False
 
+    #: whether the model and optimizer state go to `save_sharded` (every rank writing its shards)
+    #: instead of one `save` of the full state from rank zero
+    sharded: bool = False
+
+    def save_sharded(self, state: dict[str, Any], path: str | os.PathLike) -> None:
+        """Collective: write the state every rank holds (its shards) into the directory `path`;
+        read back by framework.checkpoint.sharded. Only for CheckpointIOs with `sharded = True`."""
+        raise TypeError(f"{type(self).__name__} writes whole files (sharded = False), not shards")
+
     def wait(self) -> None:
         """Block until every pending write is durable; raise the first error a write hit."""
 

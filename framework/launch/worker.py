@@ -118,7 +118,7 @@ def _fit(cfg, config: dict, plugins, output_dir: Path) -> dict[str, float]:
         bar = cfg.trainer.progress_bar and sys.stdout.isatty()
         callbacks["progress"] = RichProgress() if bar else TextProgress()
     run_meta = {"strategy": strategy.name, "precision": plugins.precision.name,
-                "accelerator": plugins.accelerator.name, "config": config}
+                "accelerator": plugins.accelerator.name, "checkpoint_io": strategy.checkpoint_io.name, "config": config}
     preemption = PreemptionWatcher(list(cfg.trainer.preemption_signals))
     loop = FitLoop(strategy=strategy, task=task, model=model, optimizer=optimizer, scheduler=scheduler,
                    scheduler_interval=interval, train_loader=train_loader, val_loader=val_loader,

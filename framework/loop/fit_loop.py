@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-from framework.checkpoint.format import begin_checkpoint, finalize_checkpoint, load_checkpoint_files
+from framework.checkpoint.format import begin_checkpoint, finalize_checkpoint, is_sharded, load_checkpoint_files
+from framework.checkpoint.sharded import STATE_DIR
 from framework.checkpoint.rng import rng_state, set_rng_state
 from framework.errors import CheckpointError, ConfigError
 from framework.loop.preemption import signal_number
@@ -207,11 +208,15 @@ class FitLoop:
             "train_window": {"loss": self._window["loss"].cpu(), "batches": self._window["batches"],
                              "items": self._window["items"]},
         }}
-        shared = {"model": strategy.model_state_dict(self.model),
-                  "optimizer": strategy.optimizer_state_dict(self.model, self.optimizer)}
+        if strategy.checkpoint_io.sharded:  # every rank writes its own part of one DCP directory
+            shared, sharded = {}, strategy.sharded_state_dict(self.model, self.optimizer)
+        else:
+            shared = {"model": strategy.model_state_dict(self.model),
+                      "optimizer": strategy.optimizer_state_dict(self.model, self.optimizer)}
+            sharded = None
         meta = {**self.run_meta, "epoch": self.state.epoch, "metrics": self.state.fresh_metrics()}
         self._pending_checkpoint = begin_checkpoint(strategy, self.checkpoint_dir, self.state.step, shared,
-                                                    per_rank, meta)
+                                                    per_rank, meta, sharded=sharded)
         if not strategy.checkpoint_io.is_async:
             self._finalize_checkpoint(wait=True)
 
@@ -237,11 +242,15 @@ class FitLoop:
         strategy = self.strategy
         meta, objects = load_checkpoint_files(strategy.checkpoint_io, Path(path), strategy.global_rank)
         try:
-            strategy.load_model_state_dict(self.model, objects["model"])
-            if "optimizer" not in objects:
+            if is_sharded(meta):  # a DCP directory, resharded to this strategy and world size
+                strategy.load_sharded_state_dict(self.model, self.optimizer, Path(path) / STATE_DIR)
+            elif "optimizer" not in objects:
+                strategy.load_model_state_dict(self.model, objects["model"])
                 self.say(f"initialised the weights from {path} (weights only: a fresh optimizer, step 0)")
                 return
-            strategy.load_optimizer_state_dict(self.model, self.optimizer, objects["optimizer"])
+            else:
+                strategy.load_model_state_dict(self.model, objects["model"])
+                strategy.load_optimizer_state_dict(self.model, self.optimizer, objects["optimizer"])
         except (RuntimeError, KeyError, ValueError) as err:
             raise CheckpointError(f"{path} does not fit this model/optimizer ({str(err).splitlines()[0]}); "
                                   "it was saved from a different config (see its meta.json).") from err

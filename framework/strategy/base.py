@@ -217,6 +217,48 @@ class Strategy:
 
         set_optimizer_state_dict(model, optimizer, state, options=self._state_dict_options(loading=True))
 
+    # ---- sharded checkpoint state (checkpoint_io=dcp) -------------------------------------
+    #: whether `sharded_state_dict` hands out each rank's own part (DTensor shards, or replicas
+    #: that DCP writes once); strategies that keep state in their own layout hand out full state
+    supports_sharded_state: bool = True
+
+    def sharded_state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+        """Collective: {"model": ..., "optimizer": ...} keyed by parameter name as in the full
+        state, but each rank holding only its part, for a DCP write by every rank."""
+        if not self.supports_sharded_state:
+            return {"model": self.model_state_dict(model), "optimizer": self.optimizer_state_dict(model, optimizer)}
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                             get_optimizer_state_dict)
+
+        options = StateDictOptions(full_state_dict=False)
+        return {"model": get_model_state_dict(model, options=options),
+                "optimizer": get_optimizer_state_dict(model, optimizer, options=options)}
+
+    def load_sharded_state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                                state_dir) -> None:
+        """Collective: load a DCP directory written by any strategy at any world size (resharded on
+        read). `optimizer=None` loads the weights only."""
+        from framework.checkpoint import sharded
+
+        if not self.supports_sharded_state:
+            full = sharded.read_full(state_dir, ("model", "optimizer") if optimizer is not None else ("model",))
+            self.load_model_state_dict(model, full["model"])
+            if optimizer is not None:
+                self.load_optimizer_state_dict(model, optimizer, full["optimizer"])
+            return
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                             set_model_state_dict, set_optimizer_state_dict)
+
+        options = StateDictOptions(full_state_dict=False)
+        if optimizer is None:
+            template = {"model": get_model_state_dict(model, options=options)}
+        else:  # shaped like this rank's shards; DCP fills it in place
+            template = self.sharded_state_dict(model, optimizer)
+        sharded.load_into(template, state_dir)
+        set_model_state_dict(model, template["model"], options=options)
+        if optimizer is not None:
+            set_optimizer_state_dict(model, optimizer, template["optimizer"], options=options)
+
     def teardown(self) -> None:
         self.checkpoint_io.wait()
 

@@ -22,6 +22,8 @@ class DDPShardedStrategy(ParallelStrategy):
     step on. This strategy is tested to match ddp bit for bit."""
 
     name = "ddp_sharded"
+    # OSS shards the optimizer by its own numbering; checkpoint_io=dcp gets full state from rank zero
+    supports_sharded_state = False
 
     def __init__(self, *args, reduce_buffer_size: NonNegativeInt = 8388608, broadcast_buffers: bool = True,
                  timeout_s: float = 1800.0, **kwargs):

@@ -32,6 +32,8 @@ class DeepSpeedStrategy(ParallelStrategy):
     accumulation mode (backward accumulates locally, `step` reduces and updates)."""
 
     name = "deepspeed"
+    # DeepSpeed keeps flat partitions of its own; checkpoint_io=dcp gets full tensors from rank zero
+    supports_sharded_state = False
     #: what a subclass (one per conf/strategy/deepspeed_stage_*.yaml) sets up when not told
     default_stage: int = 2
     default_offload_optimizer: str = "none"

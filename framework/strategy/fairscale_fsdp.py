@@ -17,6 +17,8 @@ class FairscaleFSDPStrategy(ParallelStrategy):
     one unit unless `auto_wrap_modules` names classes to wrap separately."""
 
     name = "fairscale_fsdp"
+    # fairscale's FSDP has no DTensor view; checkpoint_io=dcp gets full state from rank zero
+    supports_sharded_state = False
     requires_cuda = True
 
     def __init__(self, *args, auto_wrap_modules: list[str] | None = None, reshard_after_forward: bool = True,

@@ -42,6 +42,17 @@ def test_export_safetensors_with_tied_weights(tmp_path, gpt_checkpoint):
     assert all(torch.equal(exported[k], want[k]) for k in exported)
 
 
+def test_export_a_sharded_dcp_checkpoint(tmp_path):
+    run_inprocess([*TINY_GPT, "trainer.max_steps=2", "logger=null", "checkpoint_io=dcp"], tmp_path / "run")
+    ckpt = checkpoints(tmp_path / "run")[-1]
+    assert (ckpt / "state" / ".metadata").is_file() and not (ckpt / "model.pt").exists()
+    result = convert(str(ckpt), "--to", "torch", str(tmp_path / "w.pt"))
+    assert result.returncode == 0, result.stderr
+    exported = torch.load(tmp_path / "w.pt", weights_only=True)
+    want = load_model_state(ckpt)
+    assert set(exported) == set(want) and all(torch.equal(exported[k], want[k]) for k in want)
+
+
 def test_convert_errors(tmp_path):
     missing = convert(str(tmp_path / "nope"), "--to", "torch", str(tmp_path / "w.pt"))
     assert missing.returncode == 2 and "no such checkpoint directory" in missing.stderr

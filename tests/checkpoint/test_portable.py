@@ -1,5 +1,6 @@
 """One format for every strategy: a checkpoint saved by any strategy at 1 or 2 processes loads
-into any other at 1 or 2, with the weights and the optimizer state exactly as saved."""
+into any other at 1 or 2, with the weights and the optimizer state exactly as saved, whether it
+was written whole by rank zero (checkpoint_io=torch) or in shards by every rank (checkpoint_io=dcp)."""
 from __future__ import annotations
 
 import pytest
@@ -11,8 +12,9 @@ pytestmark = pytest.mark.slow
 
 BASE = [*TINY_GPT, "model.dropout=0.0", "trainer.val_at_start=false", "trainer.val_every=100",
         "trainer.val_batches=1", "logger=null"]
-SAVERS = [("single_device", 1), ("ddp", 2), ("fsdp", 2), ("deepspeed_stage_1", 2), ("deepspeed_stage_2", 2),
-          ("deepspeed_stage_3", 2), ("ddp_sharded", 2)]
+SAVERS = [("single_device", 1, "torch"), ("ddp", 2, "torch"), ("fsdp", 2, "torch"), ("deepspeed_stage_1", 2, "torch"),
+          ("deepspeed_stage_2", 2, "torch"), ("deepspeed_stage_3", 2, "torch"), ("ddp_sharded", 2, "torch"),
+          ("fsdp", 2, "dcp"), ("ddp", 2, "dcp"), ("deepspeed_stage_3", 2, "dcp")]
 LOADERS = [("single_device", 1), ("ddp", 2), ("fsdp", 2), ("fsdp", 1), ("deepspeed_stage_2", 2),
            ("deepspeed_stage_3", 2), ("deepspeed_stage_3", 1), ("ddp_sharded", 2)]
 
@@ -22,11 +24,11 @@ def saved(tmp_path_factory):
     """Each saver trains 2 steps (AdamW state exists) and writes its checkpoint."""
     root = tmp_path_factory.mktemp("savers")
     out = {}
-    for strategy, devices in SAVERS:
-        run_dir = root / f"{strategy}_{devices}"
-        run_inprocess([*BASE, f"strategy={strategy}", f"devices={devices}", "trainer.max_steps=2",
-                       "callbacks=[checkpoint]"], run_dir)
-        out[(strategy, devices)] = checkpoints(run_dir)[-1]
+    for strategy, devices, io in SAVERS:
+        run_dir = root / f"{strategy}_{devices}_{io}"
+        run_inprocess([*BASE, f"strategy={strategy}", f"devices={devices}", f"checkpoint_io={io}",
+                       "trainer.max_steps=2", "callbacks=[checkpoint]"], run_dir)
+        out[(strategy, devices, io)] = checkpoints(run_dir)[-1]
     return out
 
 

@@ -9,7 +9,7 @@ import torch
 
 from framework.checkpoint_io.torch import TorchCheckpointIO
 from framework.errors import CheckpointError
-from tests.conftest import TINY_GPT, assert_state_equal, checkpoints, load_model_state, run_inprocess
+from tests.conftest import TINY_GPT, assert_resume_is_exact, checkpoints
 
 AsyncCheckpointIO = importlib.import_module("framework.checkpoint_io.async").AsyncCheckpointIO
 
@@ -49,9 +49,5 @@ def test_a_writer_error_is_raised_not_swallowed(tmp_path):
 def test_async_checkpoints_resume_exactly(tmp_path):
     base = [*TINY_GPT, "checkpoint_io=async", "model.dropout=0.1", "trainer.val_every=3", "scheduler.total_steps=8",
             "callbacks.checkpoint.every_n_steps=4", "callbacks.checkpoint.keep_last_k=3"]
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    run_inprocess([*base, "trainer.max_steps=8"], straight)
-    run_inprocess([*base, "trainer.max_steps=4"], resumed)
-    run_inprocess([*base, "trainer.max_steps=8", "resume=auto"], resumed)
-    assert [p.name for p in checkpoints(straight)] == ["step_000004", "step_000008"]
-    assert_state_equal(load_model_state(checkpoints(straight)[-1]), load_model_state(checkpoints(resumed)[-1]))
+    straight, _ = assert_resume_is_exact(base, tmp_path, 8)
+    assert [p.name for p in checkpoints(straight.parent.parent)] == ["step_000004", "step_000008"]

@@ -82,7 +82,8 @@ def test_ddp_sharded_is_bit_identical_to_ddp(tmp_path):
 
 
 @pytest.mark.parametrize("strategy,io", [("ddp", "torch"), ("fsdp", "torch"), ("ddp", "async"), ("deepspeed_stage_1", "torch"),
-                                         ("deepspeed_stage_2", "torch"), ("deepspeed_stage_3", "torch")])
+                                         ("deepspeed_stage_2", "torch"), ("deepspeed_stage_3", "torch"),
+                                         ("fsdp", "dcp"), ("deepspeed_stage_3", "dcp")])
 def test_multi_process_resume_is_bit_exact(tmp_path, strategy, io):
     extra = [f"checkpoint_io={io}", "trainer.accumulate=2", "scheduler.total_steps=6", "callbacks.checkpoint.every_n_steps=3",
              "callbacks.checkpoint.keep_last_k=4"]

@@ -1,0 +1,103 @@
+"""`checkpoint_io=dcp`: sharded torch.distributed.checkpoint writes, each rank its own shards."""
+from __future__ import annotations
+
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from framework.checkpoint_io.torch import TorchCheckpointIO, fsync_dir
+from framework.config.types import PositiveInt
+from framework.errors import CheckpointError
+
+
+class DCPCheckpointIO(TorchCheckpointIO):
+    """Model and optimizer state go to one DCP directory (`state/` in the checkpoint): every rank
+    writes the shards it holds (FSDP's DTensor shards; DDP's replicas are split between the ranks
+    so each tensor is written once), and rank zero writes the metadata. Strategies that keep
+    their state in their own layout (DeepSpeed, ddp_sharded) hand over full tensors from rank
+    zero, which then writes them alone. Small per-rank files (loop state) are written like
+    checkpoint_io=torch.
+
+    With `async_save`, the save copies the shards to CPU memory and returns; a background thread
+    writes them over a process group of its own (gloo), so its collectives never interleave with
+    training's. The loop finalizes the checkpoint at a later step boundary, as with
+    checkpoint_io=async."""
+
+    name = "dcp"
+    sharded = True
+
+    def __init__(self, async_save: bool = False, fsync: bool = True, thread_count: PositiveInt = 1):
+        """async_save: write in the background after copying the shards off the live parameters.
+        fsync: flush every file to disk before the checkpoint is finalized.
+        thread_count: threads each rank writes its files with."""
+        super().__init__(fsync=fsync)
+        self.async_save = async_save
+        self.thread_count = thread_count
+        self._future: Future | None = None
+        self._group = None
+
+    @property
+    def is_async(self) -> bool:  # type: ignore[override]
+        return self.async_save
+
+    def _process_group(self):
+        """A gloo group for DCP's own collectives (DCP needs a CPU backend for async saves; a
+        separate group keeps a background save from interleaving with training's collectives)."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        if self._group is None:
+            self._group = dist.new_group(backend="gloo")
+        return self._group
+
+    def save_sharded(self, state: dict[str, Any], path) -> None:
+        """Collective: every rank passes the state it holds (its shards, or nothing)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint import FileSystemWriter
+
+        import framework.checkpoint.sharded  # noqa: F401  (silences DCP's single-process warning)
+
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        from framework.checkpoint.sharded import describe, root_cause
+
+        self.wait()  # one write at a time
+        path = Path(path)
+        group = self._process_group()
+        try:
+            writer = FileSystemWriter(str(path), sync_files=self.fsync, thread_count=self.thread_count)
+            if self.async_save:
+                response = dcp.async_save(state, storage_writer=writer, process_group=group, no_dist=group is None)
+                self._future = getattr(response, "upload_completion", response)
+                return
+            dcp.save(state, storage_writer=writer, process_group=group, no_dist=group is None)
+        except (Exception, CheckpointException) as err:
+            raise CheckpointError(f"writing the sharded checkpoint {path} failed: {describe(root_cause(err))}") from err
+        if self.fsync:
+            fsync_dir(path)
+
+    def pending(self) -> bool:
+        if self._future is None:
+            return False
+        if not self._future.done():
+            return True
+        self.wait()  # raises the write's error, if any
+        return False
+
+    def wait(self) -> None:
+        future, self._future = self._future, None
+        if future is None:
+            return
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        from framework.checkpoint.sharded import describe, root_cause
+
+        try:
+            future.result()
+        except (Exception, CheckpointException) as err:
+            raise CheckpointError(f"the background sharded checkpoint write failed: {describe(root_cause(err))}") from err
+
+    def __repr__(self) -> str:
+        return f"DCPCheckpointIO(async_save={self.async_save}, fsync={self.fsync}, thread_count={self.thread_count})"
+
