@@ -3,7 +3,10 @@
 `framework.run(cfg)` is the whole runner; `train.py` only wraps it in `@hydra.main`.
 Importing this package is cheap: torch and every plugin are imported when used.
 """
+from framework.config import resolvers as _resolvers
 from framework.config import schema as _schema  # noqa: F401  (registers the structured configs with Hydra)
+
+_resolvers.register()
 
 __version__ = "0.1.0"
 

@@ -39,27 +39,30 @@ def remove_fresh_hydra_dir(output_dir) -> None:
     if output_dir is not None or not HydraConfig.initialized():
         return
     path = Path(HydraConfig.get().runtime.output_dir)
-    if path.is_dir() and all(p.name in (".hydra", "train.log") or p.suffix == ".log" for p in path.iterdir()):
-        if all(f.stat().st_size == 0 for f in path.glob("*.log")):
-            import shutil
+    try:  # processes a scheduler started together may all be refused, and remove it at once
+        if path.is_dir() and all(p.name in (".hydra", "train.log") or p.suffix == ".log" for p in path.iterdir()):
+            if all(f.stat().st_size == 0 for f in path.glob("*.log")):
+                import shutil
 
-            shutil.rmtree(path)
-            cwd = Path.cwd().resolve()
-            for parent in path.resolve().parents:  # and the empty folders above it (outputs/<date>/)
-                if parent == cwd or cwd not in parent.parents or any(parent.iterdir()):
-                    break
-                parent.rmdir()
+                shutil.rmtree(path, ignore_errors=True)
+                cwd = Path.cwd().resolve()
+                for parent in path.resolve().parents:  # and the empty folders above it (outputs/<date>/)
+                    if parent == cwd or cwd not in parent.parents or any(parent.iterdir()):
+                        break
+                    parent.rmdir()
+    except OSError:
+        pass
 
 
-def check_run_dir(cfg: DictConfig, output_dir: Path) -> None:
+def check_run_dir(cfg: DictConfig, output_dir: Path, restarted: bool = False) -> None:
     """Refuse to start a fresh run over an earlier run's checkpoints (nothing is ever lost), and
     check a given ckpt_path completely (every file present, no file truncated) before anything
-    is written."""
+    is written. A job the scheduler restarted (`restarted`) continues from its checkpoints."""
     if cfg.ckpt_path:
         path = Path(cfg.ckpt_path).expanduser()
         meta = read_meta(path)
         check_files(path, meta, list(meta["files"]))
-    if cfg.resume or cfg.ckpt_path:
+    if cfg.resume or cfg.ckpt_path or restarted:
         return
     complete, _ = list_checkpoints(output_dir / "checkpoints")
     if complete:
@@ -142,16 +145,27 @@ def prepare(cfg: DictConfig) -> Prepared:
 def _run(cfg: DictConfig, output_dir) -> float | None:
     prepared = prepare(cfg)
     config, resolved, plugins = prepared.config, prepared.resolved, prepared.plugins
+    cluster = plugins.cluster
     output_dir = Path(output_dir) if output_dir else hydra_output_dir(resolved.name)
-    check_run_dir(resolved, output_dir)
+    cluster.validate(prepared.devices, resolved.num_nodes)
+    check_run_dir(resolved, output_dir, restarted=cluster.restarted)
+    # Processes a scheduler started (torchrun, srun, mpirun) each run this; rank zero writes.
+    writer = not cluster.creates_processes_externally or cluster.global_rank() == 0
     output_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(resolved, output_dir / "config.yaml")
+    if writer:
+        OmegaConf.save(resolved, output_dir / "config.yaml")
     # 3. launch and 4. fit
     started = time.time()
     metrics = launch(config, output_dir, plugins, prepared.world_size)
     if "trainer/preempted_step" in metrics:
         number = int(metrics.get("trainer/preempted_signal", 0))
+        if writer:
+            line = cluster.on_preempted()  # e.g. requeue the SLURM job
+            if line:
+                print(f"{cluster.name}: {line}", file=sys.stderr, flush=True)
         raise Preempted(signal.Signals(number).name if number else "a signal", int(metrics["trainer/preempted_step"]))
+    if not writer:
+        return metrics.get(resolved.trainer.objective)
     # 5. the objective, for sweepers
     objective_name = resolved.trainer.objective
     objective = metrics.get(objective_name)

@@ -3,9 +3,14 @@ from __future__ import annotations
 
 from framework.cluster.base import ClusterEnvironment
 from framework.cluster.local import LocalEnvironment
+from framework.cluster.lsf import LSFEnvironment
+from framework.cluster.mpi import MPIEnvironment
+from framework.cluster.slurm import SLURMEnvironment
+from framework.cluster.torchelastic import TorchElasticEnvironment
 
-# Scheduler environments (torchelastic, slurm, lsf, mpi) are added ahead of `local` as they land.
-DETECTION_ORDER: list[type[ClusterEnvironment]] = [LocalEnvironment]
+# Kubeflow is not here: its variables are exactly a plain torchrun's (choose cluster=kubeflow).
+DETECTION_ORDER: list[type[ClusterEnvironment]] = [TorchElasticEnvironment, SLURMEnvironment, LSFEnvironment,
+                                                   MPIEnvironment, LocalEnvironment]
 
 
 def auto_cluster() -> ClusterEnvironment:

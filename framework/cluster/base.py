@@ -48,5 +48,21 @@ class ClusterEnvironment(ABC):
     def validate(self, devices: int, num_nodes: int) -> None:
         """Raise a ConfigError if the environment disagrees with `devices`/`num_nodes`."""
 
+    @property
+    def restarted(self) -> bool:
+        """True when the scheduler restarted this job (e.g. a requeued SLURM job): a run without
+        `resume` or `ckpt_path` then continues from its newest checkpoint instead of refusing."""
+        return False
+
+    def preemption_signals(self) -> list[str]:
+        """Signals this environment sends ahead of preemption, watched besides
+        `trainer.preemption_signals`."""
+        return []
+
+    def on_preempted(self) -> str | None:
+        """Called on global rank zero once the preemption checkpoint is saved (e.g. to requeue the
+        job); returns a line for the user, or None."""
+        return None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

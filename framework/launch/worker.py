@@ -41,11 +41,12 @@ def build_scheduler(node, optimizer, total_steps: int):
     return guarded(build(node, "scheduler"), "scheduler")(optimizer), interval
 
 
-def resume_path(cfg, output_dir: Path, say) -> Path | None:
+def resume_path(cfg, output_dir: Path, say, restarted: bool = False) -> Path | None:
     """The checkpoint to resume from: ckpt_path, or with resume=auto the newest complete one. A
-    worker group restarted by the elastic agent (trainer.max_restarts) resumes from the newest
-    checkpoint of this run, or from ckpt_path again if there is none yet."""
-    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    worker group restarted by the elastic agent (trainer.max_restarts), or a job its scheduler
+    restarted (`restarted`: a requeued SLURM job), resumes from the newest checkpoint of this
+    run, or from ckpt_path again if there is none yet."""
+    restarted = restarted or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
     if cfg.ckpt_path and not restarted:
         return Path(cfg.ckpt_path).expanduser()
     if cfg.resume != "auto" and not restarted:  # after a restart: always the newest checkpoint
@@ -119,12 +120,13 @@ def _fit(cfg, config: dict, plugins, output_dir: Path) -> dict[str, float]:
         callbacks["progress"] = RichProgress() if bar else TextProgress()
     run_meta = {"strategy": strategy.name, "precision": plugins.precision.name,
                 "accelerator": plugins.accelerator.name, "checkpoint_io": strategy.checkpoint_io.name, "config": config}
-    preemption = PreemptionWatcher(list(cfg.trainer.preemption_signals))
+    signals = list(dict.fromkeys([*cfg.trainer.preemption_signals, *plugins.cluster.preemption_signals()]))
+    preemption = PreemptionWatcher(signals)
     loop = FitLoop(strategy=strategy, task=task, model=model, optimizer=optimizer, scheduler=scheduler,
                    scheduler_interval=interval, train_loader=train_loader, val_loader=val_loader,
                    trainer=cfg.trainer, callbacks=callbacks, loggers=loggers, output_dir=output_dir,
                    run_meta=run_meta, preemption=preemption)
     try:
-        return loop.fit(resume_path(cfg, output_dir, loop.say))
+        return loop.fit(resume_path(cfg, output_dir, loop.say, restarted=plugins.cluster.restarted))
     finally:
         preemption.restore()

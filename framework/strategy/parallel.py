@@ -26,10 +26,10 @@ class ParallelStrategy(Strategy):
 
     def setup_environment(self) -> None:
         if not dist.is_initialized():
-            self._set_env = _describe_lone_process()
             cluster = self.cluster
+            self._set_env = _export_cluster_variables(cluster)
             timeout = timedelta(seconds=self.timeout_s)
-            init = {"init_method": f"tcp://{cluster.main_address}:{cluster.main_port}"}
+            init = {"init_method": f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"}
             if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
                 # Join the elastic agent's store under a per-attempt prefix: after a restart
                 # (trainer.max_restarts) the new group must not read the addresses the group it
@@ -49,20 +49,20 @@ class ParallelStrategy(Strategy):
             os.environ.pop(key, None)
 
 
-def _describe_lone_process() -> list[str]:
-    """A multi-process strategy run as a single process in the launching process (devices=1)
-    has no launcher to set the usual variables; set them, so libraries that read them
-    (DeepSpeed reads LOCAL_RANK) see a world of one."""
-    if "WORLD_SIZE" in os.environ:
-        return []
-    import socket
+def _export_cluster_variables(cluster) -> list[str]:
+    """Set RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT from the cluster where no
+    launcher did (a lone process, or tasks srun/mpirun/jsrun started): libraries read them
+    (DeepSpeed reads LOCAL_RANK). Returns the names it set, removed again at teardown."""
+    port = cluster.main_port
+    if not port:  # a lone process: any free port
+        import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    values = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    values = {"RANK": cluster.global_rank(), "LOCAL_RANK": cluster.local_rank(), "WORLD_SIZE": cluster.world_size(),
+              "MASTER_ADDR": cluster.main_address, "MASTER_PORT": port}
     added = [key for key in values if key not in os.environ]
     for key in added:
-        os.environ[key] = values[key]
+        os.environ[key] = str(values[key])
     return added

@@ -1,0 +1,114 @@
+"""A real SLURM on this machine (tests/helpers/slurm_cluster.py installs and starts it where the
+machine allows; elsewhere these tests skip and say why): srun tasks train with their ranks from
+SLURM exactly like the framework's own 2-process ddp, a mismatch between srun and `devices` is
+refused, and a job sent the requeue signal checkpoints, requeues itself and finishes by resuming,
+with the same final weights as an undisturbed run."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from tests.conftest import ROOT, TINY_GPT, checkpoints, load_model_state, run_train
+from tests.helpers.slurm_cluster import ensure_slurm
+
+pytestmark = pytest.mark.slow
+
+ARGS = [*TINY_GPT, "strategy=ddp", "trainer.val_every=3", "logger=[csv]"]
+ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}  # one thread per task, as the local launcher gives
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    reason = ensure_slurm()
+    if reason:
+        pytest.skip(reason)
+
+
+def run(cmd: list[str], cwd, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, **ENV}
+    env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def train_cmd(*args: str) -> list[str]:
+    return [sys.executable, str(ROOT / "train.py"), *ARGS, *args]
+
+
+def losses(run_dir) -> list[tuple[str, str]]:
+    rows = (run_dir / "metrics.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    keep = [header.index("train/loss"), header.index("val/loss")]
+    return [tuple(row.split(",")[i] for i in keep) for row in rows[1:]]
+
+
+def assert_same_weights(a_ckpt, b_ckpt) -> None:
+    a, b = load_model_state(a_ckpt), load_model_state(b_ckpt)
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_srun_tasks_train_like_the_local_launcher(slurm, tmp_path):
+    result = run(["srun", "--ntasks=2", *train_cmd("devices=2", "trainer.max_steps=6")], tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    [via_srun] = (tmp_path / "outputs").glob("slurm-*")  # named after the job: every task agrees
+    reference = run_train([*ARGS, "devices=2", "trainer.max_steps=6", "name=local"], tmp_path, env=ENV)
+    assert reference.returncode == 0, reference.stderr
+    local = tmp_path / "outputs" / "local"
+    assert losses(via_srun) == losses(local)
+    assert_same_weights(checkpoints(via_srun)[-1], checkpoints(local)[-1])
+
+
+def test_srun_tasks_that_disagree_with_devices_are_refused(slurm, tmp_path):
+    result = run(["srun", "--ntasks=2", *train_cmd("devices=1", "trainer.max_steps=2")], tmp_path)
+    assert result.returncode != 0
+    assert "devices=1, but SLURM starts 2 task(s) per node (SLURM_TASKS_PER_NODE): set devices=2" in result.stderr
+
+
+def _wait(predicate, timeout: float, what: str):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _state(job: str) -> str:
+    return run(["squeue", "-h", "-j", job, "-o", "%T"], ".").stdout.strip()
+
+
+def test_requeue_signal_checkpoints_requeues_and_the_job_finishes_by_resuming(slurm, tmp_path):
+    steps = ["devices=2", "trainer.max_steps=400", "trainer.val_every=100", "callbacks.checkpoint.every_n_steps=200"]
+    log = tmp_path / "job.out"
+    script = tmp_path / "job.sh"
+    script.write_text("\n".join([
+        "#!/bin/bash",
+        f"#SBATCH --ntasks=2 --requeue --open-mode=append --output={log}",
+        'echo "attempt ${SLURM_RESTART_COUNT:-0}"',
+        " ".join(["srun", *train_cmd(*steps)]),
+        'echo "srun exited $?"',
+    ]) + "\n")
+    job = run(["sbatch", "--parsable", f"--chdir={tmp_path}", str(script)], tmp_path).stdout.strip().split(";")[0]
+    assert job.isdigit(), job
+    _wait(lambda: log.exists() and "step 20/" in log.read_text(), 180, "the job to train")
+    run(["scancel", "--signal=USR1", job], tmp_path)  # what SLURM sends ahead of preemption (--signal=USR1@T)
+    _wait(lambda: "attempt 1" in log.read_text() or _state(job) == "PENDING", 120, "the requeue")
+    # SLURM holds a requeued job back for a while before it may start again; let it start now.
+    run(["scontrol", "update", f"jobid={job}", "starttime=now"], tmp_path)
+    _wait(lambda: _state(job) == "" and "srun exited" in log.read_text().split("attempt 1")[-1], 300,
+          "the requeued job to finish")
+    text = log.read_text()
+    assert "SIGUSR1 received: saving a checkpoint at step" in text
+    assert f"slurm: requeued SLURM job {job}" in text
+    assert "attempt 1" in text and "resumed from" in text.split("attempt 1")[1]
+    assert text.rstrip().endswith("srun exited 0")
+    run_dir = tmp_path / "outputs" / f"slurm-{job}"
+    assert checkpoints(run_dir)[-1].name == "step_000400"
+    reference = run_train([*ARGS, *steps, "name=undisturbed"], tmp_path, env=ENV)
+    assert reference.returncode == 0, reference.stderr
+    assert_same_weights(checkpoints(run_dir)[-1], checkpoints(tmp_path / "outputs" / "undisturbed")[-1])
