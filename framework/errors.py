@@ -44,9 +44,14 @@ def guard_hydra_main(main) -> None:
     """Run a `@hydra.main` function. Hydra reports composition errors (unknown option, bad
     override, schema mismatch) itself and exits 1 before `framework.run` is entered; those are
     the user's mistakes, so they leave with exit code 2 like every other user error."""
-    from framework.config.overrides import normalize_overrides
+    from framework.config.overrides import normalize_overrides, pin_sweep_name
 
-    sys.argv[1:] = normalize_overrides(sys.argv[1:])
+    sys.argv[1:] = pin_sweep_name(normalize_overrides(sys.argv[1:]))
+    # conf/hydra/launcher/submitit_*.yaml define the plugin's launchers in full, and Hydra checks
+    # them against the plugin's schemas of the same name (wanted), warning that it does so.
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r"\n'hydra/launcher/submitit_\w+' is validated against ConfigStore schema")
     try:
         main()
     except SystemExit as exit_:

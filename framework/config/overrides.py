@@ -8,6 +8,9 @@
   `logger=null` becomes `logger=[]`, the empty choice of a list group).
 
 Only group choices are touched: `trainer.max_steps=16` and `ckpt_path=null` stay as they are.
+
+A sweep (`-m`) gets its name fixed once, when it is launched (`pin_sweep_name`): its jobs may run
+in other processes and later (submitit, SLURM), and must all land in the same sweep directory.
 """
 from __future__ import annotations
 
@@ -41,3 +44,12 @@ def normalize_overrides(args: list[str], groups: set[str] | None = None) -> list
                 arg = f"{match['key']}=[]" if match["key"] in LIST_GROUPS else f"~{match['key']}"
         out.append(arg)
     return out
+
+
+def pin_sweep_name(args: list[str]) -> list[str]:
+    """With -m/--multirun and no name=..., add name=<the default name, resolved now>."""
+    if not {"-m", "--multirun"} & set(args) or any(a.lstrip("+").startswith("name=") for a in args):
+        return args
+    from framework.config.resolvers import job_name
+
+    return [*args, f"name={job_name()}"]

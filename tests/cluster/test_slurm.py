@@ -5,6 +5,7 @@ refused, and a job sent the requeue signal checkpoints, requeues itself and fini
 with the same final weights as an undisturbed run."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -112,3 +113,21 @@ def test_requeue_signal_checkpoints_requeues_and_the_job_finishes_by_resuming(sl
     reference = run_train([*ARGS, *steps, "name=undisturbed"], tmp_path, env=ENV)
     assert reference.returncode == 0, reference.stderr
     assert_same_weights(checkpoints(run_dir)[-1], checkpoints(tmp_path / "outputs" / "undisturbed")[-1])
+
+
+def test_a_sweep_of_two_process_jobs_goes_to_slurm_through_submitit(slurm, tmp_path):
+    python, script, *args = train_cmd("hydra/launcher=submitit_slurm", "devices=2", "trainer.max_steps=4", "seed=1,2",
+                                      "name=swept")
+    result = run([python, script, "-m", *args], tmp_path, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "is validated against ConfigStore schema" not in result.stderr
+    sweep = tmp_path / "multirun" / "swept"
+    summaries = [json.loads((sweep / str(i) / "summary.json").read_text()) for i in (0, 1)]
+    assert [s["world_size"] for s in summaries] == [2, 2]  # tasks_per_node came from devices=2
+    assert summaries[0]["objective_value"] != summaries[1]["objective_value"]  # seeds 1 and 2
+    submission = next((sweep / ".submitit").glob("*/*_submission.sh")).read_text()
+    assert "#SBATCH --ntasks-per-node=2" in submission and "#SBATCH --nodes=1" in submission
+    reference = run_train([*ARGS, "devices=2", "trainer.max_steps=4", "seed=1", "name=local"], tmp_path, env=ENV)
+    assert reference.returncode == 0, reference.stderr
+    local = json.loads((tmp_path / "outputs" / "local" / "summary.json").read_text())
+    assert summaries[0]["objective_value"] == local["objective_value"]
