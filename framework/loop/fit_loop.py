@@ -29,7 +29,9 @@ class FitLoop:
         self.scheduler_interval = scheduler_interval
         self.train_loader = train_loader
         self.val_loader = val_loader
-        self.trainer = trainer
+        # Read on every step: plain attributes, not OmegaConf nodes (each node access costs
+        # tens of microseconds, which a tiny model's step notices).
+        self.trainer = _plain(trainer)
         self.callbacks = callbacks
         self.loggers = loggers
         self.output_dir = Path(output_dir)
@@ -294,3 +296,16 @@ class FitLoop:
         template.update({"_num_yielded": skip, "_sampler_iter_yielded": skip,
                          "_sampler_iter_state": {"samples_yielded": skip * batch}, "_iterator_finished": False})
         self.train_loader.load_state_dict(template)
+
+
+def _plain(node):
+    """An OmegaConf node as a plain object with the same attributes (a dataclass instance for a
+    structured config); anything else unchanged."""
+    from types import SimpleNamespace
+
+    from omegaconf import DictConfig, OmegaConf
+
+    if not isinstance(node, DictConfig):
+        return node
+    obj = OmegaConf.to_object(node)
+    return SimpleNamespace(**obj) if isinstance(obj, dict) else obj

@@ -1,0 +1,68 @@
+"""Start-up: wall time of `python train.py trainer.max_steps=1` (the default job cut to one step:
+data, model, validation at start and end, a checkpoint) beside `python -c "import torch"`, side by
+side (A B A B ..., median of ROUNDS); then where the framework's own imports go
+(`python -X importtime`), grouped by top-level package.
+
+    .venv-bench/bin/python benchmarks/startup.py        (about 2 minutes)
+"""
+from __future__ import annotations
+
+import collections
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ROUNDS = 5
+
+
+def wall(cmd: list[str], cwd: str) -> float:
+    start = time.perf_counter()
+    subprocess.run(cmd, cwd=cwd, check=True, capture_output=True)
+    return time.perf_counter() - start
+
+
+def import_profile(cmd: list[str], cwd: str) -> tuple[float, list[tuple[str, float]]]:
+    """(total import seconds, [(top-level package, self seconds)], largest first)."""
+    result = subprocess.run([sys.executable, "-X", "importtime", *cmd], cwd=cwd, capture_output=True, text=True,
+                            check=True)
+    by_package: dict[str, float] = collections.defaultdict(float)
+    for line in result.stderr.splitlines():
+        match = re.match(r"import time:\s+(\d+) \|\s+(\d+) \|(\s*)(\S+)", line)
+        if match:
+            by_package[match.group(4).split(".")[0]] += int(match.group(1)) / 1e6
+    ranked = sorted(by_package.items(), key=lambda kv: -kv[1])
+    return sum(by_package.values()), ranked
+
+
+def main() -> None:
+    train = [sys.executable, str(ROOT / "train.py"), "trainer.max_steps=1"]
+    torch_only = [sys.executable, "-c", "import torch"]
+    times = {"python -c 'import torch'": [], "python train.py trainer.max_steps=1": []}
+    with tempfile.TemporaryDirectory() as cwd:
+        for _ in range(ROUNDS):
+            times["python -c 'import torch'"].append(wall(torch_only, cwd))
+            times["python train.py trainer.max_steps=1"].append(wall(train, cwd))
+        total, ranked = import_profile([str(ROOT / "train.py"), "trainer.max_steps=1"], cwd)
+    base = statistics.median(times["python -c 'import torch'"])
+    lines = [f"{ROUNDS} interleaved rounds, medians.", "", "| command | median seconds | ratio to import torch |",
+             "|---|---|---|"]
+    for name, values in times.items():
+        med = statistics.median(values)
+        lines.append(f"| `{name}` | {med:.2f} | {med / base:.2f} |")
+    lines += ["", f"Imports of `python train.py trainer.max_steps=1` (`-X importtime`, self time summed by top-level "
+              f"package; {total:.2f} s in all):", "", "| package | seconds | share |", "|---|---|---|"]
+    for package, seconds in ranked[:12]:
+        lines.append(f"| {package} | {seconds:.3f} | {seconds / total:.0%} |")
+    table = "\n".join(lines)
+    (Path(__file__).parent / "results").mkdir(exist_ok=True)
+    (Path(__file__).parent / "results" / "startup.md").write_text(table + "\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
