@@ -40,13 +40,19 @@ def import_profile(cmd: list[str], cwd: str) -> tuple[float, list[tuple[str, flo
 
 
 def main() -> None:
-    train = [sys.executable, str(ROOT / "train.py"), "trainer.max_steps=1"]
-    torch_only = [sys.executable, "-c", "import torch"]
-    times = {"python -c 'import torch'": [], "python train.py trainer.max_steps=1": []}
+    light = ["trainer.max_steps=1", "trainer.val_at_start=false", "trainer.val_batches=1"]
+    commands = {
+        "python -c 'import torch'": [sys.executable, "-c", "import torch"],
+        "python train.py trainer.max_steps=1": [sys.executable, str(ROOT / "train.py"), "trainer.max_steps=1"],
+        # the same with validation cut to one batch at the end: what is left is set-up
+        f"python train.py {' '.join(light)}": [sys.executable, str(ROOT / "train.py"), *light],
+    }
+    times = {name: [] for name in commands}
     with tempfile.TemporaryDirectory() as cwd:
-        for _ in range(ROUNDS):
-            times["python -c 'import torch'"].append(wall(torch_only, cwd))
-            times["python train.py trainer.max_steps=1"].append(wall(train, cwd))
+        for round_ in range(ROUNDS):
+            for i, (name, cmd) in enumerate(commands.items()):
+                unique = [f"name=startup_{round_}_{i}"] if "train.py" in name else []  # a fresh run each time
+                times[name].append(wall([*cmd, *unique], cwd))
         total, ranked = import_profile([str(ROOT / "train.py"), "trainer.max_steps=1"], cwd)
     base = statistics.median(times["python -c 'import torch'"])
     lines = [f"{ROUNDS} interleaved rounds, medians.", "", "| command | median seconds | ratio to import torch |",

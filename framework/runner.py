@@ -107,11 +107,10 @@ class Prepared:
 def check_components(cfg: DictConfig) -> None:
     """Build the model (on the meta device: no memory, no init cost), data module and task once,
     so an argument their constructors refuse is reported before anything is written."""
-    import torch
-
     from framework.config.build import build
+    from framework.config.meta_build import meta_device
 
-    with torch.device("meta"):
+    with meta_device():
         build(cfg.model, "model")
     build(cfg.data, "data")
     build(cfg.task, "task")

@@ -65,9 +65,10 @@ def resume_path(cfg, output_dir: Path, say, restarted: bool = False) -> Path | N
 def configure_determinism(deterministic: bool) -> bool:
     """Apply trainer.deterministic; returns the previous setting, restored when the run ends."""
     previous = torch.are_deterministic_algorithms_enabled()
-    if deterministic:
+    if deterministic and not previous:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # required by cuBLAS
-    torch.use_deterministic_algorithms(deterministic or previous)
+        # only when it changes: the call imports torch._inductor (over a second of start-up)
+        torch.use_deterministic_algorithms(True)
     return previous
 
 
@@ -87,7 +88,8 @@ def train_worker(config: dict, output_dir: str) -> dict[str, float]:
     finally:
         gc.collect()
         strategy.teardown()
-        torch.use_deterministic_algorithms(was_deterministic)
+        if torch.are_deterministic_algorithms_enabled() != was_deterministic:
+            torch.use_deterministic_algorithms(was_deterministic)
 
 
 def _fit(cfg, config: dict, plugins, output_dir: Path) -> dict[str, float]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from framework.strategy.base import Strategy
+from framework.strategy.named_state import load_optimizer_state_by_name, optimizer_state_by_name
 
 
 class SingleDeviceStrategy(Strategy):
@@ -9,3 +10,16 @@ class SingleDeviceStrategy(Strategy):
 
     name = "single_device"
     multi_process = False
+
+    # A plain module: its own state_dict already is the portable format (see named_state.py).
+    def model_state_dict(self, model) -> dict:
+        return model.state_dict()
+
+    def load_model_state_dict(self, model, state: dict) -> None:
+        model.load_state_dict(state)
+
+    def optimizer_state_dict(self, model, optimizer) -> dict:
+        return optimizer_state_by_name(model, optimizer)
+
+    def load_optimizer_state_dict(self, model, optimizer, state: dict) -> None:
+        load_optimizer_state_by_name(model, optimizer, state)

@@ -1,0 +1,32 @@
+"""Building a model on the meta device to check its constructor, without paying for its
+initialisation: on meta tensors, torch runs init functions (normal_, uniform_, ...) through its
+reference decompositions, whose first use imports torch._dynamo and sympy (~1.5 s of start-up).
+On the meta device those calls change nothing (there is no data), so they are skipped."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+# In-place initialisers a module's __init__ calls on its parameters and buffers.
+_INIT_METHODS = {"normal_", "uniform_", "zero_", "fill_", "copy_", "exponential_", "random_", "bernoulli_",
+                 "geometric_", "log_normal_", "cauchy_", "erfinv_", "clamp_", "mul_", "add_", "sub_", "div_"}
+
+
+class _SkipMetaInit(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        target = args[0] if args else kwargs.get("tensor")  # torch.nn.init passes it by keyword
+        name = getattr(func, "__name__", "")
+        is_init = getattr(func, "__module__", "") == "torch.nn.init" or name in _INIT_METHODS
+        if is_init and isinstance(target, torch.Tensor) and target.is_meta:
+            return target
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def meta_device():
+    """`with torch.device("meta")`, with initialisers skipped."""
+    with torch.device("meta"), _SkipMetaInit():
+        yield
