@@ -158,11 +158,11 @@ def _run(cfg: DictConfig, output_dir) -> float | None:
     metrics = launch(config, output_dir, plugins, prepared.world_size)
     if "trainer/preempted_step" in metrics:
         number = int(metrics.get("trainer/preempted_signal", 0))
-        if writer:
-            line = cluster.on_preempted()  # e.g. requeue the SLURM job
-            if line:
-                print(f"{cluster.name}: {line}", file=sys.stderr, flush=True)
-        raise Preempted(signal.Signals(number).name if number else "a signal", int(metrics["trainer/preempted_step"]))
+        line = cluster.on_preempted() if writer else None  # e.g. requeue the SLURM job
+        if line:
+            print(f"{cluster.name}: {line}", file=sys.stderr, flush=True)
+        raise Preempted(signal.Signals(number).name if number else "a signal", int(metrics["trainer/preempted_step"]),
+                        requeued=cluster.requeued)
     if not writer:
         return metrics.get(resolved.trainer.objective)
     # 5. the objective, for sweepers

@@ -59,6 +59,9 @@ class ClusterEnvironment(ABC):
         `trainer.preemption_signals`."""
         return []
 
+    #: set by `on_preempted` when the scheduler will run the job again by itself
+    requeued: bool = False
+
     def on_preempted(self) -> str | None:
         """Called on global rank zero once the preemption checkpoint is saved (e.g. to requeue the
         job); returns a line for the user, or None."""

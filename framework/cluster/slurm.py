@@ -169,4 +169,5 @@ class SLURMEnvironment(ClusterEnvironment):
         result = subprocess.run(["scontrol", "requeue", self.job_id], capture_output=True, text=True)
         if result.returncode != 0:
             return f"`scontrol requeue {self.job_id}` failed: {result.stderr.strip() or result.stdout.strip()}"
+        self.requeued = True
         return f"requeued SLURM job {self.job_id}"

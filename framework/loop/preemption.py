@@ -45,8 +45,9 @@ class PreemptionWatcher:
 class Preempted(Exception):
     """Raised in the launching process when the run stopped for a signal after saving."""
 
-    def __init__(self, signal_name: str, step: int | None):
+    def __init__(self, signal_name: str, step: int | None, requeued: bool = False):
         self.signal_name, self.step = signal_name, step
         where = f" after saving a checkpoint at step {step}" if step is not None else ""
-        super().__init__(f"stopped by {signal_name}{where}; run the same command with resume=auto to continue "
-                         f"(exit code {EXIT_PREEMPTED})")
+        then = ("the job was requeued and continues from it by itself" if requeued
+                else "run the same command with resume=auto to continue")
+        super().__init__(f"stopped by {signal_name}{where}; {then} (exit code {EXIT_PREEMPTED})")

@@ -137,7 +137,8 @@ def test_slurm_requeue_calls_scontrol(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     env = SLURMEnvironment()
     assert env.preemption_signals() == ["SIGUSR1"]
-    assert env.on_preempted() == "requeued SLURM job 31337"
+    assert not env.requeued
+    assert env.on_preempted() == "requeued SLURM job 31337" and env.requeued
     assert (tmp_path / "args").read_text().split() == ["requeue", "31337"]
     assert SLURMEnvironment(auto_requeue=False).on_preempted() is None
     assert not env.restarted

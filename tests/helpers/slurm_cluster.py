@@ -40,7 +40,8 @@ def _memory_mb() -> int:
     return 4096
 
 
-def _configure() -> None:
+def _configure() -> bool:
+    """Write the test cluster's munge key and slurm.conf; True when slurm.conf changed."""
     host = socket.gethostname().split(".")[0]
     if not MUNGE_KEY.exists():
         MUNGE_KEY.parent.mkdir(parents=True, exist_ok=True)
@@ -51,15 +52,21 @@ def _configure() -> None:
         Path(path).mkdir(parents=True, exist_ok=True)
     shutil.chown("/run/munge", "munge", "munge")
     CONF.parent.mkdir(parents=True, exist_ok=True)
-    CONF.write_text("\n".join([
+    text = "\n".join([
         "ClusterName=framework-tests", f"SlurmctldHost={host}", "SlurmUser=root", "AuthType=auth/munge",
         "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core", "StateSaveLocation=/var/spool/slurmctld", "SlurmdSpoolDir=/var/spool/slurmd",
         "SlurmctldLogFile=/var/log/slurm/slurmctld.log", "SlurmdLogFile=/var/log/slurm/slurmd.log",
         "ReturnToService=2", "MpiDefault=none", "JobRequeue=1", "KillWait=5",
+        # A requeued job may start again only once its old credential expired (default 120 s).
+        "AuthInfo=cred_expire=10",
         f"NodeName={host} CPUs={os.cpu_count()} RealMemory={_memory_mb()} State=UNKNOWN",
         f"PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES",
-    ]) + "\n")
+    ]) + "\n"
+    if CONF.exists() and CONF.read_text() == text:
+        return False
+    CONF.write_text(text)
+    return True
 
 
 def _running(name: str) -> bool:
@@ -77,10 +84,12 @@ def ensure_slurm() -> str | None:
         reason = _install()
         if reason:
             return reason
-        if _node_idle():
-            return None
-        if not CONF.exists() or "framework-tests" not in CONF.read_text():
-            _configure()
+        if CONF.exists() and "framework-tests" not in CONF.read_text() and _node_idle():
+            return None  # a SLURM of this machine's own: use it as it is
+        if _configure():  # new or changed settings: (re)start the daemons with them
+            _run("pkill", "-x", "slurmctld")
+            _run("pkill", "-x", "slurmd")
+            time.sleep(2)
         if not _running("munged"):
             _run("runuser", "-u", "munge", "--", "/usr/sbin/munged")
         if not _running("slurmctld"):
