@@ -27,6 +27,7 @@ import torch.multiprocessing as mp
 from framework.checkpoint.sharded import load_into
 from framework.checkpoint_io.dcp import DCPCheckpointIO
 from framework.checkpoint_io.torch import TorchCheckpointIO
+from results_table import publish  # benchmarks/ is on sys.path when a script runs
 
 AsyncCheckpointIO = importlib.import_module("framework.checkpoint_io.async").AsyncCheckpointIO
 ROUNDS = 5
@@ -133,10 +134,7 @@ def main() -> None:
     for name, times in rows.items():
         med = statistics.median(times)
         lines.append(f"| {name} | {med:.3f} | {size / MB / med:.0f} | {med / raw:.2f} |")
-    table = "\n".join(lines)
-    (Path(__file__).parent / "results").mkdir(exist_ok=True)
-    (Path(__file__).parent / "results" / "checkpoint_io.md").write_text(table + "\n")
-    print(table)
+    publish("checkpoint_io", lines)
 
 
 if __name__ == "__main__":

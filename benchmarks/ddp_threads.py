@@ -15,6 +15,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 import framework
+from results_table import publish  # benchmarks/ is on sys.path when a script runs
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = 5
@@ -48,10 +49,7 @@ def main() -> None:
     for name, med in medians.items():
         lines.append(f"| {name} | {med * 1000:.0f} | {tokens / med:,.0f} |")
     lines += ["", f"Throughput ratio, 2x1 over 1x2: {medians[second] / medians[first]:.2f}"]
-    table = "\n".join(lines)
-    (Path(__file__).parent / "results").mkdir(exist_ok=True)
-    (Path(__file__).parent / "results" / "ddp_threads.md").write_text(table + "\n")
-    print(table)
+    publish("ddp_threads", lines)
 
 
 if __name__ == "__main__":

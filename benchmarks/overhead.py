@@ -26,6 +26,7 @@ from torch.nn import functional as F
 import framework
 from framework.config.build import build
 from framework.scheduler.cosine import warmup_cosine
+from results_table import publish  # benchmarks/ is on sys.path when a script runs
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = 5
@@ -153,10 +154,7 @@ def main() -> None:
                 per_step[name].append((t2 - t1) / (n2 - n1))
             print(case, {k: f"{v[-1] * 1000:.2f} ms" for k, v in per_step.items()}, file=sys.stderr, flush=True)
         lines += rows(case, per_step)
-    table = "\n".join(lines)
-    (Path(__file__).parent / "results").mkdir(exist_ok=True)
-    (Path(__file__).parent / "results" / "overhead.md").write_text(table + "\n")
-    print(table)
+    publish("overhead", lines)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from results_table import publish  # benchmarks/ is on sys.path when a script runs
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = 5
@@ -64,10 +65,7 @@ def main() -> None:
               f"package; {total:.2f} s in all):", "", "| package | seconds | share |", "|---|---|---|"]
     for package, seconds in ranked[:12]:
         lines.append(f"| {package} | {seconds:.3f} | {seconds / total:.0%} |")
-    table = "\n".join(lines)
-    (Path(__file__).parent / "results").mkdir(exist_ok=True)
-    (Path(__file__).parent / "results" / "startup.md").write_text(table + "\n")
-    print(table)
+    publish("startup", lines)
 
 
 if __name__ == "__main__":
