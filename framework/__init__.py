@@ -18,11 +18,12 @@ def run(cfg, output_dir=None):
     return _run(cfg, output_dir)
 
 
-def guard(main):
-    """Call a `@hydra.main` function, turning Hydra's configuration errors into exit code 2."""
+def guard(main, config_dir=None, config_name: str = "train"):
+    """Call a `@hydra.main` function, turning Hydra's configuration errors into exit code 2.
+    `config_dir`/`config_name`: the function's primary config (default: the shipped conf/train)."""
     from framework.errors import guard_hydra_main
 
-    return guard_hydra_main(main)
+    return guard_hydra_main(main, config_dir, config_name)
 
 
 __all__ = ["run", "guard", "__version__"]

@@ -1,15 +1,61 @@
-"""Where the framework's own config tree lives."""
+"""Where the framework's own config tree and built-in recipes live.
+
+conf/ and recipes/ sit at the top of the source tree and are installed as the packages
+`framework.conf` and `framework.recipes` (setup.py), so the same lookup works in a checkout, an
+editable install and a wheel.
+"""
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 from framework.errors import ConfigError
 
 
+def _package_dir(package: str) -> Path:
+    import importlib.resources
+
+    try:
+        return Path(str(importlib.resources.files(package)))
+    except ModuleNotFoundError as err:
+        raise ConfigError(f"cannot find the package {package!r} (the framework's shipped YAML files); "
+                          "reinstall the framework: pip install -e . from its source tree") from err
+
+
+@lru_cache(maxsize=None)
 def conf_dir() -> Path:
-    """The shipped `conf/` (next to the package in a source checkout or editable install)."""
-    candidate = Path(__file__).resolve().parents[1] / "conf"
-    if (candidate / "train.yaml").is_file():
-        return candidate
-    raise ConfigError(f"cannot find the framework's conf/ directory (looked in {candidate}); "
-                      "install the framework from its source tree with `pip install -e .`.")
+    """The shipped config tree (`conf/`)."""
+    path = _package_dir("framework.conf")
+    if not (path / "train.yaml").is_file():
+        raise ConfigError(f"the framework's config tree at {path} has no train.yaml; reinstall the framework.")
+    return path
+
+
+@lru_cache(maxsize=None)
+def recipes_dir() -> Path:
+    """The built-in recipes (`recipes/`)."""
+    return _package_dir("framework.recipes")
+
+
+def builtin_recipes() -> dict[str, Path]:
+    """Built-in recipe name -> file."""
+    return {p.stem: p for p in sorted(recipes_dir().glob("*.yaml"))}
+
+
+def find_recipe(spec: str) -> Path:
+    """A recipe given as a path to a YAML file, or as the name of a built-in recipe."""
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return path.resolve()
+    if path.suffix in (".yaml", ".yml") or "/" in spec:
+        raise ConfigError(f"recipe {spec}: no such file. Give the path to a recipe YAML, or the name of a "
+                          f"built-in recipe: {', '.join(builtin_recipes())} (`framework list recipes`).")
+    recipes = builtin_recipes()
+    if spec in recipes:
+        return recipes[spec]
+    from difflib import get_close_matches
+
+    close = get_close_matches(spec, list(recipes), n=1)
+    hint = f" Did you mean {close[0]}?" if close else ""
+    raise ConfigError(f"recipe {spec!r}: no such file and no built-in recipe of that name.{hint} "
+                      f"Built-in recipes: {', '.join(recipes)}.")

@@ -1,7 +1,6 @@
 """`framework.run(cfg)`: validate, build the plugins, launch, fit, return the objective."""
 from __future__ import annotations
 
-import json
 import signal
 import sys
 from dataclasses import dataclass
@@ -20,6 +19,8 @@ from framework.launch.elastic import WorkerFailed
 from framework.launch.launcher import launch
 from framework.loop.preemption import EXIT_PREEMPTED, Preempted
 from framework.plugins import Plugins, build_plugins
+from framework.reproduce import write_recipe
+from framework.sweeps import SUMMARY_FILE, current_job, finished_objective, write_summary
 from framework.strategy.base import LoopSettings
 
 
@@ -74,20 +75,60 @@ def check_run_dir(cfg: DictConfig, output_dir: Path, restarted: bool = False) ->
 
 def run(cfg: DictConfig, output_dir: str | Path | None = None) -> float | None:
     runner_state.entered = True
+    job = current_job()
+    if job is None:
+        return _run_reporting(cfg, output_dir)
+    return _run_sweep_job(cfg, output_dir, job)
+
+
+def _run_reporting(cfg: DictConfig, output_dir, in_sweep: bool = False) -> float | None:
+    """`_run`, with every user error turned into one paragraph and an exit code."""
     try:
         return _run(cfg, output_dir)
     except UserError as err:
-        remove_fresh_hydra_dir(output_dir)
+        if not in_sweep:  # a sweep job keeps its directory: its summary.json records the failure
+            remove_fresh_hydra_dir(output_dir)
         if wants_traceback(bool(cfg.get("debug", False))):
             raise
         report(err)
         raise SystemExit(2) from None
     except WorkerFailed as err:
+        runner_state.last_error = f"error: {err}".splitlines()[0]
         print(f"error: {err}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     except Preempted as err:
         print(f"preempted: {err}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_PREEMPTED) from None
+
+
+def _run_sweep_job(cfg: DictConfig, output_dir, job) -> float | None:
+    """One job of a sweep: skipped when a re-run with resume=auto finds it finished; a failure is
+    recorded in its summary.json and reported, and the sweep goes on (the job returns None, which
+    Optuna records as a failed trial)."""
+    output_dir = Path(output_dir) if output_dir else hydra_output_dir(str(cfg.get("name", "")))
+    if cfg.get("resume") == "auto":
+        done, objective = finished_objective(output_dir, job)
+        if done:
+            print(f"job {job.num} ({' '.join(job.overrides)}): finished in an earlier run of this sweep; skipped "
+                  f"({cfg.trainer.objective}={objective})", flush=True)
+            return objective
+    started = time.time()
+    try:
+        return _run_reporting(cfg, output_dir, in_sweep=True)
+    except SystemExit as exit_:
+        if exit_.code == EXIT_PREEMPTED:
+            raise  # the whole sweep process was asked to stop
+        error = runner_state.last_error or f"exit code {exit_.code}"
+    except Exception as err:  # a bug in one job must not lose the other jobs' results
+        import traceback
+
+        traceback.print_exc()
+        error = f"{type(err).__name__}: {err}"
+    write_summary(output_dir, {"name": str(cfg.get("name", "")), "status": "failed", "error": error,
+                               "objective": cfg.trainer.objective, "objective_value": None,
+                               "overrides": job.overrides, "wall_time_s": round(time.time() - started, 3)})
+    print(f"job {job.num} failed; the sweep goes on (see {output_dir / SUMMARY_FILE})", file=sys.stderr, flush=True)
+    return None
 
 
 @dataclass
@@ -153,6 +194,7 @@ def _run(cfg: DictConfig, output_dir) -> float | None:
     output_dir.mkdir(parents=True, exist_ok=True)
     if writer:
         OmegaConf.save(resolved, output_dir / "config.yaml")
+        write_recipe(config, output_dir / "recipe.yaml")
     # 3. launch and 4. fit
     started = time.time()
     metrics = launch(config, output_dir, plugins, prepared.world_size)
@@ -168,11 +210,13 @@ def _run(cfg: DictConfig, output_dir) -> float | None:
     # 5. the objective, for sweepers
     objective_name = resolved.trainer.objective
     objective = metrics.get(objective_name)
-    summary = {"name": resolved.name, "objective": objective_name, "objective_value": objective,
+    job = current_job()
+    summary = {"name": resolved.name, "status": "completed", "objective": objective_name, "objective_value": objective,
+               "overrides": job.overrides if job else [],
                "metrics": metrics, "wall_time_s": round(time.time() - started, 3),
                "strategy": plugins.strategy.name, "precision": plugins.precision.name,
                "world_size": prepared.world_size, "output_dir": str(output_dir)}
-    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_summary(output_dir, summary)
     if objective is None:
         print(f"note: trainer.objective={objective_name!r} was never logged; returning None.")
     return objective

@@ -52,6 +52,10 @@ class Accelerator(ABC):
     def supports_bf16(self) -> bool:
         return True
 
+    def memory_bytes(self) -> int | None:
+        """Memory of one device (`framework plan` compares the estimate with it); None if unknown."""
+        return None
+
     def fast_fp16(self) -> bool:
         """Whether fp16 math runs in hardware (if not, precision=16 is warned about)."""
         return True

@@ -37,6 +37,12 @@ class CPUAccelerator(Accelerator):
     def supports_bf16(self) -> bool:
         return True
 
+    def memory_bytes(self) -> int | None:
+        """The machine's RAM, shared by every process on it."""
+        import psutil
+
+        return psutil.virtual_memory().total
+
     def fast_fp16(self) -> bool:
         try:
             return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())

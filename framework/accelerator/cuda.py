@@ -20,6 +20,9 @@ class CUDAAccelerator(Accelerator):
             return "this torch build has no CUDA support (a CPU-only build is installed)."
         return "torch cannot see a CUDA GPU on this machine (check the driver and CUDA_VISIBLE_DEVICES)."
 
+    def memory_bytes(self) -> int | None:
+        return torch.cuda.get_device_properties(0).total_memory if self.is_available() else None
+
     def max_devices(self) -> int:
         return torch.cuda.device_count()
 

@@ -18,6 +18,8 @@ class MPIEnvironment(ClusterEnvironment):
     picks a free port on its host and sends its address and port to every rank. mpi4py is
     imported only when this environment is chosen or detected."""
 
+    requires_packages = {"mpi4py": "'framework[mpi]'"}
+
     name = "mpi"
 
     @staticmethod

@@ -16,6 +16,7 @@ def build(node: Any, key: str, **kwargs) -> Any:
     callable rejects) becomes a ConfigError naming `key`."""
     if not isinstance(node, DictConfig):
         node = OmegaConf.create(node)
+    trusted(node, key)
     try:
         return instantiate(node, _convert_="all", **kwargs)
     except InstantiationException as err:
@@ -25,6 +26,20 @@ def build(node: Any, key: str, **kwargs) -> Any:
         if isinstance(cause, (TypeError, ValueError)):
             raise ConfigError(f"{key}: building {node.get('_target_')} failed: {cause}") from err
         raise
+
+
+def trusted(node: DictConfig, key: str) -> None:
+    """Every target in `node` must be trusted (checked for the whole config before launch; again
+    here, where code is actually imported and called, for configs built by other routes)."""
+    from framework.config.trust import TRUSTED, iter_targets, refusal, user_allowed
+
+    container = OmegaConf.to_container(node, resolve=False)
+    allowed = None
+    for sub_key, target in iter_targets(container, key):
+        allowed = user_allowed() if allowed is None else allowed
+        why = refusal(sub_key, target, TRUSTED, allowed)
+        if why:
+            raise ConfigError(why)
 
 
 def guarded(fn, key: str):

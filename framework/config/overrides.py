@@ -25,8 +25,9 @@ _CHOICE = re.compile(r"^(?P<prefix>[~+]{0,2})(?P<key>[A-Za-z_][\w/]*)=(?P<value>
 
 def config_groups() -> set[str]:
     """The group folders of the shipped config tree."""
-    root = Path(__file__).resolve().parents[2] / "conf"
-    return {p.name for p in root.iterdir() if p.is_dir()} if root.is_dir() else set()
+    from framework.paths import conf_dir
+
+    return {p.name for p in conf_dir().iterdir() if p.is_dir() and not p.name.startswith("__")}
 
 
 def normalize_overrides(args: list[str], groups: set[str] | None = None) -> list[str]:
@@ -46,10 +47,42 @@ def normalize_overrides(args: list[str], groups: set[str] | None = None) -> list
     return out
 
 
-def pin_sweep_name(args: list[str]) -> list[str]:
-    """With -m/--multirun and no name=..., add name=<the default name, resolved now>."""
-    if not {"-m", "--multirun"} & set(args) or any(a.lstrip("+").startswith("name=") for a in args):
+def pin_sweep_name(args: list[str], config_name: str = "train", root: Path | None = None) -> list[str]:
+    """With -m/--multirun and no name=..., add name=<the default name, resolved now>. With
+    resume=auto and no name, the name of the newest earlier sweep of the same command (same
+    recipe, same overrides), so re-running a sweep command with resume=auto continues it."""
+    if any(a.lstrip("+").startswith("name=") for a in args):
+        return args
+    if "resume=auto" in args:
+        previous = previous_sweep_name(args, config_name, root or Path("multirun"))
+        if previous:
+            return [*args, f"name={previous}"]
+    if not {"-m", "--multirun"} & set(args):
         return args
     from framework.config.resolvers import job_name
 
     return [*args, f"name={job_name()}"]
+
+
+def _defining(overrides) -> list[str]:
+    return sorted(o for o in overrides if not o.startswith(("-", "name=", "resume=", "+name=", "+resume=")))
+
+
+def previous_sweep_name(args: list[str], config_name: str, root: Path) -> str | None:
+    """The newest sweep under `root` whose recorded command (Hydra's multirun.yaml) had the same
+    recipe and overrides as `args` (name and resume aside)."""
+    if not root.is_dir():
+        return None
+    from omegaconf import OmegaConf
+
+    wanted = _defining(a for a in args if "=" in a)
+    for sweep_file in sorted(root.rglob("multirun.yaml"), key=lambda p: p.stat().st_mtime, reverse=True):
+        try:
+            recorded = OmegaConf.load(sweep_file).hydra
+            same_recipe = recorded.job.config_name == config_name
+            same_overrides = _defining(recorded.overrides.task) == wanted
+        except Exception:  # an unreadable record is not the sweep we are looking for
+            continue
+        if same_recipe and same_overrides:
+            return sweep_file.parent.relative_to(root).as_posix()
+    return None

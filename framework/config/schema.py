@@ -46,6 +46,8 @@ class TrainerConfig:
     """Restart the worker group this many times after a worker dies (multi-process runs)."""
     objective: str = "val/loss"
     """The metric `run` returns (for Hydra sweepers); its last logged value."""
+    objective_mode: str = "min"
+    """'min' or 'max': which way the objective is better (a sweep's summary lists the best first)."""
 
 
 @dataclass
@@ -92,6 +94,9 @@ class TrainConfig:
     """Run name; the run directory is outputs/<name>. Give one to make a run resumable by name."""
     debug: bool = False
     """Show full tracebacks for user errors."""
+    trust: Any = None
+    """Never set: a recipe cannot extend the trusted targets. Allow a prefix with trust.allow=[...]
+    on the command line, FRAMEWORK_TRUST_ALLOW, or ~/.config/framework/trust.yaml (framework/config/trust.py)."""
 
 
 def register() -> None:

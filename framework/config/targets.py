@@ -156,12 +156,31 @@ def _type_problem(value, hint) -> str | None:
     return None  # nested configs for class-typed arguments are checked as their own nodes
 
 
+def missing_packages(target) -> dict[str, str]:
+    """The packages a plugin class declares in `requires_packages` ({module: pip install argument})
+    that are not installed. Checked without importing them (they are imported only when used)."""
+    from importlib.util import find_spec
+
+    missing = {}
+    for module, install in dict(getattr(target, "requires_packages", None) or {}).items():
+        try:
+            found = find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing[module] = install
+    return missing
+
+
 def _check_node(key: str, node: DictConfig, problems: list[str]) -> None:
     try:
         target = import_target(node["_target_"], key)
     except ConfigError as err:
         problems.append(str(err))
         return
+    for module, install in missing_packages(target).items():
+        problems.append(f"{key}: '{node['_target_']}' needs the package '{module}', which is not installed; "
+                        f"pip install {install}, or choose another option.")
     found = _parameters(target)
     if found is None:
         return
@@ -191,7 +210,11 @@ def _check_node(key: str, node: DictConfig, problems: list[str]) -> None:
 
 
 def check_targets(cfg: DictConfig) -> None:
-    """Raise one ConfigError listing every problem with every `_target_` node."""
+    """Raise one ConfigError listing every problem with every `_target_` node. Untrusted targets
+    are refused first, before any target is imported (framework/config/trust.py)."""
+    from framework.config.trust import check_trusted
+
+    check_trusted(cfg)
     problems: list[str] = []
     for key, node in iter_target_nodes(cfg):
         _check_node(key, node, problems)

@@ -23,6 +23,7 @@ _RULES = [
         "a positive integer or 'auto'",
     ),
     ("resume", lambda v: v in (None, "auto"), "'auto' or null"),
+    ("trainer.objective_mode", lambda v: v in ("min", "max"), "'min' or 'max'"),
 ]
 
 

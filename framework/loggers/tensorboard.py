@@ -13,6 +13,8 @@ from framework.loggers.base import Logger
 class TensorBoardLogger(Logger):
     """Scalars per step, and the resolved config as text under 'hparams'."""
 
+    requires_packages = {"tensorboard": "'framework[tensorboard]'"}
+
     def __init__(self, save_dir: str, subdir: str = "tensorboard", flush_secs: int = 30):
         """subdir: folder inside the run directory; flush_secs: how often events reach disk."""
         super().__init__(save_dir)

@@ -189,6 +189,13 @@ class Strategy:
         return out / self.world_size if op == "mean" else out
 
     # ---- checkpoint state ---------------------------------------------------------------
+    def estimate_memory(self, stats, world_size: int):
+        """Bytes per rank for weights, gradients and optimizer state (`framework plan`); a
+        strategy that shards or offloads overrides it (framework/strategy/memory.py)."""
+        from framework.strategy.memory import replicated
+
+        return replicated(stats)
+
     # Full (unsharded) state keyed by parameter name, the same for every wrapper (DDP's
     # "module." prefix, FSDP's DTensors), so a checkpoint moves between strategies. Collective:
     # every rank calls these; with several processes only rank zero receives the tensors.

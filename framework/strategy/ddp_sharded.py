@@ -22,6 +22,7 @@ class DDPShardedStrategy(ParallelStrategy):
     step on. This strategy is tested to match ddp bit for bit."""
 
     name = "ddp_sharded"
+    requires_packages = {"fairscale": "'framework[fairscale]'"}
     # OSS shards the optimizer by its own numbering; checkpoint_io=dcp gets full state from rank zero
     supports_sharded_state = False
 
@@ -34,6 +35,11 @@ class DDPShardedStrategy(ParallelStrategy):
         self.reduce_buffer_size = reduce_buffer_size
         self.broadcast_buffers = broadcast_buffers
         self._param_names: list[str] = []
+
+    def estimate_memory(self, stats, world_size: int):
+        from framework.strategy.memory import optimizer_sharded
+
+        return optimizer_sharded(stats, world_size)
 
     def setup(self, model, optimizer_factory):
         from fairscale.nn.data_parallel import ShardedDataParallel

@@ -32,6 +32,7 @@ class DeepSpeedStrategy(ParallelStrategy):
     accumulation mode (backward accumulates locally, `step` reduces and updates)."""
 
     name = "deepspeed"
+    requires_packages = {"deepspeed": "'framework[deepspeed]'"}
     # DeepSpeed keeps flat partitions of its own; checkpoint_io=dcp gets full tensors from rank zero
     supports_sharded_state = False
     #: what a subclass (one per conf/strategy/deepspeed_stage_*.yaml) sets up when not told
@@ -53,6 +54,11 @@ class DeepSpeedStrategy(ParallelStrategy):
         self.nvme_path = nvme_path
         self.raw_config = dict(config or {})
         self.engine = None
+
+    def estimate_memory(self, stats, world_size: int):
+        from framework.strategy.memory import zero
+
+        return zero(stats, world_size, self.stage, self.offload_optimizer != "none", self.offload_parameters != "none")
 
     # ---- environment --------------------------------------------------------------------
     def setup_environment(self) -> None:

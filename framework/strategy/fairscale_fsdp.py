@@ -17,6 +17,7 @@ class FairscaleFSDPStrategy(ParallelStrategy):
     one unit unless `auto_wrap_modules` names classes to wrap separately."""
 
     name = "fairscale_fsdp"
+    requires_packages = {"fairscale": "'framework[fairscale]'"}
     # fairscale's FSDP has no DTensor view; checkpoint_io=dcp gets full state from rank zero
     supports_sharded_state = False
     requires_cuda = True
@@ -30,6 +31,11 @@ class FairscaleFSDPStrategy(ParallelStrategy):
         self.auto_wrap_modules = list(auto_wrap_modules or [])
         self.reshard_after_forward = reshard_after_forward
         self.cpu_offload = cpu_offload
+
+    def estimate_memory(self, stats, world_size: int):
+        from framework.strategy.memory import fully_sharded
+
+        return fully_sharded(stats, world_size)
 
     def _fsdp_kwargs(self) -> dict:
         dtypes = self.precision.sharded_param_dtypes()

@@ -27,6 +27,11 @@ class FSDPStrategy(ParallelStrategy):
         self.reshard_after_forward = reshard_after_forward
         self.cpu_offload = cpu_offload
 
+    def estimate_memory(self, stats, world_size: int):
+        from framework.strategy.memory import fully_sharded
+
+        return fully_sharded(stats, world_size, offload=self.cpu_offload)
+
     def _shard_kwargs(self) -> dict:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy

@@ -8,7 +8,9 @@ from framework.config.validate import check_values
 from framework.plugins import build_plugins
 from tests.conftest import CONF, compose_cfg
 
-GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir())
+# Groups whose options are nodes of the config (hparams_search writes into the global package and
+# Hydra's own settings: tested below).
+GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in ("hparams_search", "hydra", "__pycache__"))
 LIST_GROUPS = {"logger", "callbacks"}
 # Options that only make sense together (an MLP classifies digits, it does not model text).
 COMPANIONS = {("model", "mlp"): ["data=digits", "task=classification"],
@@ -67,3 +69,15 @@ def test_default_plugins():
     plugins = build_plugins(compose_cfg([]))
     assert (plugins.accelerator.name, plugins.strategy.name, plugins.precision.name,
             plugins.checkpoint_io.name, plugins.cluster.name) == ("cpu", "single_device", "32", "torch", "local")
+
+
+def test_optuna_search_sets_the_sweeper_and_the_objective():
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        cfg = compose("train", overrides=["hparams_search=digits_optuna"], return_hydra_config=True)
+    assert "optuna" in cfg.hydra.sweeper._target_
+    assert cfg.hydra.sweeper.direction == "maximize" and cfg.trainer.objective_mode == "max"
+    assert cfg.trainer.objective == "val/accuracy"
+    assert cfg.hydra.sweeper.sampler.seed == 1234
+    assert set(cfg.hydra.sweeper.params) == {"optimizer.lr", "optimizer.weight_decay", "model.hidden"}

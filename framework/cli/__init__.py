@@ -1,6 +1,11 @@
 """The `framework` command (also `python -m framework`).
 
     framework train [OVERRIDES...]        the same as `python train.py [OVERRIDES...]`
+    framework run RECIPE [OVERRIDES...]   train a recipe: a YAML file anywhere, or a built-in name
+    framework list [GROUP...]             every option of every group, and whether it runs here
+    framework plan [-r RECIPE] [OVERRIDES...]   plugins, world, model size, memory per rank; no training
+    framework validate RECIPE [OVERRIDES...]    every problem with a recipe, not just the first
+    framework cp RECIPE DEST              copy a built-in recipe to edit it
     framework convert CKPT --to torch OUT.pt    model weights as a plain state_dict (or safetensors)
     framework convert DS_DIR --from deepspeed OUT_DIR   a DeepSpeed native checkpoint, imported
     framework version                     framework, torch and Python versions
@@ -9,21 +14,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-
-
-def _train(overrides: list[str]) -> int:
-    import hydra
-
-    import framework
-    from framework.paths import conf_dir
-
-    @hydra.main(version_base=None, config_path=str(conf_dir()), config_name="train")
-    def main(cfg):
-        return framework.run(cfg)
-
-    sys.argv = ["framework train", *overrides]
-    framework.guard(main)
-    return 0
 
 
 def _convert(args) -> int:
@@ -55,11 +45,26 @@ def _version() -> int:
     return 0
 
 
+# Commands whose arguments are Hydra overrides: passed through untouched (argparse would eat them).
+PASS_THROUGH = {
+    "train": ("train with the shipped config: the same as `python train.py [OVERRIDES...]`", "apps", "train"),
+    "run": ("train a recipe: `framework run RECIPE [OVERRIDES...]` (a YAML file anywhere, or a built-in name)",
+            "apps", "run_recipe"),
+    "list": ("every option of every config group, and whether it can run here: `framework list [GROUP...]`",
+             "list_options", "main"),
+    "plan": ("what a run would be (plugins, world, model size, memory per rank) without training: "
+             "`framework plan [-r RECIPE] [OVERRIDES...]`", "plan", "main"),
+    "validate": ("every problem with a recipe: `framework validate RECIPE [OVERRIDES...]`", "validate", "main"),
+    "cp": ("copy a built-in recipe to edit it: `framework cp RECIPE DEST`", "copy_recipe", "main"),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="framework", description="A config-driven PyTorch training framework.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.add_parser("train", help="train: the same as `python train.py [OVERRIDES...]`", add_help=False)
+    for name, (help_text, _, _) in PASS_THROUGH.items():
+        sub.add_parser(name, help=help_text, add_help=False)
     convert = sub.add_parser("convert", help="export a checkpoint's weights, or import a DeepSpeed checkpoint")
     convert.add_argument("checkpoint", help="a checkpoint directory (or, with --from deepspeed, a DeepSpeed one)")
     convert.add_argument("out", help="the file (export) or directory (import) to write")
@@ -68,8 +73,14 @@ def main(argv: list[str] | None = None) -> int:
                          help="what CHECKPOINT is")
     convert.add_argument("--tag", default=None, help="with --from deepspeed: the tag (default: 'latest')")
     sub.add_parser("version", help="print framework, torch and Python versions")
-    if argv[:1] == ["train"]:
-        return _train(argv[1:])
+    if argv[:1] and argv[0] in PASS_THROUGH:
+        if argv[1:2] in (["-h"], ["--help"]) and argv[0] not in ("train", "run"):
+            print(f"framework {argv[0]}: {PASS_THROUGH[argv[0]][0]}")
+            return 0
+        import importlib
+
+        _, module, function = PASS_THROUGH[argv[0]]
+        return getattr(importlib.import_module(f"framework.cli.{module}"), function)(argv[1:])
     args = parser.parse_args(argv)
     if args.command == "version":
         return _version()

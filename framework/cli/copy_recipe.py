@@ -1,0 +1,42 @@
+"""`framework cp RECIPE DEST`: copy a built-in recipe to edit it (never overwrites)."""
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+from framework.errors import ConfigError, UserError, report
+
+
+def main(args: list[str]) -> int:
+    from framework.paths import builtin_recipes
+
+    if len(args) != 2:
+        print("usage: framework cp RECIPE DEST   (RECIPE: a built-in recipe, `framework list recipes`; "
+              "DEST: a file or a folder)", file=sys.stderr)
+        return 2
+    name, dest = args
+    try:
+        recipes = builtin_recipes()
+        if name.removesuffix(".yaml") not in recipes:
+            from difflib import get_close_matches
+
+            close = get_close_matches(name, list(recipes), n=1)
+            hint = f" Did you mean {close[0]}?" if close else ""
+            raise ConfigError(f"no built-in recipe {name!r}.{hint} Built-in recipes: {', '.join(recipes)}.")
+        source = recipes[name.removesuffix(".yaml")]
+        target = Path(dest).expanduser()
+        if target.is_dir():
+            target = target / source.name
+        elif target.suffix not in (".yaml", ".yml"):
+            target = target.with_suffix(".yaml")
+        if target.exists():
+            raise ConfigError(f"{target} already exists; choose another DEST (nothing was overwritten).")
+        if not target.parent.is_dir():
+            raise ConfigError(f"{target.parent}: no such folder; create it first or choose another DEST.")
+    except UserError as err:
+        report(err)
+        return 2
+    shutil.copyfile(source, target)
+    print(f"copied {source.name} to {target}; run it with: framework run {target}")
+    return 0

@@ -1,0 +1,137 @@
+"""Compose a config the way `train.py` does, turning Hydra's errors into one clear paragraph.
+
+`framework plan/validate/list` compose through here, and `framework.guard` composes once through
+here before Hydra runs, so a mistyped option gets a did-you-mean instead of Hydra's raw message.
+"""
+from __future__ import annotations
+
+import re
+from contextlib import contextmanager
+from difflib import get_close_matches
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from framework.errors import ConfigError
+
+
+def group_options(group: str, search_dirs: list[Path]) -> list[str]:
+    """Options of a config group found in the given config directories (the shipped tree and a
+    recipe's own folder) plus the ones installed plugin packages register."""
+    options: set[str] = set()
+    for root in search_dirs:
+        folder = Path(root) / group
+        if folder.is_dir():
+            options.update(p.stem for p in folder.glob("*.yaml"))
+    from framework.registry import plugin_conf_dirs
+
+    for root in plugin_conf_dirs().values():
+        folder = root / group
+        if folder.is_dir():
+            options.update(p.stem for p in folder.glob("*.yaml"))
+    return sorted(options)
+
+
+def _did_you_mean(word: str, choices: list[str]) -> str:
+    close = get_close_matches(word, choices, n=1, cutoff=0.5)
+    return f" Did you mean {close[0]}?" if close else ""
+
+
+def friendly_message(err: Exception, search_dirs: list[Path], cfg_keys=None) -> str:
+    """One paragraph for a Hydra composition error, naming the key and the fix."""
+    text = str(err)
+    missing = re.search(r"Could not (?:find|load) '([\w/]+)/([^'/]+)'", text)
+    if missing:
+        group, option = missing.group(1), missing.group(2)
+        options = group_options(group, search_dirs)
+        return (f"{group}={option}: no such option.{_did_you_mean(option, options)} "
+                f"Options of {group}: {', '.join(options) or 'none'} (`framework list {group}`).")
+    missing_config = re.search(r"Cannot find primary config '([^']+)'", text)
+    if missing_config:
+        return f"no recipe named {missing_config.group(1)!r} in the config directory; check the name and --config-dir."
+    unknown = re.search(r"Could not override '([\w.]+)'", text)
+    if unknown:
+        key = unknown.group(1)
+        parent, _, leaf = key.rpartition(".")
+        hint = ""
+        if cfg_keys is not None:
+            hint = _did_you_mean(leaf, cfg_keys(parent))
+        return (f"{key}: no such key.{hint} To add a new key on purpose, write +{key}=...; "
+                f"`python train.py --cfg job` prints every key.")
+    cause = err.__cause__
+    if "Error merging override" in text and cause is not None:
+        detail = str(cause).splitlines()[0]
+        key = getattr(cause, "full_key", None)
+        return f"{key or text.split()[-1]}: {detail}"
+    if type(err).__name__ == "OverrideParseException":
+        lines = [line for line in text.splitlines() if line and not line.startswith("See https")]
+        return ("bad override syntax: " + "; ".join(lines) + ". Overrides are key=value, group=option, "
+                "+new_key=value or ~key (quote values holding spaces, brackets or '=').")
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+@contextmanager
+def composer(config_dir: Path):
+    """Yields `compose(config_name, overrides)` for many compositions under one Hydra
+    initialization (`framework list` composes one config per option)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from framework.config.overrides import normalize_overrides
+    from framework.paths import conf_dir
+
+    search_dirs = [Path(config_dir), conf_dir()]
+    GlobalHydra.instance().clear()
+
+    def compose_one(config_name: str, overrides: list[str], with_hydra: bool = False) -> DictConfig:
+        overrides = normalize_overrides(list(overrides))
+        try:
+            return hydra_compose(config_name, overrides=overrides, return_hydra_config=with_hydra)
+        except Exception as err:  # Hydra has no common base class for composition errors
+            def keys_at(parent: str) -> list[str]:
+                try:  # the config with only the group choices, to list the keys it has
+                    choices = [o for o in overrides if "=" in o and "." not in o.split("=")[0]]
+                    base = hydra_compose(config_name, overrides=choices)
+                    node = OmegaConf.select(base, parent) if parent else base
+                except Exception:
+                    return []
+                return [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
+
+            raise ConfigError(friendly_message(err, search_dirs, keys_at)) from err
+
+    try:
+        with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base=None):
+            yield compose_one
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def compose(config_dir: Path, config_name: str, overrides: list[str], with_hydra: bool = False) -> DictConfig:
+    """The composed config (with the `hydra` node only if asked), or a ConfigError. Untrusted
+    command-line prefixes (trust.allow=...) are taken out of `overrides` and applied first."""
+    from framework.config.trust import allow_from_command_line
+
+    overrides = allow_from_command_line(list(overrides))
+    with composer(config_dir) as compose_one:
+        return compose_one(config_name, overrides, with_hydra)
+
+
+def first_of_each_sweep(overrides: list[str]) -> list[str]:
+    """A sweep's overrides with every swept key at its first value (`lr=1e-3,3e-3` -> `lr=1e-3`),
+    to check the sweep's config once before any job runs. Sweeps with no first value (Optuna's
+    interval(...)) are left out."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    out = []
+    for override, text in zip(parsed, overrides):
+        if not override.is_sweep_override():
+            out.append(text)
+            continue
+        try:
+            first = next(iter(override.sweep_string_iterator()))
+        except Exception:
+            continue
+        out.append(f"{override.get_key_element()}={first}")
+    return out

@@ -1,0 +1,94 @@
+"""Bytes per rank for the model states (weights, gradients, optimizer state) under a strategy.
+
+Ψ parameters, N ranks, L parameters in the largest unit gathered at once. The formulas are the
+ones in shared/FACTS.md (DeepSpeed's own estimators agree), generalised from fp32 + Adam to the
+chosen precision and optimizer. Activations and temporary buffers are not counted: they depend on
+the batch, not on the strategy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelStats:
+    params: int
+    """Ψ: trainable parameters."""
+    largest_unit: int
+    """L: parameters of the largest unit gathered at once (a sharding unit, else the largest layer)."""
+    param_bytes: int = 4
+    """Bytes per stored weight (4 float32, 2 true half, 8 float64)."""
+    mixed_half: bool = False
+    """Compute in 16 bits over float32 weights (precision=16 / bf16)."""
+    optimizer_states: int = 2
+    """Optimizer state tensors per parameter (Adam 2, SGD with momentum 1, plain SGD 0)."""
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    device: float
+    """Bytes per rank on the accelerator."""
+    host: float = 0.0
+    """Bytes per rank offloaded to CPU memory (offload strategies)."""
+    formula: str = ""
+    """The device formula in Ψ, L, N (for the printout)."""
+
+
+def _coefficient(value: float) -> str:
+    return f"{value:g}"
+
+
+def replicated(stats: ModelStats) -> MemoryEstimate:
+    """Every rank holds everything: weights + gradients + optimizer state (DDP, single device)."""
+    per_param = stats.param_bytes * (2 + stats.optimizer_states)
+    return MemoryEstimate(per_param * stats.params, formula=f"{_coefficient(per_param)}Ψ")
+
+
+def fully_sharded(stats: ModelStats, world_size: int, offload: bool = False) -> MemoryEstimate:
+    """FSDP: all states sharded over N ranks, plus one gathered unit's weights and gradients."""
+    per_param = stats.param_bytes * (2 + stats.optimizer_states)
+    gathered = 2 * stats.param_bytes * stats.largest_unit
+    sharded = per_param * stats.params / world_size
+    if offload:
+        return MemoryEstimate(gathered, sharded, f"{_coefficient(2 * stats.param_bytes)}L")
+    return MemoryEstimate(sharded + gathered, formula=f"{_coefficient(per_param)}Ψ/N + "
+                                                      f"{_coefficient(2 * stats.param_bytes)}L")
+
+
+def optimizer_sharded(stats: ModelStats, world_size: int) -> MemoryEstimate:
+    """Weights replicated, gradients and optimizer state sharded (fairscale OSS + ShardedDDP)."""
+    p = stats.param_bytes
+    sharded = p * (1 + stats.optimizer_states)
+    return MemoryEstimate(p * stats.params + sharded * stats.params / world_size,
+                          formula=f"{_coefficient(p)}Ψ + {_coefficient(sharded)}Ψ/N")
+
+
+def zero(stats: ModelStats, world_size: int, stage: int, offload_optimizer: bool,
+         offload_parameters: bool) -> MemoryEstimate:
+    """DeepSpeed ZeRO: in mixed half precision each rank keeps 16-bit weights (2 bytes), float32
+    master weights (4), float32 gradient partition (4) and Adam state (8 for two states)."""
+    w = 2 if stats.mixed_half else 4
+    master = 4 if stats.mixed_half else 0
+    grad32 = 4 if stats.mixed_half else 0
+    states = 4 * stats.optimizer_states
+    psi, n = stats.params, world_size
+    if stage <= 1:
+        replicated_part = (w + w) if stage == 1 else (w + w + master + states + grad32)
+        sharded = (master + states + grad32) if stage == 1 else 0
+        formula = f"{_coefficient(replicated_part)}Ψ" + (f" + {_coefficient(sharded)}Ψ/N" if sharded else "")
+    elif stage == 2:
+        replicated_part, sharded = w, w + master + states + grad32
+        formula = f"{_coefficient(w)}Ψ + {_coefficient(sharded)}Ψ/N"
+    else:
+        replicated_part, sharded = 0, w + master + states + grad32
+        formula = f"4L + {_coefficient(sharded)}Ψ/N"
+    device = replicated_part * psi + sharded * psi / n + (4 * stats.largest_unit if stage == 3 else 0)
+    host = 0.0
+    if offload_optimizer and stage >= 1:
+        keep = w if stage == 3 and not offload_parameters else 0  # the weight shard stays unless offloaded too
+        host = (sharded - keep) * psi / n
+        device -= host
+        formula = (f"{_coefficient(replicated_part)}Ψ" if stage < 3 else "4L") + (f" + {_coefficient(keep)}Ψ/N" if keep else "")
+        if stage < 3 and replicated_part == 0:
+            formula = "0"
+    return MemoryEstimate(device, host, formula)

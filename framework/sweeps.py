@@ -1,0 +1,153 @@
+"""Sweeps (`-m`): a failed job is recorded, not fatal; finished jobs are skipped on a re-run with
+resume=auto; at the end the launching process writes `sweep_summary.csv` and prints a table.
+
+Every job writes `summary.json` in its directory (status completed or failed, the objective, its
+overrides, wall time). `SweepSummaryCallback` (a Hydra callback, registered in conf/train.yaml)
+reads them all when the sweep ends, so it works the same for the basic launcher, Optuna and
+submitit (whose jobs run elsewhere and report through the shared directory).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+
+SUMMARY_FILE = "summary.json"
+SWEEP_SUMMARY_FILE = "sweep_summary.csv"
+# Overrides that do not change what a job computes (a re-run adds resume=auto, keeps the name).
+_NEUTRAL_OVERRIDES = ("resume=", "name=", "+resume=", "debug=")
+
+
+@dataclass
+class SweepJob:
+    num: int
+    overrides: list[str]
+    sweep_dir: Path
+
+
+def current_job() -> SweepJob | None:
+    """This job's place in the sweep, or None outside `-m`."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return None
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode != RunMode.MULTIRUN:
+        return None
+    return SweepJob(int(hydra_cfg.job.num), list(hydra_cfg.overrides.task), Path(hydra_cfg.sweep.dir))
+
+
+def defining_overrides(overrides: list[str]) -> list[str]:
+    return sorted(o for o in overrides if not o.startswith(_NEUTRAL_OVERRIDES))
+
+
+def finished_objective(output_dir: Path, job: SweepJob) -> tuple[bool, Any]:
+    """(True, objective) when this job already completed with the same overrides."""
+    path = Path(output_dir) / SUMMARY_FILE
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False, None
+    same = defining_overrides(summary.get("overrides", [])) == defining_overrides(job.overrides)
+    if summary.get("status") == "completed" and same:
+        return True, summary.get("objective_value")
+    return False, None
+
+
+def write_summary(output_dir: Path, summary: dict) -> None:
+    path = Path(output_dir) / SUMMARY_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(summary, indent=2, default=str))
+    tmp.replace(path)
+
+
+def read_jobs(sweep_dir: Path) -> list[dict]:
+    """One row per job directory (a folder named by its job number) of the sweep."""
+    rows = []
+    for job_dir in sorted((p for p in Path(sweep_dir).iterdir() if p.is_dir() and p.name.isdigit()),
+                          key=lambda p: int(p.name)):
+        row = {"job": int(job_dir.name), "overrides": "", "objective": "", "value": None, "status": "missing",
+               "wall_time_s": None, "error": "", "output_dir": str(job_dir)}
+        try:
+            summary = json.loads((job_dir / SUMMARY_FILE).read_text())
+        except (OSError, ValueError):
+            overrides_file = job_dir / ".hydra" / "overrides.yaml"
+            if overrides_file.is_file():
+                from omegaconf import OmegaConf
+
+                row["overrides"] = " ".join(OmegaConf.load(overrides_file))
+            row["error"] = "no summary.json: the job did not finish (killed, or still running)"
+            rows.append(row)
+            continue
+        value = summary.get("objective_value")
+        row.update(overrides=" ".join(defining_overrides(summary.get("overrides", []))),
+                   objective=summary.get("objective", ""), status=summary.get("status", "completed"),
+                   value=value if isinstance(value, (int, float)) and not math.isnan(value) else None,
+                   wall_time_s=summary.get("wall_time_s"), error=summary.get("error", ""))
+        rows.append(row)
+    return rows
+
+
+def rank_rows(rows: list[dict], mode: str) -> list[dict]:
+    """Best first: completed jobs by value (min or max), then jobs without a value."""
+    scored = [r for r in rows if r["value"] is not None]
+    scored.sort(key=lambda r: r["value"], reverse=(mode == "max"))
+    return scored + [r for r in rows if r["value"] is None]
+
+
+def write_sweep_summary(sweep_dir: Path, mode: str = "min", stream=None) -> list[dict]:
+    stream = stream or sys.stdout
+    rows = rank_rows(read_jobs(sweep_dir), mode)
+    columns = ["rank", "job", "overrides", "objective", "value", "status", "wall_time_s", "error", "output_dir"]
+    tmp = Path(sweep_dir) / (SWEEP_SUMMARY_FILE + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        for rank, row in enumerate(rows, 1):
+            writer.writerow({"rank": rank, **{k: ("" if row[k] is None else row[k]) for k in columns[1:]}})
+    tmp.replace(Path(sweep_dir) / SWEEP_SUMMARY_FILE)
+    print_table(rows, mode, stream)
+    print(f"sweep summary: {Path(sweep_dir) / SWEEP_SUMMARY_FILE}", file=stream)
+    return rows
+
+
+def print_table(rows: list[dict], mode: str, stream) -> None:
+    """The ranked jobs; overrides every job shares are printed once above the table."""
+    objective = next((r["objective"] for r in rows if r["objective"]), "objective")
+    split = [r["overrides"].split() for r in rows]
+    common = [o for o in (split[0] if split else []) if all(o in s for s in split)] if len(rows) > 1 else []
+    if common:
+        print(f"every job: {' '.join(common)}", file=stream)
+    header = ["#", "job", "overrides", f"{objective} ({mode})", "status", "time s"]
+    body = [[str(i), str(r["job"]), " ".join(o for o in s if o not in common) or "(none)",
+             "" if r["value"] is None else f"{r['value']:.6g}", r["status"],
+             "" if r["wall_time_s"] is None else f"{float(r['wall_time_s']):.1f}"]
+            for i, (r, s) in enumerate(zip(rows, split), 1)]
+    widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
+    for line in [header, *body]:
+        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip(), file=stream)
+    failed = [r for r in rows if r["status"] != "completed"]
+    for r in failed:
+        print(f"job {r['job']} {r['status']}: {r['error']}", file=stream)
+
+
+class SweepSummaryCallback(Callback):
+    """Hydra callback: after the last job of a sweep, the summary (launching process only)."""
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        if not sweep_dir.is_dir():
+            return
+        mode = str(config.get("trainer", {}).get("objective_mode", "min"))
+        rows = write_sweep_summary(sweep_dir, mode)
+        if rows and all(r["status"] != "completed" for r in rows):
+            print("every job of the sweep failed", file=sys.stderr)
+            raise SystemExit(1)

@@ -1,0 +1,1 @@
+"""Built-in recipes, installed as the package `framework.recipes` (`framework cp NAME DEST` copies one)."""
