@@ -77,19 +77,39 @@ def precheck(args: list[str], config_dir, config_name: str) -> None:
         return
     from pathlib import Path
 
-    from framework.config.compose import compose, first_of_each_sweep
+    from framework.config.compose import composer, sweep_variants
     from framework.config.trust import check_hydra_settings, check_trusted
     from framework.paths import conf_dir
 
+    from framework.config.trust import allow_from_command_line
+
     config_dir, config_name, overrides = _split_config_flags(args, config_dir, config_name)
+    overrides = allow_from_command_line(overrides)
     try:
         try:
-            single = first_of_each_sweep(overrides)
-        except Exception:  # a syntax error: compose reports it with the key
-            single = overrides
-        cfg = compose(Path(config_dir) if config_dir else conf_dir(), config_name, single, with_hydra=True)
-        check_hydra_settings(cfg.hydra)
-        check_trusted(cfg)
+            variants = sweep_variants(overrides)
+        except Exception:  # a syntax error: composing reports it with the key
+            variants = [overrides]
+        with composer(Path(config_dir) if config_dir else conf_dir()) as compose_one:
+            configs = []
+            for variant in variants:
+                cfg = compose_one(config_name, variant, with_hydra=True)
+                check_hydra_settings(cfg.hydra)
+                check_trusted(cfg)
+                configs.append(cfg)
+        if len(configs) > 1:  # a sweep: every value is checked as a run would be, before any job starts
+            import contextlib
+            import io
+
+            from omegaconf import open_dict
+
+            from framework.runner import prepare
+
+            for cfg in configs:
+                with open_dict(cfg):
+                    cfg.pop("hydra")
+                with contextlib.redirect_stderr(io.StringIO()):
+                    prepare(cfg)
     except ConfigError as err:
         if wants_traceback(any(a in ("debug=true", "debug=True") for a in overrides)):
             raise

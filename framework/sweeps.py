@@ -139,8 +139,22 @@ def print_table(rows: list[dict], mode: str, stream) -> None:
         print(f"job {r['job']} {r['status']}: {r['error']}", file=stream)
 
 
+SWEEP_RECORD_FILE = "sweep.yaml"
+
+
 class SweepSummaryCallback(Callback):
-    """Hydra callback: after the last job of a sweep, the summary (launching process only)."""
+    """Hydra callback: records the sweep's command when it starts (`sweep.yaml`: recipe and
+    overrides, how a re-run with resume=auto finds it), and writes the summary after the last job
+    (launching process only)."""
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        from omegaconf import OmegaConf
+
+        sweep_dir = Path(config.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        overrides = [*config.hydra.overrides.task, *config.hydra.overrides.hydra]
+        record = {"config_name": config.hydra.job.config_name, "overrides": overrides}
+        OmegaConf.save(OmegaConf.create(record), sweep_dir / SWEEP_RECORD_FILE)
 
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)

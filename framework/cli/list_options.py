@@ -21,7 +21,7 @@ PLUGIN_GROUPS = ("accelerator", "strategy", "precision", "checkpoint_io", "clust
 class Option:
     group: str
     name: str
-    path: Path
+    path: Path | None  # None for an option registered from code (framework.registry.register)
     source: str
     description: str = ""
     problem: str | None = None  # why it cannot run here; None when it can
@@ -62,6 +62,12 @@ def discover(groups: list[str] | None = None) -> list[Option]:
             if group == "." or (groups and group not in groups):
                 continue
             options.append(Option(group, path.stem, path, source, yaml_description(path)))
+    from framework.registry import REGISTERED, load_plugins
+
+    load_plugins()
+    for (group, name), entry in sorted(REGISTERED.items()):
+        if not groups or group in groups:
+            options.append(Option(group, name, None, entry.source, entry.description))
     if not groups or "recipes" in groups:
         for name, path in builtin_recipes().items():
             options.append(Option("recipes", name, path, "framework", yaml_description(path)))
@@ -74,7 +80,12 @@ def _check_yaml_targets(option: Option) -> None:
     from framework.config.targets import import_target, iter_target_nodes, missing_packages
     from framework.errors import ConfigError
 
-    node = OmegaConf.load(option.path)
+    if option.path is None:
+        from framework.registry import REGISTERED
+
+        node = OmegaConf.create({"_target_": REGISTERED[option.group, option.name].target})
+    else:
+        node = OmegaConf.load(option.path)
     for key, target_node in iter_target_nodes(node):
         try:
             target = import_target(target_node["_target_"], key or option.group)

@@ -47,7 +47,9 @@ def problems_of(cfg) -> list[str]:
     def build_all():
         built["plugins"] = build_plugins(resolved)
 
-    if collect(build_all) & collect(lambda: check_components(resolved)) and "plugins" in built:
+    plugins_ok = collect(build_all)
+    collect(lambda: check_components(resolved))
+    if plugins_ok:
         plugins = built["plugins"]
 
         def compatibility():
@@ -77,7 +79,8 @@ def main(args: list[str]) -> int:
     problems = problems_of(cfg)
     if problems:
         noun = "problem" if len(problems) == 1 else "problems"
-        report(ConfigError(f"{path}: {len(problems)} {noun}\n" + "\n".join(problems)))
+        print(f"{path}: {len(problems)} {noun}", file=sys.stderr)
+        report(ConfigError("\n".join(problems)))
         return 2
     print(f"{path}: ok (composition, schema, values, targets, constructors, compatibility)")
     return 0

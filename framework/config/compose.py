@@ -23,8 +23,9 @@ def group_options(group: str, search_dirs: list[Path]) -> list[str]:
         folder = Path(root) / group
         if folder.is_dir():
             options.update(p.stem for p in folder.glob("*.yaml"))
-    from framework.registry import plugin_conf_dirs
+    from framework.registry import plugin_conf_dirs, registered_options
 
+    options.update(registered_options(group))
     for root in plugin_conf_dirs().values():
         folder = root / group
         if folder.is_dir():
@@ -55,14 +56,15 @@ def friendly_message(err: Exception, search_dirs: list[Path], cfg_keys=None) -> 
         parent, _, leaf = key.rpartition(".")
         hint = ""
         if cfg_keys is not None:
-            hint = _did_you_mean(leaf, cfg_keys(parent))
+            hint = _did_you_mean(leaf, cfg_keys(parent, key))
         return (f"{key}: no such key.{hint} To add a new key on purpose, write +{key}=...; "
                 f"`python train.py --cfg job` prints every key.")
     cause = err.__cause__
     if "Error merging override" in text and cause is not None:
-        detail = str(cause).splitlines()[0]
-        key = getattr(cause, "full_key", None)
-        return f"{key or text.split()[-1]}: {detail}"
+        detail = str(cause).splitlines()[0].rstrip(".")
+        override = text.removeprefix("Error merging override").strip()
+        return (f"{override}: {detail}. Give a value of the key's type (`python train.py --cfg job` shows every "
+                "key with its current value).")
     if type(err).__name__ == "OverrideParseException":
         lines = [line for line in text.splitlines() if line and not line.startswith("See https")]
         return ("bad override syntax: " + "; ".join(lines) + ". Overrides are key=value, group=option, "
@@ -89,9 +91,10 @@ def composer(config_dir: Path):
         try:
             return hydra_compose(config_name, overrides=overrides, return_hydra_config=with_hydra)
         except Exception as err:  # Hydra has no common base class for composition errors
-            def keys_at(parent: str) -> list[str]:
-                try:  # the config with only the group choices, to list the keys it has
-                    choices = [o for o in overrides if "=" in o and "." not in o.split("=")[0]]
+            def keys_at(parent: str, failing_key: str) -> list[str]:
+                try:  # the config with only the other group choices, to list the keys it has
+                    choices = [o for o in overrides if "=" in o and "." not in o.split("=")[0]
+                               and o.split("=")[0].lstrip("+~") != failing_key]
                     base = hydra_compose(config_name, overrides=choices)
                     node = OmegaConf.select(base, parent) if parent else base
                 except Exception:
@@ -117,21 +120,29 @@ def compose(config_dir: Path, config_name: str, overrides: list[str], with_hydra
         return compose_one(config_name, overrides, with_hydra)
 
 
-def first_of_each_sweep(overrides: list[str]) -> list[str]:
-    """A sweep's overrides with every swept key at its first value (`lr=1e-3,3e-3` -> `lr=1e-3`),
-    to check the sweep's config once before any job runs. Sweeps with no first value (Optuna's
+def sweep_variants(overrides: list[str], limit: int = 16) -> list[list[str]]:
+    """Override lists that between them use every value of every swept key (`lr=1e-3,3e-3` ->
+    one list per value, the other swept keys at their first value), so a sweep is checked before
+    any job runs without composing its whole product. Sweeps without listed values (Optuna's
     interval(...)) are left out."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parsed = OverridesParser.create().parse_overrides(overrides)
-    out = []
+    fixed: list[str] = []
+    swept: list[tuple[str, list[str]]] = []
     for override, text in zip(parsed, overrides):
         if not override.is_sweep_override():
-            out.append(text)
+            fixed.append(text)
             continue
         try:
-            first = next(iter(override.sweep_string_iterator()))
+            values = list(override.sweep_string_iterator())[:limit]
         except Exception:
             continue
-        out.append(f"{override.get_key_element()}={first}")
-    return out
+        if values:
+            swept.append((override.get_key_element(), values))
+    first = [f"{key}={values[0]}" for key, values in swept]
+    variants = [fixed + first]
+    for i, (key, values) in enumerate(swept):
+        for value in values[1:]:
+            variants.append(fixed + first[:i] + [f"{key}={value}"] + first[i + 1:])
+    return variants

@@ -65,24 +65,24 @@ def pin_sweep_name(args: list[str], config_name: str = "train", root: Path | Non
 
 
 def _defining(overrides) -> list[str]:
-    return sorted(o for o in overrides if not o.startswith(("-", "name=", "resume=", "+name=", "+resume=")))
+    neutral = ("-", "name=", "resume=", "+name=", "+resume=", "hydra.mode=")  # -m is hydra.mode=MULTIRUN
+    return sorted(o for o in overrides if not o.startswith(neutral))
 
 
 def previous_sweep_name(args: list[str], config_name: str, root: Path) -> str | None:
-    """The newest sweep under `root` whose recorded command (Hydra's multirun.yaml) had the same
-    recipe and overrides as `args` (name and resume aside)."""
+    """The newest sweep under `root` whose recorded command (sweep.yaml, written when a sweep
+    starts: framework/sweeps.py) had the same recipe and overrides as `args` (name and resume aside)."""
     if not root.is_dir():
         return None
     from omegaconf import OmegaConf
 
     wanted = _defining(a for a in args if "=" in a)
-    for sweep_file in sorted(root.rglob("multirun.yaml"), key=lambda p: p.stat().st_mtime, reverse=True):
+    for record_file in sorted(root.rglob("sweep.yaml"), key=lambda p: p.stat().st_mtime, reverse=True):
         try:
-            recorded = OmegaConf.load(sweep_file).hydra
-            same_recipe = recorded.job.config_name == config_name
-            same_overrides = _defining(recorded.overrides.task) == wanted
+            record = OmegaConf.load(record_file)
+            same = record.config_name == config_name and _defining(record.overrides) == wanted
         except Exception:  # an unreadable record is not the sweep we are looking for
             continue
-        if same_recipe and same_overrides:
-            return sweep_file.parent.relative_to(root).as_posix()
+        if same:
+            return record_file.parent.relative_to(root).as_posix()
     return None

@@ -2,6 +2,7 @@
 called, so every one is checked against an allow-list before anything is instantiated.
 
 Trusted: the framework and torch (less a few torch entry points that load or compile code),
+installed plugin packages (framework/registry.py: installing one is the user's act of trust),
 and the prefixes the user allows from places a recipe cannot write:
 
 - the command line: `trust.allow=[mypkg.,other.module.Class]` (taken out of the overrides before
@@ -76,7 +77,10 @@ def allow_from_command_line(args: list[str]) -> list[str]:
 
 
 def user_allowed() -> list[str]:
+    from framework.registry import plugin_packages
+
     allowed = [p.strip() for p in os.environ.get(ENV_ALLOW, "").split(",") if p.strip()]
+    allowed += [f"{package}." for package in plugin_packages()]  # installed plugins: trusted by installing
     path = user_file()
     if path.is_file():
         from omegaconf import OmegaConf
@@ -140,6 +144,8 @@ def refusal(key: str, target: Any, trusted: tuple[str, ...], allowed: list[str])
         why = "is not in the trusted targets (the framework and torch)"
     else:
         for module in _resolved_modules(target):
+            if _matches(target, module):
+                continue  # a module the target names itself: trusted with it
             if not _trusted_name(module, trusted, allowed):
                 why = f"resolves to code in the module '{module}', which is not trusted"
                 prefix = module + "."

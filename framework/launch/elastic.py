@@ -22,9 +22,14 @@ _USER_ERRORS = {"ConfigError": ConfigError, "CheckpointError": CheckpointError, 
 _USER_ERROR_KEY = "__framework_user_error__"
 
 
-def worker_entry(config: dict, output_dir: str, threads: int, failure_dir: str):
-    """Module-level (picklable) entry of every worker process."""
+def worker_entry(config: dict, output_dir: str, threads: int, failure_dir: str, trusted: list[str]):
+    """Module-level (picklable) entry of every worker process. `trusted`: the prefixes the user
+    allowed in the launching process (a forkserver started earlier has an older environment)."""
     import torch
+
+    from framework.config.trust import ENV_ALLOW
+
+    os.environ[ENV_ALLOW] = ",".join(trusted)
 
     torch.set_num_threads(threads)
     from framework.launch.worker import train_worker
@@ -67,7 +72,10 @@ def launch_local_workers(config: dict, output_dir: Path, plugins, nproc: int) ->
     )
     forwarder = SignalForwarder(config["trainer"].get("preemption_signals", []), failure_dir)
     try:
-        results = elastic_launch(launch_config, worker_entry)(config, str(output_dir), threads, str(failure_dir))
+        from framework.config.trust import user_allowed
+
+        results = elastic_launch(launch_config, worker_entry)(config, str(output_dir), threads, str(failure_dir),
+                                                              user_allowed())
     except ChildFailedError as err:
         raise WorkerFailed(err, failure_dir) from None
     except SignalException as err:

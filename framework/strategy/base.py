@@ -212,7 +212,8 @@ class Strategy:
     def load_model_state_dict(self, model: torch.nn.Module, state: dict) -> None:
         from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-        set_model_state_dict(model, state, options=self._state_dict_options(loading=True))
+        # DCP rewrites the dict it is given (key prefixes, DTensors): hand it a copy of the structure
+        set_model_state_dict(model, copy_structure(state), options=self._state_dict_options(loading=True))
 
     def optimizer_state_dict(self, model, optimizer: torch.optim.Optimizer) -> dict:
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
@@ -222,7 +223,7 @@ class Strategy:
     def load_optimizer_state_dict(self, model, optimizer: torch.optim.Optimizer, state: dict) -> None:
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-        set_optimizer_state_dict(model, optimizer, state, options=self._state_dict_options(loading=True))
+        set_optimizer_state_dict(model, optimizer, copy_structure(state), options=self._state_dict_options(loading=True))
 
     # ---- sharded checkpoint state (checkpoint_io=dcp) -------------------------------------
     #: whether `sharded_state_dict` hands out each rank's own part (DTensor shards, or replicas
@@ -275,6 +276,15 @@ class Strategy:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+def copy_structure(data: Any) -> Any:
+    """Nested dicts and lists copied, tensors and other leaves shared (no memory cost)."""
+    if isinstance(data, dict):
+        return {k: copy_structure(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [copy_structure(v) for v in data]
+    return data
 
 
 def _distributed() -> bool:

@@ -12,7 +12,9 @@ from hydra.plugins.search_path_plugin import SearchPathPlugin
 
 class FrameworkSearchPathPlugin(SearchPathPlugin):
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
-        from framework.registry import plugin_conf_packages
+        from framework.registry import load_plugins, plugin_conf_packages
+
+        load_plugins()  # options registered from code (ConfigStore) exist before composing
 
         search_path.append(provider="framework", path="pkg://framework.conf")
         # built-in recipes can build on each other, wherever a copy of one is run from

@@ -9,7 +9,7 @@ pytestmark = pytest.mark.slow
 
 ARGS = [*TINY_GPT, "model.dropout=0.1", "trainer.val_every=4", "scheduler.total_steps=12",
         "callbacks.checkpoint.every_n_steps=3", "callbacks.checkpoint.keep_last_k=10"]
-ENV = {"PYTHONPATH": str(ROOT)}
+ENV = {"PYTHONPATH": str(ROOT), "FRAMEWORK_TRUST_ALLOW": "tests.helpers."}  # the fault injectors are test code
 
 
 def test_sigkill_during_a_checkpoint_write_keeps_the_previous_one(tmp_path):

@@ -119,7 +119,7 @@ def test_only_rank_zero_prints(tmp_path):
 
 def test_a_failing_worker_stops_the_group_and_is_shown_first(tmp_path):
     args = [*DIGITS, "model._target_=tests.helpers.failing.FailOnRank", "+model.rank=1", "strategy=ddp",
-            "devices=2", "name=fail", "trainer.max_steps=3"]
+            "devices=2", "name=fail", "trainer.max_steps=3", "trust.allow=[tests.helpers.]"]
     result = run_train(args, tmp_path, env={"PYTHONPATH": str(ROOT)})
     assert result.returncode == 1
     assert "worker rank 1 failed first" in result.stderr

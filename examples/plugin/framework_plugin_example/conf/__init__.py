@@ -1,0 +1,1 @@
+"""This package's config tree: one folder per framework group (entry point framework.conf)."""

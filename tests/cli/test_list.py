@@ -1,0 +1,46 @@
+"""`framework list`: every option of every group, described, with whether it runs here."""
+from __future__ import annotations
+
+import re
+
+import torch
+
+from framework.cli.list_options import check_usable, discover
+from tests.cli.helpers import framework_cmd
+from tests.conftest import CONF
+
+
+def test_every_shipped_option_is_listed_with_a_description():
+    options = discover()
+    listed = {(o.group, o.name) for o in options}
+    for path in CONF.rglob("*.yaml"):
+        group = path.parent.relative_to(CONF).as_posix()
+        if group != ".":
+            assert (group, path.stem) in listed
+    assert {o.name for o in options if o.group == "recipes"} >= {
+        "digits_classifier", "digits_sweep_optuna", "gpt_ddp", "gpt_fsdp", "gpt_deepspeed_stage_3_offload", "gpt_bf16"}
+    assert all(o.description for o in options), [o.name for o in options if not o.description]
+
+
+def test_usability_follows_the_compatibility_table():
+    options = [o for o in discover(["accelerator", "strategy", "precision", "logger"])]
+    check_usable(options)
+    by_name = {(o.group, o.name): o for o in options}
+    assert by_name["accelerator", "cpu"].problem is None
+    assert (by_name["accelerator", "cuda"].problem is None) == torch.cuda.is_available()
+    if not torch.cuda.is_available():
+        assert "accelerator=cuda" in by_name["accelerator", "cuda"].problem
+        assert "needs CUDA" in by_name["strategy", "fairscale_fsdp"].problem
+    assert by_name["strategy", "deepspeed_stage_3"].problem is None  # deepspeed is installed by the dev extra
+    assert by_name["logger", "mlflow"].problem is None and by_name["logger", "tensorboard"].problem is None
+    assert "slow" in by_name["precision", "16"].note or "fp16" in by_name["precision", "16"].note
+
+
+def test_list_command_for_one_group_and_a_typo():
+    result = framework_cmd("list", "strategy")
+    assert result.returncode == 0, result.stderr
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^  (\w+)\s+(yes|no)\b", result.stdout, re.M)}
+    assert rows["ddp"] == "yes" and rows["fsdp"] == "yes" and len(rows) == len(list((CONF / "strategy").glob("*.yaml")))
+    assert not re.search(r"^accelerator$", result.stdout, re.M)  # only the group asked for
+    typo = framework_cmd("list", "stratgy")
+    assert typo.returncode == 2 and "did you mean strategy?" in typo.stderr and "Traceback" not in typo.stderr

@@ -1,0 +1,82 @@
+"""`framework plan`: plugins, world, model size and memory per rank, without training."""
+from __future__ import annotations
+
+import io
+import re
+import subprocess
+import sys
+
+import pytest
+
+from framework.cli.plan import model_stats, plan
+from framework.plugins import build_plugins
+from framework.strategy.memory import ModelStats, fully_sharded, optimizer_sharded, replicated, zero
+from tests.cli.helpers import framework_cmd
+from tests.conftest import compose_cfg
+
+MiB = 1024 * 1024
+
+
+def test_formulas_match_the_facts_table():
+    """shared/FACTS.md: DDP 16Ψ; ZeRO-2 2Ψ + 18Ψ/N; ZeRO-2 offload 2Ψ; ZeRO-3 4L + 18Ψ/N;
+    ZeRO-3 optimizer offload 4L + 2Ψ/N; ZeRO-3 both offloaded 4L; FSDP2 16Ψ/N + gathered units."""
+    psi, layer, n = 1_000_000, 10_000, 4
+    fp32 = ModelStats(psi, layer)
+    bf16 = ModelStats(psi, layer, mixed_half=True)
+    assert replicated(fp32).device == 16 * psi and replicated(fp32).formula == "16Ψ"
+    assert zero(bf16, n, 2, False, False).device == 2 * psi + 18 * psi / n
+    assert zero(bf16, n, 2, True, False).device == 2 * psi
+    assert zero(bf16, n, 3, False, False).device == 4 * layer + 18 * psi / n
+    assert zero(bf16, n, 3, True, False).device == 4 * layer + 2 * psi / n
+    assert zero(bf16, n, 3, True, True).device == 4 * layer
+    assert zero(bf16, n, 3, True, True).host == 18 * psi / n
+    assert fully_sharded(fp32, n).device == 16 * psi / n + 8 * layer
+    assert fully_sharded(fp32, n, offload=True).device == 8 * layer
+    assert optimizer_sharded(fp32, n).device == 4 * psi + 12 * psi / n
+    assert replicated(ModelStats(psi, layer, optimizer_states=0)).device == 8 * psi  # plain SGD
+
+
+def test_model_is_counted_on_the_meta_device():
+    cfg = compose_cfg(["strategy=fsdp", "devices=2", "model.n_layer=3", "model.n_embd=64", "model.n_head=4"])
+    plugins = build_plugins(cfg)
+    model, stats, units = model_stats(cfg, plugins)
+    assert next(model.parameters()).is_meta
+    from framework.models.gpt import GPT
+
+    real = GPT(n_layer=3, n_embd=64, n_head=4)
+    assert stats.params == sum(p.numel() for p in real.parameters())
+    assert units == ["Block"] and stats.largest_unit == sum(p.numel() for p in real.blocks[0].parameters())
+
+
+@pytest.mark.parametrize("overrides,formula", [
+    (["strategy=ddp", "devices=2"], "16Ψ"),
+    (["strategy=fsdp", "devices=2"], "16Ψ/N + 8L"),
+    (["strategy=deepspeed_stage_2", "precision=bf16", "devices=2"], "2Ψ + 18Ψ/N"),
+    (["strategy=deepspeed_stage_3_offload", "precision=bf16", "devices=2"], "4L"),
+])
+def test_plan_prints_the_strategy_formula_and_bytes(overrides, formula):
+    out = io.StringIO()
+    assert plan(compose_cfg(overrides), out) == 0
+    text = out.getvalue()
+    assert f": {formula} = " in text
+    assert "2 process(es) = devices 2 x num_nodes 1; node 0: ranks 0-1" in text
+    assert "compatibility: ok" in text and "of " in text and "RAM" in text
+
+
+def test_plan_reports_a_refusal_with_exit_code_2():
+    result = framework_cmd("plan", "strategy=deepspeed_stage_2", "precision=64", "devices=2")
+    assert result.returncode == 2
+    assert "compatibility: refused" in result.stdout and "DeepSpeed has no float64 mode" in result.stdout
+    assert "model" in result.stdout  # the plan is still printed
+
+
+def test_plan_is_fast_and_imports_no_heavy_plugin():
+    """No deepspeed import, no process group, nothing on a device."""
+    code = ("import sys; from framework.cli import main; "
+            "rc = main(['plan', 'strategy=deepspeed_stage_3', 'precision=bf16', 'devices=2']); "
+            "import torch.distributed as dist; "
+            "print('RC', rc, 'deepspeed' in sys.modules, dist.is_initialized())")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "RC 0 False False" in result.stdout, result.stdout + result.stderr
+    match = re.search(r"GPT: ([\d,]+) trainable parameters", result.stdout)
+    assert match and int(match.group(1).replace(",", "")) > 100_000

@@ -1,0 +1,61 @@
+"""`framework validate RECIPE` lists every problem; `framework cp` copies a built-in recipe."""
+from __future__ import annotations
+
+import textwrap
+
+from tests.cli.helpers import framework_cmd
+
+
+def test_validate_lists_every_problem_not_the_first(tmp_path):
+    recipe = tmp_path / "broken.yaml"
+    recipe.write_text(textwrap.dedent("""\
+        defaults:
+          - train
+          - _self_
+        trainer:
+          max_steps: 0
+          log_every: 0
+        model:
+          n_layers: 2
+        optimizer:
+          lr: fast
+        """))
+    result = framework_cmd("validate", str(recipe), cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    for fragment in ("4 problems", "trainer.max_steps=0", "trainer.log_every=0",
+                     "model.n_layers: 'framework.models.gpt.GPT' takes no argument 'n_layers'", "optimizer.lr='fast'"):
+        assert fragment in result.stderr, (fragment, result.stderr)
+    assert "Traceback" not in result.stderr
+
+
+def test_validate_checks_constructors_and_compatibility(tmp_path):
+    recipe = tmp_path / "combo.yaml"
+    recipe.write_text("defaults:\n  - train\n  - override strategy: deepspeed_stage_2\n  - override precision: '64'\n"
+                      "  - _self_\ndevices: 2\nmodel:\n  n_head: 3\n")
+    result = framework_cmd("validate", str(recipe), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "model.n_head=3 must divide model.n_embd=128" in result.stderr
+    assert "DeepSpeed has no float64 mode" in result.stderr
+
+
+def test_validate_passes_every_builtin_recipe(tmp_path):
+    from framework.paths import builtin_recipes
+
+    for name in builtin_recipes():
+        result = framework_cmd("validate", name, cwd=tmp_path)
+        assert result.returncode == 0 and ": ok" in result.stdout, (name, result.stdout, result.stderr)
+
+
+def test_cp_copies_and_never_overwrites(tmp_path):
+    result = framework_cmd("cp", "gpt_ddp", str(tmp_path), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    copied = tmp_path / "gpt_ddp.yaml"
+    from framework.paths import builtin_recipes
+
+    assert copied.read_text() == builtin_recipes()["gpt_ddp"].read_text()
+    again = framework_cmd("cp", "gpt_ddp", str(copied), cwd=tmp_path)
+    assert again.returncode == 2 and "already exists" in again.stderr
+    typo = framework_cmd("cp", "gpt_dpp", str(tmp_path / "x.yaml"), cwd=tmp_path)
+    assert typo.returncode == 2 and "Did you mean gpt_ddp?" in typo.stderr and not (tmp_path / "x.yaml").exists()
+    named = framework_cmd("cp", "digits_classifier", str(tmp_path / "mine"), cwd=tmp_path)
+    assert named.returncode == 0 and (tmp_path / "mine.yaml").is_file()

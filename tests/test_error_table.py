@@ -1,0 +1,102 @@
+"""Every user mistake gives one clear paragraph naming the key and the fix, exit code 2, and no
+traceback (unless debug=true or HYDRA_FULL_ERROR=1). One row per mistake: the command as a user
+types it, and a fragment the message must contain."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+TRAIN = [sys.executable, str(ROOT / "train.py")]
+FRAMEWORK = [sys.executable, "-m", "framework"]
+
+CASES = [
+    # unknown options and keys, with a did-you-mean
+    (TRAIN + ["strategy=ddpp"], "strategy=ddpp: no such option. Did you mean ddp?"),
+    (TRAIN + ["precision=17"], "precision=17: no such option. Did you mean 16?"),
+    (TRAIN + ["logger=[csv,tensorbord]"], "logger=tensorbord: no such option. Did you mean tensorboard?"),
+    (TRAIN + ["callbacks=[chekpoint]"], "Did you mean checkpoint?"),
+    (TRAIN + ["scheduler=cosin"], "scheduler=cosin: no such option. Did you mean cosine?"),
+    (TRAIN + ["strategi=ddp"], "strategi: no such key. Did you mean strategy?"),
+    (TRAIN + ["trainer.max_step=3"], "trainer.max_step: no such key. Did you mean max_steps?"),
+    (TRAIN + ["model.n_layr=2"], "model.n_layr: no such key. Did you mean n_layer?"),
+    (TRAIN + ["-m", "strategy=ddp,ddpp"], "strategy=ddpp: no such option. Did you mean ddp?"),
+    # override syntax and types
+    (TRAIN + ["foo"], "bad override syntax: Error parsing override 'foo'"),
+    (TRAIN + ["+x=[1"], "bad override syntax"),
+    (TRAIN + ["trainer.max_steps=abc"], "trainer.max_steps=abc: Value 'abc' of type 'str' could not be converted"),
+    (TRAIN + ["trainer.preemption_signals=SIGTERM"], "is not a ListConfig, list or tuple. Give a value of the key's type"),
+    (TRAIN + ["optimizer.lr=fast"], "optimizer.lr='fast': must be a number"),
+    (TRAIN + ["+model.foo=1"], "model.foo: 'framework.models.gpt.GPT' takes no argument 'foo'; it takes: vocab_size"),
+    (TRAIN + ["model._target_=framework.models.gpt.GTP"], "no such importable callable; check the spelling"),
+    # values out of range
+    (TRAIN + ["trainer.max_steps=0"], "trainer.max_steps=0: must be a positive integer or null"),
+    (TRAIN + ["trainer.max_steps=null"], "trainer.max_steps and trainer.max_epochs are both null"),
+    (TRAIN + ["devices=0"], "devices=0: must be a positive integer or 'auto'"),
+    (TRAIN + ["resume=yes"], "resume='yes': must be 'auto' or null"),
+    (TRAIN + ["trainer.objective_mode=best"], "trainer.objective_mode='best': must be 'min' or 'max'"),
+    (TRAIN + ["model.n_embd=-4"], "model.n_embd=-4: must be a number > 0"),
+    (TRAIN + ["data.batch_size=0"], "data.batch_size=0: must be a number > 0"),
+    (TRAIN + ["strategy=ddp", "strategy.bucket_cap_mb=-1"], "strategy.bucket_cap_mb=-1: must be a number > 0"),
+    (TRAIN + ["model.n_head=3"], "model.n_head=3 must divide model.n_embd=128"),
+    (TRAIN + ["trainer.preemption_signals=[SIGFOO]"], "'SIGFOO' is not a signal name"),
+    (TRAIN + ["-m", "model.n_layer=1,2", "optimizer.lr=1e-3,fast"], "optimizer.lr='fast': must be a number"),
+    # impossible combinations (the compatibility table)
+    (TRAIN + ["accelerator=cuda"] if not __import__("torch").cuda.is_available() else TRAIN + ["accelerator=mps"],
+     "Use accelerator=cpu (or accelerator=auto"),
+    (TRAIN + ["strategy=single_device", "devices=2"], "strategy=single_device runs one process, but devices=2"),
+    (TRAIN + ["strategy=deepspeed_stage_2", "precision=64"], "DeepSpeed has no float64 mode; use precision=32"),
+    (TRAIN + ["strategy=deepspeed_stage_2", "precision=bf16_true"], "no true half precision; use precision=bf16"),
+    (TRAIN + ["strategy=deepspeed_stage_2", "trainer.clip_grad_value=1.0"], "use trainer.clip_grad_norm instead"),
+    (TRAIN + ["num_nodes=2"], "num_nodes=2 with cluster=local: the framework starts processes on this machine only"),
+    (TRAIN + ["strategy=ddp", "strategy.sync_batchnorm=true"], "set strategy.sync_batchnorm=false"),
+    (TRAIN + ["-m", "strategy=ddp,single_device", "devices=2"], "strategy=single_device runs one process"),
+    # files: missing, incomplete, conflicting
+    (TRAIN + ["ckpt_path=/nonexistent/ckpt"], "ckpt_path=/nonexistent/ckpt: no such checkpoint directory"),
+    (TRAIN + ["ckpt_path={tmp}"], "is not a complete checkpoint: meta.json is missing"),
+    (TRAIN + ["ckpt_path={tmp}", "resume=auto"], "both choose a checkpoint: give one"),
+    (FRAMEWORK + ["run", "gpt_dpp"], "no such file and no built-in recipe of that name. Did you mean gpt_ddp?"),
+    (FRAMEWORK + ["run", "missing/recipe.yaml"], "recipe missing/recipe.yaml: no such file"),
+    (FRAMEWORK + ["validate", "{tmp}/nope.yaml"], "no such file"),
+    (FRAMEWORK + ["plan", "strategy=ddpp"], "strategy=ddpp: no such option. Did you mean ddp?"),
+    (FRAMEWORK + ["list", "stratgy"], "did you mean strategy?"),
+    (FRAMEWORK + ["cp", "gpt_dpp", "{tmp}/x.yaml"], "Did you mean gpt_ddp?"),
+    # trust
+    (TRAIN + ["model._target_=os.system"], "model._target_=os.system is not in the trusted targets"),
+]
+
+
+def test_the_table_is_large_enough():
+    assert len(CASES) >= 30
+
+
+def run(command, tmp, env=None):
+    full_env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    full_env.update(env or {})
+    command = [part.replace("{tmp}", str(tmp)) for part in command]
+    return subprocess.run(command, capture_output=True, text=True, cwd=tmp, env=full_env, timeout=300)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command,fragment", CASES, ids=[" ".join(c[2:]) for c, _ in CASES])
+def test_mistake_gives_one_paragraph_and_exit_code_2(command, fragment, tmp_path):
+    result = run([*command, "trainer.max_steps=2"] if command[:2] == TRAIN and "max_steps" not in " ".join(command)
+                 else command, tmp_path)
+    assert result.returncode == 2, (result.returncode, result.stdout[-2000:], result.stderr[-2000:])
+    assert fragment in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and "Traceback" not in result.stdout
+    first = result.stderr.strip().splitlines()[0]
+    assert first.startswith(("configuration error:", "checkpoint error:", "error:")), first
+    assert not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists()  # nothing left behind
+
+
+@pytest.mark.slow
+def test_debug_true_and_hydra_full_error_show_the_traceback(tmp_path):
+    with_debug = run(TRAIN + ["model.n_head=3", "debug=true"], tmp_path)
+    assert with_debug.returncode != 0 and "Traceback" in with_debug.stderr
+    with_env = run(TRAIN + ["strategi=ddp"], tmp_path, env={"HYDRA_FULL_ERROR": "1"})
+    assert with_env.returncode != 0 and "Traceback" in with_env.stderr
