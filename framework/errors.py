@@ -122,12 +122,13 @@ def guard_hydra_main(main, config_dir=None, config_name: str = "train") -> None:
     override, schema mismatch) itself and exits 1 before `framework.run` is entered; those are
     the user's mistakes, so they leave with exit code 2 like every other user error (most are
     caught first by `precheck`, with a clearer message)."""
-    from framework.config.overrides import normalize_overrides, pin_sweep_name
+    from framework.config.overrides import normalize_overrides, pin_sweep_name, recipe_is_a_sweep
 
     from framework.config.trust import allow_from_command_line
 
     args = normalize_overrides(allow_from_command_line(sys.argv[1:]))
-    sys.argv[1:] = pin_sweep_name(args, _split_config_flags(args, config_dir, config_name)[1])
+    recipe_dir, recipe_name, _ = _split_config_flags(args, config_dir, config_name)
+    sys.argv[1:] = pin_sweep_name(args, recipe_name, recipe_sweeps=recipe_is_a_sweep(recipe_dir, recipe_name))
     # conf/hydra/launcher/submitit_*.yaml define the plugin's launchers in full, and Hydra checks
     # them against the plugin's schemas of the same name (wanted), warning that it does so.
     import warnings

@@ -158,8 +158,12 @@ def check_components(cfg: DictConfig) -> None:
 
 
 def loop_settings(cfg: DictConfig) -> LoopSettings:
+    from framework.config.targets import import_target
+
+    task = import_target(cfg.task._target_, "task")
     return LoopSettings(micro_batch_size=cfg.data.get("batch_size", 1), accumulate=cfg.trainer.accumulate,
-                        clip_grad_norm=cfg.trainer.clip_grad_norm, clip_grad_value=cfg.trainer.clip_grad_value)
+                        clip_grad_norm=cfg.trainer.clip_grad_norm, clip_grad_value=cfg.trainer.clip_grad_value,
+                        manual_optimization=not getattr(task, "automatic_optimization", True))
 
 
 def prepare(cfg: DictConfig) -> Prepared:

@@ -26,8 +26,14 @@ def shown_lines(pattern: str) -> list[tuple[str, str]]:
     return found
 
 
+# Commands in docs/extending.md that need the reader's own package (mypkg, my_configs) or the
+# example plugin installed (its options are run by tests/extension/test_plugin_package.py).
+NEEDS_A_PLUGIN = ("mypkg", "my_configs", "cluster=mysched", "hooked_ddp", "checkpoint_io=bucket")
+
+
 def shown_commands() -> list[tuple[str, str]]:
-    return shown_lines(r"^\s*(?:\$ )?python train\.py(.*)$")
+    return [(d, a) for d, a in shown_lines(r"^\s*(?:\$ )?python train\.py(.*)$")
+            if not any(marker in a for marker in NEEDS_A_PLUGIN)]
 
 
 # `framework run NAME ...` and `framework plan ...` with a built-in recipe or the shipped config

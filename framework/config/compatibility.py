@@ -139,6 +139,23 @@ RULES: list[Rule] = [
         "(Debian/Ubuntu: apt-get install libaio-dev); use strategy=deepspeed_stage_3_offload (CPU offload).",
     ),
     Rule(
+        lambda p: p.loop.manual_optimization and not getattr(p.strategy, "supports_manual_optimization", True),
+        lambda p: f"strategy={_strat(p)} drives one optimizer through its own engine, but the task steps its "
+        "optimizers itself (manual optimization, e.g. a GAN); use strategy=ddp (with "
+        "strategy.find_unused_parameters=true), strategy=fsdp or strategy=single_device.",
+    ),
+    Rule(
+        lambda p: p.loop.manual_optimization and getattr(p.strategy, "ddp_kwargs", {}).get("find_unused_parameters")
+        is False,
+        lambda p: f"strategy={_strat(p)} with a task that steps its optimizers itself: each optimizer's step leaves "
+        "the other parameters without gradients, which DDP must be told; set strategy.find_unused_parameters=true.",
+    ),
+    Rule(
+        lambda p: p.loop.manual_optimization and p.loop.accumulate > 1,
+        lambda p: f"trainer.accumulate={p.loop.accumulate} with a task that steps its optimizers itself: the task "
+        "decides when to step (accumulate inside its training_step); set trainer.accumulate=1.",
+    ),
+    Rule(
         lambda p: _acc(p) == "mps" and p.names["precision"] == "64",
         lambda p: "precision=64 with accelerator=mps: MPS has no float64; use precision=32.",
     ),

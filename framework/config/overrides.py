@@ -47,18 +47,21 @@ def normalize_overrides(args: list[str], groups: set[str] | None = None) -> list
     return out
 
 
-def pin_sweep_name(args: list[str], config_name: str = "train", root: Path | None = None) -> list[str]:
+def pin_sweep_name(args: list[str], config_name: str = "train", root: Path | None = None,
+                   recipe_sweeps: bool = False) -> list[str]:
     """With -m/--multirun and no name=..., add name=<the default name, resolved now>. With
     resume=auto and no name, the name of the newest earlier sweep of the same command (same
-    recipe, same overrides), so re-running a sweep command with resume=auto continues it."""
+    recipe, same overrides), so re-running a sweep command with resume=auto continues it.
+    `recipe_sweeps`: the recipe itself sets hydra.mode=MULTIRUN (a sweep without -m)."""
     if any(a.lstrip("+").startswith("name=") for a in args):
         return args
-    if "resume=auto" in args:
+    is_sweep = bool({"-m", "--multirun"} & set(args)) or recipe_sweeps
+    if "resume=auto" in args and is_sweep:
         previous = previous_sweep_name(args, config_name, root or Path("multirun"))
         if previous:
             return [*args, f"name={previous}"]
     if not {"-m", "--multirun"} & set(args):
-        return args
+        return args  # a recipe that sweeps by itself names its sweep when Hydra starts it
     from framework.config.resolvers import job_name
 
     return [*args, f"name={job_name()}"]
@@ -86,3 +89,17 @@ def previous_sweep_name(args: list[str], config_name: str, root: Path) -> str | 
         if same:
             return record_file.parent.relative_to(root).as_posix()
     return None
+
+
+def recipe_is_a_sweep(config_dir, config_name: str) -> bool:
+    """Whether the recipe file itself says hydra.mode: MULTIRUN."""
+    if config_dir is None:
+        return False
+    path = Path(config_dir) / f"{config_name}.yaml"
+    try:
+        from omegaconf import OmegaConf
+
+        mode = OmegaConf.select(OmegaConf.load(path), "hydra.mode")
+    except Exception:  # no such file or not YAML: Hydra reports it
+        return False
+    return str(mode) == "MULTIRUN"

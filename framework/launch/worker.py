@@ -106,8 +106,17 @@ def _fit(cfg, config: dict, plugins, output_dir: Path) -> dict[str, float]:
     callbacks = {name: build(node, f"callbacks.{name}") for name, node in cfg.callbacks.items()}
     model = build(cfg.model, "model")
     optimizer_factory = guarded(build(cfg.optimizer, "optimizer"), "optimizer")
+    if not task.automatic_optimization:  # one optimizer per named group of the task
+        from framework.tasks.manual import optimizer_set_factory
+
+        optimizer_factory = optimizer_set_factory(task, model, optimizer_factory)
     strategy.configure_loop(loop_settings(cfg))
     model, optimizer = strategy.setup(model, optimizer_factory)
+    manual = None
+    if not task.automatic_optimization:
+        from framework.tasks.manual import ManualOptimization
+
+        manual = ManualOptimization(strategy, model, optimizer, cfg.trainer.clip_grad_norm, cfg.trainer.clip_grad_value)
     train_loader = build_loader(datamodule, strategy, train=True, seed=cfg.seed)
     scheduler, interval = build_scheduler(cfg.scheduler, optimizer,
                                           total_optimizer_steps(cfg.trainer, len(train_loader)))
@@ -127,7 +136,7 @@ def _fit(cfg, config: dict, plugins, output_dir: Path) -> dict[str, float]:
     loop = FitLoop(strategy=strategy, task=task, model=model, optimizer=optimizer, scheduler=scheduler,
                    scheduler_interval=interval, train_loader=train_loader, val_loader=val_loader,
                    trainer=cfg.trainer, callbacks=callbacks, loggers=loggers, output_dir=output_dir,
-                   run_meta=run_meta, preemption=preemption)
+                   run_meta=run_meta, preemption=preemption, manual=manual)
     try:
         return loop.fit(resume_path(cfg, output_dir, loop.say, restarted=plugins.cluster.restarted))
     finally:

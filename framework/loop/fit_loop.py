@@ -20,8 +20,9 @@ from framework.loop.state import LoopState
 class FitLoop:
     def __init__(self, *, strategy, task, model, optimizer, scheduler, scheduler_interval: str,
                  train_loader, val_loader, trainer, callbacks: dict, loggers: list, output_dir: Path,
-                 run_meta: dict, preemption=None):
+                 run_meta: dict, preemption=None, manual=None):
         self.strategy = strategy
+        self.manual = manual  # a ManualOptimization when the task steps its optimizers itself
         self.task = task
         self.model = model
         self.optimizer = optimizer
@@ -42,7 +43,7 @@ class FitLoop:
         self.preemption = preemption
         self.preempted_by: str | None = None
         self._window = {"loss": torch.zeros((), dtype=torch.float64, device=strategy.root_device),
-                        "batches": 0, "items": 0, "start": time.perf_counter()}
+                        "values": {}, "batches": 0, "items": 0, "start": time.perf_counter()}
 
     # ---- public surface for callbacks --------------------------------------------------
     def log_metrics(self, metrics: dict[str, float]) -> None:
@@ -97,6 +98,11 @@ class FitLoop:
         self.train_loader.sampler.set_epoch(self.state.epoch)
         n = len(self.train_loader)
         for batch in self.train_loader:
+            if self.manual is not None:
+                self._manual_step(strategy.batch_to_device(batch))
+                if self._done():
+                    return
+                continue
             index = self.state.batch_in_epoch
             position = index % k
             group = min(k, n - (index - position))  # the last group of an epoch may be short
@@ -120,11 +126,35 @@ class FitLoop:
             self.scheduler.step()
         self._hook("on_epoch_end")
 
+    def _manual_step(self, batch) -> None:
+        """One batch of a manual-optimization task: it backpropagates and steps its optimizers
+        itself (through self.manual), and returns the values to log."""
+        self.manual.grad_norms.clear()
+        self.manual.skipped.clear()
+        with self.strategy.forward_context():
+            values = self.task.training_step(self.model, batch, self.manual)
+        if not isinstance(values, dict):
+            raise ConfigError(f"task: {type(self.task).__name__}.training_step (manual optimization) must return a "
+                              f"dict of scalar tensors to log, not {type(values).__name__}.")
+        sums = self._window["values"]
+        for key, value in values.items():
+            value = torch.as_tensor(value).detach().double().to(self.strategy.root_device)
+            sums[key] = sums[key] + value if key in sums else value
+        self._window["batches"] += 1
+        self._window["items"] += self.task.batch_size(batch)
+        self.state.batch_in_epoch += 1
+        norm = max(self.manual.grad_norms.values()) if self.manual.grad_norms else None
+        self._step_done(norm, stepped=not self.manual.skipped)
+
     def _optimizer_step(self) -> None:
         strategy, t = self.strategy, self.trainer
         grad_norm = strategy.clip_gradients(self.model, self.optimizer, t.clip_grad_norm, t.clip_grad_value)
         stepped = strategy.optimizer_step(self.optimizer)
         strategy.zero_grad(self.optimizer)
+        self._step_done(grad_norm, stepped)
+
+    def _step_done(self, grad_norm, stepped: bool) -> None:
+        t = self.trainer
         if self.scheduler is not None and self.scheduler_interval == "step":
             self.scheduler.step()
         self.state.step += 1
@@ -153,8 +183,14 @@ class FitLoop:
     def _log_train(self, grad_norm, stepped: bool) -> None:
         w = self._window
         elapsed = max(time.perf_counter() - w["start"], 1e-9)
-        loss = self.strategy.reduce(w["loss"] / max(w["batches"], 1), "mean").item()  # one sync per interval
-        metrics = {"train/loss": loss,
+        batches = max(w["batches"], 1)
+        if self.manual is None:
+            means = {"loss": self.strategy.reduce(w["loss"] / batches, "mean").item()}  # one sync per interval
+        else:
+            keys = sorted(w["values"])
+            stacked = torch.stack([w["values"][k] for k in keys]) / batches if keys else None
+            means = dict(zip(keys, self.strategy.reduce(stacked, "mean").tolist())) if keys else {}
+        metrics = {**{f"train/{k}": v for k, v in means.items()},
                    f"train/{self.task.throughput_unit}_per_s": w["items"] * self.strategy.world_size / elapsed}
         if grad_norm is not None:
             metrics["train/grad_norm"] = float(grad_norm)
@@ -165,6 +201,7 @@ class FitLoop:
             metrics["train/skipped_step"] = 1.0
         self.log_metrics(metrics)
         w["loss"].zero_()
+        w["values"] = {}
         w["batches"] = w["items"] = 0
         w["start"] = time.perf_counter()
 

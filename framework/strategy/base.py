@@ -22,6 +22,7 @@ class LoopSettings:
     accumulate: int = 1
     clip_grad_norm: float | None = None
     clip_grad_value: float | None = None
+    manual_optimization: bool = False  # the task steps its optimizers itself (framework/tasks/manual.py)
 
 
 _REDUCE_OPS = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}
@@ -60,6 +61,9 @@ class Strategy:
     name: str = "base"
     #: whether this strategy runs several processes (the compatibility table reads it)
     multi_process: bool = False
+    #: whether a task may step several optimizers itself (strategies that drive one optimizer
+    #: through an engine of their own, like DeepSpeed, cannot)
+    supports_manual_optimization: bool = True
 
     def __init__(
         self,

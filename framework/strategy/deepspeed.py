@@ -33,6 +33,7 @@ class DeepSpeedStrategy(ParallelStrategy):
 
     name = "deepspeed"
     requires_packages = {"deepspeed": "'framework[deepspeed]'"}
+    supports_manual_optimization = False  # one optimizer, driven by its own engine/wrapper
     # DeepSpeed keeps flat partitions of its own; checkpoint_io=dcp gets full tensors from rank zero
     supports_sharded_state = False
     #: what a subclass (one per conf/strategy/deepspeed_stage_*.yaml) sets up when not told

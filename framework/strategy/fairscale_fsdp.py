@@ -18,6 +18,7 @@ class FairscaleFSDPStrategy(ParallelStrategy):
 
     name = "fairscale_fsdp"
     requires_packages = {"fairscale": "'framework[fairscale]'"}
+    supports_manual_optimization = False  # one optimizer, driven by its own engine/wrapper
     # fairscale's FSDP has no DTensor view; checkpoint_io=dcp gets full state from rank zero
     supports_sharded_state = False
     requires_cuda = True

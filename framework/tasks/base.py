@@ -16,10 +16,23 @@ class Task(ABC):
     - `compute_metrics(sums)`, which turns the totals into the reported metrics (loss,
       perplexity, accuracy...). Metric names get a `val/` prefix when logged.
     - `batch_size(batch)` counts samples for throughput.
+
+    Manual optimization (several optimizers, e.g. a GAN): set `automatic_optimization = False`,
+    return named parameter groups from `optimizer_groups(model)` (one optimizer each, built from
+    the `optimizer` config), and take a third argument, `training_step(model, batch,
+    optimization)`: call `optimization.backward(loss)` and `optimization.step(name)` yourself
+    (framework/tasks/manual.py), and return a dict of scalar tensors to log (`train/<key>`).
     """
 
     #: the unit `batch_size` counts, shown in throughput ("samples/s", "tokens/s")
     throughput_unit = "samples"
+    #: False: the task steps its optimizers itself (see the class docstring)
+    automatic_optimization: bool = True
+
+    def optimizer_groups(self, model: torch.nn.Module) -> dict:
+        """Manual optimization: {name: parameters}, one optimizer per entry, covering every
+        trainable parameter once."""
+        return {"default": model.parameters()}
 
     @abstractmethod
     def training_step(self, model: torch.nn.Module, batch) -> torch.Tensor:

@@ -15,7 +15,10 @@ LIST_GROUPS = {"logger", "callbacks"}
 # Options that only make sense together (an MLP classifies digits, it does not model text).
 COMPANIONS = {("model", "mlp"): ["data=digits", "task=classification"],
               ("data", "digits"): ["model=mlp", "task=classification"],
-              ("task", "classification"): ["model=mlp", "data=digits"]}
+              ("task", "classification"): ["model=mlp", "data=digits"],
+              ("model", "gan"): ["data=gaussian_ring", "task=gan"],
+              ("data", "gaussian_ring"): ["model=gan", "task=gan"],
+              ("task", "gan"): ["model=gan", "data=gaussian_ring"]}
 OPTIONS = [(g, f.stem) for g in GROUPS for f in sorted((CONF / g).glob("*.yaml"))]
 
 
