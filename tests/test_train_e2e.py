@@ -53,10 +53,10 @@ def _truncated_checkpoint(tmp_path):
 
 # (overrides, fragment of the message). Every one: exit code 2, no traceback.
 ERRORS = [
-    (["strategy=nope"], "Available options in 'strategy'"),
-    (["precision=15"], "Could not find 'precision/15'"),
+    (["strategy=nope"], "strategy=nope: no such option"),
+    (["precision=15"], "precision=15: no such option. Did you mean 16?"),
     (["trainer.max_steps=abc"], "could not be converted to Integer"),
-    (["trainer.colour=red"], "Key 'colour' not in 'TrainerConfig'"),
+    (["trainer.colour=red"], "trainer.colour: no such key"),
     (["trainer.max_steps=0"], "trainer.max_steps=0: must be a positive integer or null"),
     (["trainer.accumulate=-2"], "trainer.accumulate=-2: must be a positive integer"),
     (["trainer.max_steps=null"], "both null"),
