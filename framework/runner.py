@@ -181,9 +181,14 @@ def prepare(cfg: DictConfig) -> Prepared:
     plugins = build_plugins(resolved)
     check_components(resolved)
     devices = plugins.accelerator.resolve_devices(resolved.devices)
-    check_compatibility(Plan(plugins.accelerator, plugins.strategy, plugins.precision, plugins.checkpoint_io,
-                             plugins.cluster, devices, resolved.num_nodes, loop_settings(resolved)))
+    check_compatibility(compatibility_plan(plugins, resolved, devices))
     return Prepared(config, resolved, plugins, devices)
+
+
+def compatibility_plan(plugins: Plugins, resolved: DictConfig, devices: int) -> Plan:
+    """What the compatibility table judges: the built plugins, the world and the loop settings."""
+    return Plan(plugins.accelerator, plugins.strategy, plugins.precision, plugins.checkpoint_io, plugins.cluster,
+                devices, resolved.num_nodes, loop_settings(resolved))
 
 
 def _run(cfg: DictConfig, output_dir) -> float | None:

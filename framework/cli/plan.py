@@ -67,11 +67,11 @@ def ranks_per_node(devices: int, num_nodes: int) -> str:
 
 
 def plan(cfg: DictConfig, out=None) -> int:
-    from framework.config.compatibility import Plan, check_compatibility
+    from framework.config.compatibility import check_compatibility
     from framework.config.targets import check_targets
     from framework.config.validate import check_values
     from framework.plugins import build_plugins
-    from framework.runner import loop_settings
+    from framework.runner import compatibility_plan
 
     out = out or sys.stdout
     resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
@@ -112,8 +112,7 @@ def plan(cfg: DictConfig, out=None) -> int:
     warnings = io.StringIO()
     try:
         with contextlib.redirect_stderr(warnings):
-            check_compatibility(Plan(plugins.accelerator, plugins.strategy, plugins.precision, plugins.checkpoint_io,
-                                     plugins.cluster, devices, resolved.num_nodes, loop_settings(resolved)))
+            check_compatibility(compatibility_plan(plugins, resolved, devices))
     except ConfigError as err:
         print("compatibility: refused", file=out)
         for problem in str(err).splitlines():

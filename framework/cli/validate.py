@@ -17,11 +17,11 @@ from framework.errors import ConfigError, UserError, report
 
 
 def problems_of(cfg) -> list[str]:
-    from framework.config.compatibility import Plan, check_compatibility
+    from framework.config.compatibility import check_compatibility
     from framework.config.targets import check_targets
     from framework.config.validate import check_values
     from framework.plugins import build_plugins
-    from framework.runner import check_components, loop_settings
+    from framework.runner import check_components, compatibility_plan
 
     problems: list[str] = []
 
@@ -55,9 +55,7 @@ def problems_of(cfg) -> list[str]:
         def compatibility():
             devices = plugins.accelerator.resolve_devices(resolved.devices)
             with contextlib.redirect_stderr(io.StringIO()):
-                check_compatibility(Plan(plugins.accelerator, plugins.strategy, plugins.precision,
-                                         plugins.checkpoint_io, plugins.cluster, devices, resolved.num_nodes,
-                                         loop_settings(resolved)))
+                check_compatibility(compatibility_plan(plugins, resolved, devices))
 
         collect(compatibility)
     return problems
