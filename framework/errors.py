@@ -19,6 +19,14 @@ class CheckpointError(UserError):
     """A checkpoint that is missing, incomplete, corrupt or unsafe to load."""
 
 
+def did_you_mean(word: str, choices, cutoff: float = 0.5) -> str:
+    """' Did you mean X?' for the closest of `choices`, or '' (for every unknown-name message)."""
+    from difflib import get_close_matches
+
+    close = get_close_matches(word, list(choices), n=1, cutoff=cutoff)
+    return f" Did you mean {close[0]}?" if close else ""
+
+
 def wants_traceback(debug: bool = False) -> bool:
     return bool(debug) or os.environ.get("HYDRA_FULL_ERROR") == "1"
 

@@ -42,6 +42,18 @@ def builtin_recipes() -> dict[str, Path]:
     return {p.stem: p for p in sorted(recipes_dir().glob("*.yaml"))}
 
 
+def builtin_recipe(name: str) -> Path:
+    """A built-in recipe by name (`.yaml` optional), or a ConfigError with a did-you-mean."""
+    from framework.errors import did_you_mean
+
+    recipes = builtin_recipes()
+    stem = name.removesuffix(".yaml")
+    if stem in recipes:
+        return recipes[stem]
+    raise ConfigError(f"no built-in recipe {name!r}.{did_you_mean(stem, recipes, cutoff=0.6)} "
+                      f"Built-in recipes: {', '.join(recipes)} (`framework list recipes`).")
+
+
 def find_recipe(spec: str) -> Path:
     """A recipe given as a path to a YAML file, or as the name of a built-in recipe."""
     path = Path(spec).expanduser()
@@ -50,12 +62,7 @@ def find_recipe(spec: str) -> Path:
     if path.suffix in (".yaml", ".yml") or "/" in spec:
         raise ConfigError(f"recipe {spec}: no such file. Give the path to a recipe YAML, or the name of a "
                           f"built-in recipe: {', '.join(builtin_recipes())} (`framework list recipes`).")
-    recipes = builtin_recipes()
-    if spec in recipes:
-        return recipes[spec]
-    from difflib import get_close_matches
-
-    close = get_close_matches(spec, list(recipes), n=1)
-    hint = f" Did you mean {close[0]}?" if close else ""
-    raise ConfigError(f"recipe {spec!r}: no such file and no built-in recipe of that name.{hint} "
-                      f"Built-in recipes: {', '.join(recipes)}.")
+    try:
+        return builtin_recipe(spec)
+    except ConfigError as err:
+        raise ConfigError(f"recipe {spec!r}: no such file, and {err}") from None

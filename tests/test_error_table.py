@@ -59,11 +59,11 @@ CASES = [
     (TRAIN + ["ckpt_path=/nonexistent/ckpt"], "ckpt_path=/nonexistent/ckpt: no such checkpoint directory"),
     (TRAIN + ["ckpt_path={tmp}"], "is not a complete checkpoint: meta.json is missing"),
     (TRAIN + ["ckpt_path={tmp}", "resume=auto"], "both choose a checkpoint: give one"),
-    (FRAMEWORK + ["run", "gpt_dpp"], "no such file and no built-in recipe of that name. Did you mean gpt_ddp?"),
+    (FRAMEWORK + ["run", "gpt_dpp"], "no such file, and no built-in recipe 'gpt_dpp'. Did you mean gpt_ddp?"),
     (FRAMEWORK + ["run", "missing/recipe.yaml"], "recipe missing/recipe.yaml: no such file"),
     (FRAMEWORK + ["validate", "{tmp}/nope.yaml"], "no such file"),
     (FRAMEWORK + ["plan", "strategy=ddpp"], "strategy=ddpp: no such option. Did you mean ddp?"),
-    (FRAMEWORK + ["list", "stratgy"], "did you mean strategy?"),
+    (FRAMEWORK + ["list", "stratgy"], "no config group stratgy. Did you mean strategy?"),
     (FRAMEWORK + ["cp", "gpt_dpp", "{tmp}/x.yaml"], "Did you mean gpt_ddp?"),
     # trust
     (TRAIN + ["model._target_=os.system"], "model._target_=os.system is not in the trusted targets"),

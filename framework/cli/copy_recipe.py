@@ -9,7 +9,7 @@ from framework.errors import ConfigError, UserError, report
 
 
 def main(args: list[str]) -> int:
-    from framework.paths import builtin_recipes
+    from framework.paths import builtin_recipe
 
     if len(args) != 2:
         print("usage: framework cp RECIPE DEST   (RECIPE: a built-in recipe, `framework list recipes`; "
@@ -17,14 +17,7 @@ def main(args: list[str]) -> int:
         return 2
     name, dest = args
     try:
-        recipes = builtin_recipes()
-        if name.removesuffix(".yaml") not in recipes:
-            from difflib import get_close_matches
-
-            close = get_close_matches(name, list(recipes), n=1)
-            hint = f" Did you mean {close[0]}?" if close else ""
-            raise ConfigError(f"no built-in recipe {name!r}.{hint} Built-in recipes: {', '.join(recipes)}.")
-        source = recipes[name.removesuffix(".yaml")]
+        source = builtin_recipe(name)
         target = Path(dest).expanduser()
         if target.is_dir():
             target = target / source.name

@@ -168,17 +168,15 @@ def render(options: list[Option], stream=None) -> None:
 
 
 def main(groups: list[str]) -> int:
-    from framework.errors import ConfigError, report
+    from framework.errors import ConfigError, did_you_mean, report
 
     options = discover(groups or None)
     if groups:
         known = {o.group for o in discover()}
         unknown = [g for g in groups if g not in known]
         if unknown:
-            from difflib import get_close_matches
-
-            hints = [f"{g} (did you mean {m[0]}?)" if (m := get_close_matches(g, known, n=1)) else g for g in unknown]
-            report(ConfigError(f"no config group {', '.join(hints)}; groups: {', '.join(sorted(known))}."))
+            hints = [f"{g}.{did_you_mean(g, known)}" for g in unknown]
+            report(ConfigError(f"no config group {' '.join(hints)} Groups: {', '.join(sorted(known))}."))
             return 2
     check_usable(options)
     print("option usable here, description (`python train.py GROUP=OPTION`; recipes: `framework run NAME`)")

@@ -31,15 +31,11 @@ def build(node: Any, key: str, **kwargs) -> Any:
 def trusted(node: DictConfig, key: str) -> None:
     """Every target in `node` must be trusted (checked for the whole config before launch; again
     here, where code is actually imported and called, for configs built by other routes)."""
-    from framework.config.trust import TRUSTED, iter_targets, refusal, user_allowed
+    from framework.config.trust import untrusted
 
-    container = OmegaConf.to_container(node, resolve=False)
-    allowed = None
-    for sub_key, target in iter_targets(container, key):
-        allowed = user_allowed() if allowed is None else allowed
-        why = refusal(sub_key, target, TRUSTED, allowed)
-        if why:
-            raise ConfigError(why)
+    problems = untrusted(OmegaConf.to_container(node, resolve=False), key)
+    if problems:
+        raise ConfigError(problems[0])
 
 
 def guarded(fn, key: str):

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import re
 from contextlib import contextmanager
-from difflib import get_close_matches
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from framework.errors import ConfigError
+from framework.errors import ConfigError, did_you_mean
 
 
 def group_options(group: str, search_dirs: list[Path]) -> list[str]:
@@ -33,11 +32,6 @@ def group_options(group: str, search_dirs: list[Path]) -> list[str]:
     return sorted(options)
 
 
-def _did_you_mean(word: str, choices: list[str]) -> str:
-    close = get_close_matches(word, choices, n=1, cutoff=0.5)
-    return f" Did you mean {close[0]}?" if close else ""
-
-
 def friendly_message(err: Exception, search_dirs: list[Path], cfg_keys=None) -> str:
     """One paragraph for a Hydra composition error, naming the key and the fix."""
     text = str(err)
@@ -45,7 +39,7 @@ def friendly_message(err: Exception, search_dirs: list[Path], cfg_keys=None) -> 
     if missing:
         group, option = missing.group(1), missing.group(2)
         options = group_options(group, search_dirs)
-        return (f"{group}={option}: no such option.{_did_you_mean(option, options)} "
+        return (f"{group}={option}: no such option.{did_you_mean(option, options)} "
                 f"Options of {group}: {', '.join(options) or 'none'} (`framework list {group}`).")
     missing_config = re.search(r"Cannot find primary config '([^']+)'", text)
     if missing_config:
@@ -56,7 +50,7 @@ def friendly_message(err: Exception, search_dirs: list[Path], cfg_keys=None) -> 
         parent, _, leaf = key.rpartition(".")
         hint = ""
         if cfg_keys is not None:
-            hint = _did_you_mean(leaf, cfg_keys(parent, key))
+            hint = did_you_mean(leaf, cfg_keys(parent, key))
         return (f"{key}: no such key.{hint} To add a new key on purpose, write +{key}=...; "
                 f"`python train.py --cfg job` prints every key.")
     cause = err.__cause__

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -83,17 +84,24 @@ def user_allowed() -> list[str]:
     allowed += [f"{package}." for package in plugin_packages()]  # installed plugins: trusted by installing
     path = user_file()
     if path.is_file():
-        from omegaconf import OmegaConf
-
-        try:
-            loaded = OmegaConf.to_container(OmegaConf.load(path))
-        except Exception as err:
-            raise ConfigError(f"{path}: not a readable YAML file ({err}); fix it or remove it.") from err
-        items = loaded.get("allow", []) if isinstance(loaded, dict) else None
-        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
-            raise ConfigError(f"{path}: must hold `allow: [prefix, ...]` (a list of strings).")
-        allowed += items
+        stat = path.stat()
+        allowed += _allowed_in_file(str(path), stat.st_mtime_ns, stat.st_size)
     return allowed
+
+
+@lru_cache(maxsize=8)
+def _allowed_in_file(path: str, mtime_ns: int, size: int) -> tuple[str, ...]:
+    """The user file's `allow` list, read once per version of the file (every build() asks)."""
+    from omegaconf import OmegaConf
+
+    try:
+        loaded = OmegaConf.to_container(OmegaConf.load(path))
+    except Exception as err:
+        raise ConfigError(f"{path}: not a readable YAML file ({err}); fix it or remove it.") from err
+    items = loaded.get("allow", []) if isinstance(loaded, dict) else None
+    if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+        raise ConfigError(f"{path}: must hold `allow: [prefix, ...]` (a list of strings).")
+    return tuple(items)
 
 
 def _matches(name: str, prefix: str) -> bool:
@@ -169,6 +177,12 @@ def iter_targets(node: Any, key: str = "") -> Iterator[tuple[str, Any]]:
             yield from iter_targets(value, f"{key}[{i}]")
 
 
+def untrusted(config: Any, prefix: str = "", trusted: tuple[str, ...] = TRUSTED) -> list[str]:
+    """One refusal message per untrusted `_target_` in plain containers under `prefix`."""
+    allowed = user_allowed()
+    return [why for key, target in iter_targets(config, prefix) if (why := refusal(key, target, trusted, allowed))]
+
+
 def check_trusted(config: Any) -> None:
     """Raise one ConfigError listing every untrusted target of a run's config (without `hydra`)."""
     from omegaconf import DictConfig, OmegaConf
@@ -180,11 +194,7 @@ def check_trusted(config: Any) -> None:
         problems.append("trust: a recipe cannot extend the trusted targets (it would allow itself); remove the "
                         "key, and allow what you trust from outside the recipe: trust.allow=[...] on the command "
                         f"line, {ENV_ALLOW}, or {user_file()}.")
-    allowed = user_allowed()
-    for key, target in iter_targets({k: v for k, v in config.items() if k != "hydra"}):
-        why = refusal(key, target, TRUSTED, allowed)
-        if why:
-            problems.append(why)
+    problems += untrusted({k: v for k, v in config.items() if k != "hydra"})
     if problems:
         raise ConfigError("\n".join(problems) if len(problems) > 1 else problems[0])
 
@@ -197,12 +207,7 @@ def check_hydra_settings(hydra_node: Any) -> None:
 
     if isinstance(hydra_node, DictConfig):
         hydra_node = OmegaConf.to_container(hydra_node, resolve=False)
-    problems = []
-    allowed = user_allowed()
-    for key, target in iter_targets(hydra_node or {}, "hydra"):
-        why = refusal(key, target, TRUSTED + TRUSTED_IN_HYDRA, allowed)
-        if why:
-            problems.append(why)
+    problems = untrusted(hydra_node or {}, "hydra", TRUSTED + TRUSTED_IN_HYDRA)
     env_set = ((hydra_node or {}).get("job") or {}).get("env_set") or {}
     for name in env_set:
         if str(name).startswith("FRAMEWORK_TRUST"):

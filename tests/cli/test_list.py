@@ -43,4 +43,4 @@ def test_list_command_for_one_group_and_a_typo():
     assert rows["ddp"] == "yes" and rows["fsdp"] == "yes" and len(rows) == len(list((CONF / "strategy").glob("*.yaml")))
     assert not re.search(r"^accelerator$", result.stdout, re.M)  # only the group asked for
     typo = framework_cmd("list", "stratgy")
-    assert typo.returncode == 2 and "did you mean strategy?" in typo.stderr and "Traceback" not in typo.stderr
+    assert typo.returncode == 2 and "Did you mean strategy?" in typo.stderr and "Traceback" not in typo.stderr
