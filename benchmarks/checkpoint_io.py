@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-from framework.checkpoint.sharded import load_into
+from framework.checkpoint_io.dcp_reader import load_into
 from framework.checkpoint_io.dcp import DCPCheckpointIO
 from framework.checkpoint_io.torch import TorchCheckpointIO
 from results_table import publish  # benchmarks/ is on sys.path when a script runs

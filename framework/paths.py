@@ -6,15 +6,14 @@ editable install and a wheel.
 """
 from __future__ import annotations
 
+import importlib.resources
 from functools import lru_cache
 from pathlib import Path
 
-from framework.errors import ConfigError
+from framework.errors import ConfigError, did_you_mean
 
 
 def _package_dir(package: str) -> Path:
-    import importlib.resources
-
     try:
         return Path(str(importlib.resources.files(package)))
     except ModuleNotFoundError as err:
@@ -44,8 +43,6 @@ def builtin_recipes() -> dict[str, Path]:
 
 def builtin_recipe(name: str) -> Path:
     """A built-in recipe by name (`.yaml` optional), or a ConfigError with a did-you-mean."""
-    from framework.errors import did_you_mean
-
     recipes = builtin_recipes()
     stem = name.removesuffix(".yaml")
     if stem in recipes:

@@ -7,24 +7,18 @@ own name, no resume) with the same numbers.
 """
 from __future__ import annotations
 
-import platform
 import shlex
 import subprocess
 import sys
-from importlib import metadata
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from framework.paths import conf_dir
+from framework.version import versions
+
 # Keys that say where a run continues from, not what it computes: a reproduction starts fresh.
 FRESH_RUN = {"ckpt_path": None, "resume": None, "name": "${job_name:}"}
-
-
-def package_version(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def source_commit() -> str | None:
@@ -44,17 +38,10 @@ def source_commit() -> str | None:
 
 
 def header(name: str) -> str:
-    import framework
-
-    versions = [f"framework {framework.__version__}", f"torch {package_version('torch')}",
-                f"python {platform.python_version()}"]
-    for optional in ("deepspeed", "fairscale"):
-        version = package_version(optional)
-        if version:
-            versions.append(f"{optional} {version}")
+    found = [f"{name} {version}" for name, version in versions(optional=True).items()]
     lines = [
         f"# Reproduces run '{name}' (written by the framework; edit freely).",
-        f"# Versions: {', '.join(versions)}",
+        f"# Versions: {', '.join(found)}",
         f"# Source: git {source_commit() or 'commit unknown (not a git checkout)'}",
         f"# Command: {shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]])}",
         "# Run it again: framework run recipe.yaml [key=value ...]   (a fresh run: new name, no resume)",
@@ -64,8 +51,6 @@ def header(name: str) -> str:
 
 def hydra_settings() -> dict:
     """The shipped `hydra:` block (run and sweep directories, callbacks), kept unresolved."""
-    from framework.paths import conf_dir
-
     return OmegaConf.to_container(OmegaConf.load(conf_dir() / "train.yaml").hydra, resolve=False)
 
 

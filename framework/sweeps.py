@@ -18,10 +18,11 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
+from framework.config.overrides import defining_overrides
+from framework.errors import ExitCode, RunExit
+
 SUMMARY_FILE = "summary.json"
 SWEEP_SUMMARY_FILE = "sweep_summary.csv"
-# Overrides that do not change what a job computes (a re-run adds resume=auto, keeps the name).
-_NEUTRAL_OVERRIDES = ("resume=", "name=", "+resume=", "debug=")
 
 
 @dataclass
@@ -42,10 +43,6 @@ def current_job() -> SweepJob | None:
     if hydra_cfg.mode != RunMode.MULTIRUN:
         return None
     return SweepJob(int(hydra_cfg.job.num), list(hydra_cfg.overrides.task), Path(hydra_cfg.sweep.dir))
-
-
-def defining_overrides(overrides: list[str]) -> list[str]:
-    return sorted(o for o in overrides if not o.startswith(_NEUTRAL_OVERRIDES))
 
 
 def finished_objective(output_dir: Path, job: SweepJob) -> tuple[bool, Any]:
@@ -164,4 +161,4 @@ class SweepSummaryCallback(Callback):
         rows = write_sweep_summary(sweep_dir, mode)
         if rows and all(r["status"] != "completed" for r in rows):
             print("every job of the sweep failed", file=sys.stderr)
-            raise SystemExit(1)
+            raise RunExit(ExitCode.FAILED)

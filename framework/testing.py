@@ -2,8 +2,8 @@
 promises the runner and the loop rely on. The built-in plugins run the same suites
 (tests/test_contracts.py).
 
-    from framework.testing import check_strategy
-    check_strategy(MyDDP)                       # e.g. in a pytest test of your plugin package
+    >>> from framework.testing import check_strategy
+    >>> check_strategy(MyDDP)                   # e.g. in a pytest test of your plugin package
 
 Each `check_*` raises AssertionError naming the broken promise, and returns nothing. They need
 no GPU: a strategy is checked on the CPU in one process (with a one-process gloo group when it is
@@ -19,6 +19,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+
+from framework.accelerator.cpu import CPUAccelerator
+from framework.errors import CheckpointError, ConfigError
+from framework.strategy.base import LoopSettings
 
 __all__ = ["check_accelerator", "check_precision", "check_checkpoint_io", "check_cluster_environment",
            "check_strategy"]
@@ -109,7 +113,6 @@ def check_precision(precision, device_type: str = "cpu") -> None:
 def check_checkpoint_io(checkpoint_io, directory: str | os.PathLike | None = None) -> None:
     """save/load round-trips nested tensors and plain values bit for bit, overwrites atomically,
     and a missing file is a CheckpointError."""
-    from framework.errors import CheckpointError
 
     io = _instance(checkpoint_io)
     _require(isinstance(io.name, str), "a checkpoint_io has a `name`")
@@ -159,7 +162,6 @@ def check_cluster_environment(environment, variables: dict[str, str], devices: i
     """Under `variables` (what the scheduler sets for one process): the environment detects itself
     (or is explicit-only), reports consistent ranks and a main address and port, accepts the
     matching devices/num_nodes and refuses a mismatch with a ConfigError."""
-    from framework.errors import ConfigError
 
     with _environment(variables):
         env = _instance(environment)
@@ -221,8 +223,6 @@ def check_strategy(strategy: Callable[..., Any], steps: int = 3, **kwargs) -> No
     """The loop's whole surface on the CPU, in one process: setup, batches, forward/backward,
     clipping, optimizer steps (the weights equal plain PyTorch's after `steps` AdamW steps), the
     collectives at world size 1, and a full state dict that loads into a fresh instance."""
-    from framework.accelerator.cpu import CPUAccelerator
-    from framework.strategy.base import LoopSettings
 
     def make():
         return strategy(accelerator=CPUAccelerator(), **kwargs)

@@ -52,7 +52,7 @@ def checkpoints(output_dir: Path) -> list[Path]:
 def _load_saved(ckpt: Path, name: str) -> dict:
     """`name` ("model" or "optimizer") as saved, from either layout (a sharded one read whole)."""
     if (ckpt / "state").is_dir():
-        from framework.checkpoint.sharded import read_full
+        from framework.checkpoint_io.dcp_reader import read_full
 
         return read_full(ckpt / "state", (name,))[name]
     return torch.load(ckpt / f"{name}.pt", weights_only=True)

@@ -5,7 +5,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from framework.checkpoint.format import FORMAT_VERSION, META, check_files, is_sharded, read_meta, sharded_files, versions
+from framework.checkpoint.format import (
+    FORMAT_VERSION,
+    META,
+    check_files,
+    is_sharded,
+    read_meta,
+    sharded_files,
+    versions,
+)
+from framework.checkpoint_io.dcp_reader import STATE_DIR, read_full
 from framework.checkpoint_io.torch import TorchCheckpointIO
 from framework.errors import CheckpointError, ConfigError
 
@@ -17,7 +26,6 @@ def export_weights(checkpoint: Path, out: Path, to: str = "torch") -> Path:
     plain state_dict: `torch` (torch.save, loads with weights_only) or `safetensors`."""
     meta = read_meta(checkpoint)
     if is_sharded(meta):  # checkpoint_io=dcp: gather the shards of every rank into full tensors
-        from framework.checkpoint.sharded import STATE_DIR, read_full
 
         check_files(checkpoint, meta, sharded_files(meta))
         state = read_full(checkpoint / STATE_DIR, ("model",))["model"]

@@ -1,11 +1,10 @@
 """One checkpoint = one directory:
-
     checkpoints/step_000100/
         model.pt            model state by parameter name (rank zero)
         optimizer.pt        optimizer state (rank zero)
       or, with checkpoint_io=dcp (meta.json says "layout": "sharded"):
         state/              one torch.distributed.checkpoint directory holding {"model", "optimizer"},
-                            each rank's shards in its own file (framework.checkpoint.sharded)
+                            each rank's shards in its own file (framework.checkpoint_io.dcp_reader)
         loop_rank<r>.pt     per rank: loop counters, RNG states, dataloader position, scheduler,
                             precision (loss scaler) and callback state
         meta.json           written last: step, epoch, world size, plugins, versions, config,
@@ -19,16 +18,15 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from framework.checkpoint_io.dcp_reader import STATE_DIR
 from framework.errors import CheckpointError
+from framework.version import versions
 
 FORMAT_VERSION = 1
 META = "meta.json"
@@ -48,12 +46,6 @@ class CheckpointInfo:
     @property
     def step(self) -> int:
         return int(self.meta["step"])
-
-
-def versions() -> dict[str, str]:
-    import framework
-
-    return {"framework": framework.__version__, "torch": torch.__version__, "python": platform.python_version()}
 
 
 @dataclass
@@ -81,8 +73,6 @@ def begin_checkpoint(strategy, root: Path, step: int, shared: dict[str, Any], pe
         partial.mkdir(parents=True)
     strategy.barrier()
     if sharded is not None:
-        from framework.checkpoint.sharded import STATE_DIR
-
         io.save_sharded(sharded, partial / STATE_DIR)
     for name, obj in per_rank.items():
         io.save(obj, partial / f"{name}_rank{strategy.global_rank}.pt")
@@ -176,7 +166,6 @@ def sharded_files(meta: dict) -> list[str]:
     """The files of the DCP directory of a sharded checkpoint (none for the full layout)."""
     if not is_sharded(meta):
         return []
-    from framework.checkpoint.sharded import STATE_DIR
 
     return [n for n in meta["files"] if n.startswith(f"{STATE_DIR}/")]
 

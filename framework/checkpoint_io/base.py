@@ -42,7 +42,7 @@ class CheckpointIO(ABC):
 
     def save_sharded(self, state: dict[str, Any], path: str | os.PathLike) -> None:
         """Collective: write the state every rank holds (its shards) into the directory `path`;
-        read back by framework.checkpoint.sharded. Only for CheckpointIOs with `sharded = True`."""
+        read back by framework.checkpoint_io.dcp_reader. Only for CheckpointIOs with `sharded = True`."""
         raise TypeError(f"{type(self).__name__} writes whole files (sharded = False), not shards")
 
     def wait(self) -> None:

@@ -5,6 +5,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+import framework.checkpoint_io.dcp_reader  # noqa: F401  (silences DCP's single-process warning)
+from framework.checkpoint_io.dcp_reader import describe, root_cause
 from framework.checkpoint_io.torch import TorchCheckpointIO, fsync_dir
 from framework.config.types import PositiveInt
 from framework.errors import CheckpointError
@@ -55,12 +57,7 @@ class DCPCheckpointIO(TorchCheckpointIO):
         """Collective: every rank passes the state it holds (its shards, or nothing)."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint import FileSystemWriter
-
-        import framework.checkpoint.sharded  # noqa: F401  (silences DCP's single-process warning)
-
         from torch.distributed.checkpoint.api import CheckpointException
-
-        from framework.checkpoint.sharded import describe, root_cause
 
         self.wait()  # one write at a time
         path = Path(path)
@@ -90,8 +87,6 @@ class DCPCheckpointIO(TorchCheckpointIO):
         if future is None:
             return
         from torch.distributed.checkpoint.api import CheckpointException
-
-        from framework.checkpoint.sharded import describe, root_cause
 
         try:
             future.result()

@@ -13,39 +13,20 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
-
-def _convert(args) -> int:
-    from pathlib import Path
-
-    from framework.checkpoint.convert import export_weights, import_deepspeed
-    from framework.errors import UserError, report
-
-    try:
-        if args.source == "deepspeed":
-            out = import_deepspeed(Path(args.checkpoint), Path(args.out), tag=args.tag)
-        else:
-            out = export_weights(Path(args.checkpoint), Path(args.out), to=args.to)
-    except UserError as err:
-        report(err)
-        return 2
-    print(f"wrote {out}")
-    return 0
+from framework.errors import ExitCode
+from framework.version import versions
 
 
 def _version() -> int:
-    import platform
-
-    import torch
-
-    import framework
-
-    print(f"framework {framework.__version__}\ntorch {torch.__version__}\npython {platform.python_version()}")
-    return 0
+    print("\n".join(f"{name} {version}" for name, version in versions(optional=True).items()))
+    return ExitCode.OK
 
 
-# Commands whose arguments are Hydra overrides: passed through untouched (argparse would eat them).
+# Each command lives in its own module, imported only when it runs (so `framework --help` is fast),
+# and parses its own arguments (Hydra overrides pass through untouched: argparse would eat them).
 PASS_THROUGH = {
     "train": ("train with the shipped config: the same as `python train.py [OVERRIDES...]`", "apps", "train"),
     "run": ("train a recipe: `framework run RECIPE [OVERRIDES...]` (a YAML file anywhere, or a built-in name)",
@@ -56,6 +37,8 @@ PASS_THROUGH = {
              "`framework plan [-r RECIPE] [OVERRIDES...]`", "plan", "main"),
     "validate": ("every problem with a recipe: `framework validate RECIPE [OVERRIDES...]`", "validate", "main"),
     "cp": ("copy a built-in recipe to edit it: `framework cp RECIPE DEST`", "copy_recipe", "main"),
+    "convert": ("export a checkpoint's weights, or import a DeepSpeed checkpoint: "
+                "`framework convert CKPT OUT [--to torch|safetensors] [--from framework|deepspeed]`", "convert", "main"),
 }
 
 
@@ -65,29 +48,18 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (help_text, _, _) in PASS_THROUGH.items():
         sub.add_parser(name, help=help_text, add_help=False)
-    convert = sub.add_parser("convert", help="export a checkpoint's weights, or import a DeepSpeed checkpoint")
-    convert.add_argument("checkpoint", help="a checkpoint directory (or, with --from deepspeed, a DeepSpeed one)")
-    convert.add_argument("out", help="the file (export) or directory (import) to write")
-    convert.add_argument("--to", choices=["torch", "safetensors"], default="torch", help="export format")
-    convert.add_argument("--from", dest="source", choices=["framework", "deepspeed"], default="framework",
-                         help="what CHECKPOINT is")
-    convert.add_argument("--tag", default=None, help="with --from deepspeed: the tag (default: 'latest')")
     sub.add_parser("version", help="print framework, torch and Python versions")
     if argv[:1] and argv[0] in PASS_THROUGH:
-        if argv[1:2] in (["-h"], ["--help"]) and argv[0] not in ("train", "run"):
+        if argv[1:2] in (["-h"], ["--help"]) and argv[0] not in ("train", "run", "convert"):
             print(f"framework {argv[0]}: {PASS_THROUGH[argv[0]][0]}")
-            return 0
-        import importlib
-
+            return ExitCode.OK
         _, module, function = PASS_THROUGH[argv[0]]
         return getattr(importlib.import_module(f"framework.cli.{module}"), function)(argv[1:])
     args = parser.parse_args(argv)
     if args.command == "version":
         return _version()
-    if args.command == "convert":
-        return _convert(args)
     parser.print_help()
-    return 0 if args.command is None else 2
+    return ExitCode.OK if args.command is None else ExitCode.USER_ERROR
 
 
 if __name__ == "__main__":

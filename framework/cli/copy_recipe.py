@@ -5,16 +5,15 @@ import shutil
 import sys
 from pathlib import Path
 
-from framework.errors import ConfigError, UserError, report
+from framework.errors import ConfigError, ExitCode, UserError, report
+from framework.paths import builtin_recipe
 
 
 def main(args: list[str]) -> int:
-    from framework.paths import builtin_recipe
-
     if len(args) != 2:
         print("usage: framework cp RECIPE DEST   (RECIPE: a built-in recipe, `framework list recipes`; "
               "DEST: a file or a folder)", file=sys.stderr)
-        return 2
+        return ExitCode.USER_ERROR
     name, dest = args
     try:
         source = builtin_recipe(name)
@@ -29,7 +28,7 @@ def main(args: list[str]) -> int:
             raise ConfigError(f"{target.parent}: no such folder; create it first or choose another DEST.")
     except UserError as err:
         report(err)
-        return 2
+        return ExitCode.USER_ERROR
     shutil.copyfile(source, target)
     print(f"copied {source.name} to {target}; run it with: framework run {target}")
-    return 0
+    return ExitCode.OK

@@ -8,13 +8,17 @@ and the packages they declare are installed.
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-PLUGIN_GROUPS = ("accelerator", "strategy", "precision", "checkpoint_io", "cluster")
+from framework.config.compose import composer
+from framework.config.entry_points import REGISTERED, load_plugins, plugin_conf_dirs
+from framework.config.groups import PLUGIN_GROUPS
+from framework.config.targets import import_target, iter_target_nodes, missing_packages
+from framework.errors import ConfigError, ExitCode, UserError, did_you_mean, report
+from framework.paths import builtin_recipes, conf_dir
+from framework.runner import prepare
 
 
 @dataclass
@@ -51,8 +55,6 @@ def _first_sentence(text: str) -> str:
 def discover(groups: list[str] | None = None) -> list[Option]:
     """Options of the shipped tree and of installed plugin packages, by group (nested groups
     such as hydra/launcher included), plus the built-in recipes as the group 'recipes'."""
-    from framework.paths import builtin_recipes, conf_dir
-    from framework.registry import plugin_conf_dirs
 
     roots = [("framework", conf_dir()), *plugin_conf_dirs().items()]
     options: list[Option] = []
@@ -62,7 +64,6 @@ def discover(groups: list[str] | None = None) -> list[Option]:
             if group == "." or (groups and group not in groups):
                 continue
             options.append(Option(group, path.stem, path, source, yaml_description(path)))
-    from framework.registry import REGISTERED, load_plugins
 
     load_plugins()
     for (group, name), entry in sorted(REGISTERED.items()):
@@ -77,12 +78,7 @@ def discover(groups: list[str] | None = None) -> list[Option]:
 def _check_yaml_targets(option: Option) -> None:
     from omegaconf import OmegaConf
 
-    from framework.config.targets import import_target, iter_target_nodes, missing_packages
-    from framework.errors import ConfigError
-
     if option.path is None:
-        from framework.registry import REGISTERED
-
         node = OmegaConf.create({"_target_": REGISTERED[option.group, option.name].target})
     else:
         node = OmegaConf.load(option.path)
@@ -112,23 +108,18 @@ def _check_sweeper(option: Option) -> None:
 
 def _check_plugin(option: Option, compose_one) -> None:
     """The default config with this option, through the checks a run makes before launching."""
-    from framework.errors import UserError
-    from framework.runner import prepare
 
-    warnings = io.StringIO()
     try:
         cfg = compose_one("train", [f"{option.group}={option.name}"])
-        with contextlib.redirect_stderr(warnings):
-            prepared = prepare(cfg)
+        prepared = prepare(cfg)
     except UserError as err:
         option.problem = str(err).splitlines()[0]
         return
     except Exception as err:  # a plugin that fails in an unexpected way is not usable either
         option.problem = f"{type(err).__name__}: {err}"
         return
-    text = warnings.getvalue().strip()
-    if text:
-        option.note = text.splitlines()[0].removeprefix("WARNING: ")
+    if prepared.warnings:
+        option.note = prepared.warnings[0]
     if option.group == "cluster" and option.name not in ("auto", "local"):
         option.note = "detected" if type(prepared.plugins.cluster).detect() else "not detected here"
     if not option.description:
@@ -137,9 +128,6 @@ def _check_plugin(option: Option, compose_one) -> None:
 
 
 def check_usable(options: list[Option]) -> None:
-    from framework.config.compose import composer
-    from framework.paths import conf_dir
-
     with composer(conf_dir()) as compose_one:
         for option in options:
             if option.group in PLUGIN_GROUPS:
@@ -168,8 +156,6 @@ def render(options: list[Option], stream=None) -> None:
 
 
 def main(groups: list[str]) -> int:
-    from framework.errors import ConfigError, did_you_mean, report
-
     options = discover(groups or None)
     if groups:
         known = {o.group for o in discover()}
@@ -177,8 +163,8 @@ def main(groups: list[str]) -> int:
         if unknown:
             hints = [f"{g}.{did_you_mean(g, known)}" for g in unknown]
             report(ConfigError(f"no config group {' '.join(hints)} Groups: {', '.join(sorted(known))}."))
-            return 2
+            return ExitCode.USER_ERROR
     check_usable(options)
     print("option usable here, description (`python train.py GROUP=OPTION`; recipes: `framework run NAME`)")
     render(options)
-    return 0
+    return ExitCode.OK

@@ -7,14 +7,18 @@ compatibility refusal. No process group, no device memory, no deepspeed import.
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import sys
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+import torch
+from omegaconf import DictConfig
 
-from framework.errors import ConfigError, UserError, report
+from framework.config.compose import compose
+from framework.config.groups import PLUGIN_GROUPS
+from framework.errors import ExitCode, UserError, report
+from framework.paths import conf_dir, find_recipe
+from framework.runner import prepare
+from framework.strategy.memory import ModelStats
 
 
 def human_bytes(n: float) -> str:
@@ -33,15 +37,9 @@ def optimizer_states(cfg: DictConfig) -> int:
     return 2  # Adam, AdamW, and a safe upper bound for the rest
 
 
-def model_stats(cfg: DictConfig, plugins):
-    import torch
-
-    from framework.config.build import build
-    from framework.config.meta_build import meta_device
-    from framework.strategy.memory import ModelStats
-
-    with meta_device():
-        model = build(cfg.model, "model")
+def model_stats(cfg: DictConfig, plugins, model):
+    """Trainable parameters, the largest unit gathered at once, and the byte sizes that the
+    strategies' memory formulas need, for the model built on the meta device."""
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     units = getattr(plugins.strategy, "wrap_modules", None) or list(getattr(model, "sharding_units", ()))
     if units:
@@ -52,7 +50,7 @@ def model_stats(cfg: DictConfig, plugins):
     param_bytes = torch.empty((), dtype=precision.param_dtype).element_size()
     mixed_half = precision.param_dtype == torch.float32 and precision.compute_dtype in (torch.float16, torch.bfloat16)
     stats = ModelStats(params, max(sizes or [params]), param_bytes, mixed_half, optimizer_states(cfg))
-    return model, stats, units
+    return stats, units
 
 
 def ranks_per_node(devices: int, num_nodes: int) -> str:
@@ -67,30 +65,22 @@ def ranks_per_node(devices: int, num_nodes: int) -> str:
 
 
 def plan(cfg: DictConfig, out=None) -> int:
-    from framework.config.compatibility import check_compatibility
-    from framework.config.targets import check_targets
-    from framework.config.validate import check_values
-    from framework.plugins import build_plugins
-    from framework.runner import compatibility_plan
-
     out = out or sys.stdout
-    resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-    check_values(resolved)
-    check_targets(resolved)
-    plugins = build_plugins(resolved)
-    devices = plugins.accelerator.resolve_devices(resolved.devices)
+    prepared = prepare(cfg, strict=False)
+    if prepared.plugins is None or prepared.devices is None or prepared.model is None:
+        prepared.raise_problems()  # nothing to plan without plugins and model: the problems alone
+    resolved, plugins, devices, model = prepared.resolved, prepared.plugins, prepared.devices, prepared.model
     world = devices * resolved.num_nodes
     print("plugins", file=out)
-    groups = ("accelerator", "strategy", "precision", "checkpoint_io", "cluster")
-    width = max(len(str(getattr(getattr(plugins, g), "name", "?"))) for g in groups) + 2
-    for group in groups:
+    width = max(len(str(getattr(getattr(plugins, g), "name", "?"))) for g in PLUGIN_GROUPS) + 2
+    for group in PLUGIN_GROUPS:
         plugin = getattr(plugins, group)
         name = str(getattr(plugin, "name", "?"))
         print(f"  {group:<15}{name:<{width}}{type(plugin).__module__}.{type(plugin).__name__}", file=out)
     print("world", file=out)
     print(f"  {world} process(es) = devices {devices} x num_nodes {resolved.num_nodes}; "
           f"{ranks_per_node(devices, resolved.num_nodes)}", file=out)
-    model, stats, units = model_stats(resolved, plugins)
+    stats, units = model_stats(resolved, plugins, model)
     print("model", file=out)
     unit = f"largest unit gathered at once ({'/'.join(units) if units else 'largest layer'}): {stats.largest_unit:,}"
     print(f"  {type(model).__name__}: {stats.params:,} trainable parameters; {unit}", file=out)
@@ -109,29 +99,21 @@ def plan(cfg: DictConfig, out=None) -> int:
         else:
             print(f"  device memory: {human_bytes(memory)} ({100 * estimate.device / memory:.2f}% for model states)",
                   file=out)
-    warnings = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(warnings):
-            check_compatibility(compatibility_plan(plugins, resolved, devices))
-    except ConfigError as err:
+    if prepared.problems:
         print("compatibility: refused", file=out)
-        for problem in str(err).splitlines():
+        for problem in prepared.problems:
             print(f"  - {problem}", file=out)
-        return 2
-    notes = [w.removeprefix("WARNING: ") for w in warnings.getvalue().splitlines() if w.strip()]
-    print("compatibility: ok" + "".join(f"\n  warning: {w}" for w in notes), file=out)
-    return 0
+        return ExitCode.USER_ERROR
+    print("compatibility: ok" + "".join(f"\n  warning: {w}" for w in prepared.warnings), file=out)
+    return ExitCode.OK
 
 
 def main(args: list[str]) -> int:
-    from framework.config.compose import compose
-    from framework.paths import conf_dir, find_recipe
-
     recipe = None
     if args[:1] in (["--recipe"], ["-r"]):
         if len(args) < 2:
             print("usage: framework plan [--recipe RECIPE] [OVERRIDES...]", file=sys.stderr)
-            return 2
+            return ExitCode.USER_ERROR
         recipe, args = args[1], args[2:]
     try:
         if recipe:
@@ -142,4 +124,4 @@ def main(args: list[str]) -> int:
         return plan(cfg)
     except UserError as err:
         report(err)
-        return 2
+        return ExitCode.USER_ERROR

@@ -7,6 +7,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from framework.config.trust import untrusted
 from framework.errors import ConfigError, UserError
 
 
@@ -31,8 +32,6 @@ def build(node: Any, key: str, **kwargs) -> Any:
 def trusted(node: DictConfig, key: str) -> None:
     """Every target in `node` must be trusted (checked for the whole config before launch; again
     here, where code is actually imported and called, for configs built by other routes)."""
-    from framework.config.trust import untrusted
-
     problems = untrusted(OmegaConf.to_container(node, resolve=False), key)
     if problems:
         raise ConfigError(problems[0])

@@ -6,12 +6,14 @@ decides compatibility; add a row here rather than an `if` elsewhere.
 """
 from __future__ import annotations
 
+import ctypes.util
 import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
+from framework.config.groups import PLUGIN_GROUPS
+from framework.config.loop_settings import LoopSettings
 from framework.errors import ConfigError
-from framework.strategy.base import LoopSettings
 
 
 @dataclass
@@ -32,7 +34,7 @@ class Plan:
     @property
     def names(self) -> dict:
         return {g: getattr(getattr(self, g), "name", type(getattr(self, g)).__name__)
-                for g in ("accelerator", "strategy", "precision", "checkpoint_io", "cluster")}
+                for g in PLUGIN_GROUPS}
 
 
 @dataclass(frozen=True)
@@ -54,20 +56,14 @@ def _strat(p: Plan) -> str:
     return p.names["strategy"]
 
 
-def _deepspeed(p: Plan) -> bool:
-    from framework.strategy.deepspeed import DeepSpeedStrategy  # cheap: deepspeed itself is not imported
-
-    return isinstance(p.strategy, DeepSpeedStrategy)
-
-
-def _nvme_offload(p: Plan) -> bool:
-    return _deepspeed(p) and "nvme" in (p.strategy.offload_optimizer, p.strategy.offload_parameters)
+def _flag(p: Plan, name: str, default):
+    """A capability flag of the strategy class (framework/strategy/base.py lists them); a strategy
+    from a plugin package that predates a flag gets the permissive default."""
+    return getattr(p.strategy, name, default)
 
 
-def _has_libaio() -> bool:
-    import ctypes.util
-
-    return ctypes.util.find_library("aio") is not None
+def _missing_libraries(p: Plan) -> list[str]:
+    return [lib for lib in _flag(p, "native_libraries", ()) if ctypes.util.find_library(lib) is None]
 
 
 RULES: list[Rule] = [
@@ -99,53 +95,53 @@ RULES: list[Rule] = [
         "mpirun (the cluster plugin then joins them), or use num_nodes=1.",
     ),
     Rule(
-        lambda p: getattr(p.strategy, "requires_cuda", False) and _acc(p) != "cuda",
+        lambda p: _flag(p, "requires_cuda", False) and _acc(p) != "cuda",
         lambda p: f"strategy={_strat(p)} needs CUDA (fairscale's FSDP creates CUDA streams) and "
         f"accelerator={_acc(p)} has none; use strategy=fsdp (torch FSDP2), which runs everywhere.",
     ),
     Rule(
-        lambda p: getattr(p.strategy, "sync_batchnorm", False) and _acc(p) != "cuda",
+        lambda p: _flag(p, "sync_batchnorm", False) and _acc(p) != "cuda",
         lambda p: f"strategy.sync_batchnorm=true with accelerator={_acc(p)}: torch's SyncBatchNorm runs on "
         "CUDA only; set strategy.sync_batchnorm=false.",
     ),
     Rule(
-        lambda p: _deepspeed(p) and _prec(p) == "64",
+        lambda p: _prec(p) == "64" and not _flag(p, "supports_float64", True),
         lambda p: f"strategy={_strat(p)} with precision=64: DeepSpeed has no float64 mode; use precision=32 "
         "(or strategy=ddp / fsdp for float64).",
     ),
     Rule(
-        lambda p: _deepspeed(p) and _prec(p) in ("16_true", "bf16_true"),
+        lambda p: _prec(p) in ("16_true", "bf16_true") and not _flag(p, "supports_true_half_precision", True),
         lambda p: f"strategy={_strat(p)} with precision={_prec(p)}: DeepSpeed always keeps float32 master "
         f"weights, so it has no true half precision; use precision={_prec(p).split('_')[0]} (its mixed mode).",
     ),
     Rule(
-        lambda p: _deepspeed(p) and _prec(p) == "16" and not p.accelerator.fast_fp16(),
+        lambda p: _prec(p) == "16" and _flag(p, "fp16_needs_device_support", False) and not p.accelerator.fast_fp16(),
         lambda p: f"strategy={_strat(p)} with precision=16 on accelerator={_acc(p)}: DeepSpeed refuses fp16 "
         "on a device without fp16 support; use precision=bf16.",
     ),
     Rule(
-        lambda p: _deepspeed(p) and p.strategy.offload_parameters != "none" and p.strategy.stage != 3,
+        lambda p: _flag(p, "offload_parameters", "none") != "none" and _flag(p, "stage", 3) != 3,
         lambda p: f"strategy.offload_parameters={p.strategy.offload_parameters} needs ZeRO stage 3, not "
         f"stage {p.strategy.stage}; use strategy=deepspeed_stage_3_offload.",
     ),
     Rule(
-        lambda p: _deepspeed(p) and p.loop.clip_grad_value is not None,
+        lambda p: p.loop.clip_grad_value is not None and not _flag(p, "supports_clip_grad_value", True),
         lambda p: f"strategy={_strat(p)} with trainer.clip_grad_value: DeepSpeed clips by global norm only; "
         "use trainer.clip_grad_norm instead.",
     ),
     Rule(
-        lambda p: _nvme_offload(p) and not _has_libaio(),
+        lambda p: "aio" in _missing_libraries(p),
         lambda p: f"strategy={_strat(p)}: NVMe offload needs the libaio library, which is not installed "
         "(Debian/Ubuntu: apt-get install libaio-dev); use strategy=deepspeed_stage_3_offload (CPU offload).",
     ),
     Rule(
-        lambda p: p.loop.manual_optimization and not getattr(p.strategy, "supports_manual_optimization", True),
+        lambda p: p.loop.manual_optimization and not _flag(p, "supports_manual_optimization", True),
         lambda p: f"strategy={_strat(p)} drives one optimizer through its own engine, but the task steps its "
         "optimizers itself (manual optimization, e.g. a GAN); use strategy=ddp (with "
         "strategy.find_unused_parameters=true), strategy=fsdp or strategy=single_device.",
     ),
     Rule(
-        lambda p: p.loop.manual_optimization and getattr(p.strategy, "ddp_kwargs", {}).get("find_unused_parameters")
+        lambda p: p.loop.manual_optimization and _flag(p, "ddp_kwargs", {}).get("find_unused_parameters")
         is False,
         lambda p: f"strategy={_strat(p)} with a task that steps its optimizers itself: each optimizer's step leaves "
         "the other parameters without gradients, which DDP must be told; set strategy.find_unused_parameters=true.",
@@ -174,11 +170,17 @@ RULES: list[Rule] = [
 ]
 
 
+def judge(plan: Plan) -> tuple[list[str], list[str]]:
+    """(refusals, warnings): the message of every rule that applies to `plan`."""
+    applying = [rule for rule in RULES if rule.applies(plan)]
+    return ([rule.message(plan) for rule in applying if rule.level == "refuse"],
+            [rule.message(plan) for rule in applying if rule.level == "warn"])
+
+
 def check_compatibility(plan: Plan) -> None:
     """Raise one ConfigError listing every refusal; otherwise print every warning."""
-    applying = [rule for rule in RULES if rule.applies(plan)]
-    refusals = [rule.message(plan) for rule in applying if rule.level == "refuse"]
+    refusals, warnings = judge(plan)
     if refusals:
-        raise ConfigError("\n".join(refusals) if len(refusals) > 1 else refusals[0])
-    for rule in applying:
-        print(f"WARNING: {rule.message(plan)}", file=sys.stderr, flush=True)
+        raise ConfigError("\n".join(refusals))
+    for warning in warnings:
+        print(f"WARNING: {warning}", file=sys.stderr, flush=True)

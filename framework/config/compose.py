@@ -11,7 +11,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from framework.config.entry_points import plugin_conf_dirs, registered_options
+from framework.config.overrides import normalize_overrides
+from framework.config.trust import allow_from_command_line
 from framework.errors import ConfigError, did_you_mean
+from framework.paths import conf_dir
 
 
 def group_options(group: str, search_dirs: list[Path]) -> list[str]:
@@ -22,8 +26,6 @@ def group_options(group: str, search_dirs: list[Path]) -> list[str]:
         folder = Path(root) / group
         if folder.is_dir():
             options.update(p.stem for p in folder.glob("*.yaml"))
-    from framework.registry import plugin_conf_dirs, registered_options
-
     options.update(registered_options(group))
     for root in plugin_conf_dirs().values():
         folder = root / group
@@ -74,9 +76,6 @@ def composer(config_dir: Path):
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from framework.config.overrides import normalize_overrides
-    from framework.paths import conf_dir
-
     search_dirs = [Path(config_dir), conf_dir()]
     GlobalHydra.instance().clear()
 
@@ -107,8 +106,6 @@ def composer(config_dir: Path):
 def compose(config_dir: Path, config_name: str, overrides: list[str], with_hydra: bool = False) -> DictConfig:
     """The composed config (with the `hydra` node only if asked), or a ConfigError. Untrusted
     command-line prefixes (trust.allow=...) are taken out of `overrides` and applied first."""
-    from framework.config.trust import allow_from_command_line
-
     overrides = allow_from_command_line(list(overrides))
     with composer(config_dir) as compose_one:
         return compose_one(config_name, overrides, with_hydra)

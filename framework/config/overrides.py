@@ -17,16 +17,18 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-GROUPS_WITH_NUMERIC_OPTIONS = ("precision",)
-LIST_GROUPS = ("logger", "callbacks")  # chosen as lists; "none" is the empty list
+from omegaconf import OmegaConf
+
+from framework.config.groups import GROUPS_WITH_NUMERIC_OPTIONS, LIST_GROUPS
+from framework.config.resolvers import job_name
+from framework.paths import conf_dir
+
 _NUMBER = re.compile(r"^[0-9]+(\.[0-9]+)?$")
 _CHOICE = re.compile(r"^(?P<prefix>[~+]{0,2})(?P<key>[A-Za-z_][\w/]*)=(?P<value>[^\"'()\[\]{}]*)$")
 
 
 def config_groups() -> set[str]:
     """The group folders of the shipped config tree."""
-    from framework.paths import conf_dir
-
     return {p.name for p in conf_dir().iterdir() if p.is_dir() and not p.name.startswith("__")}
 
 
@@ -62,14 +64,17 @@ def pin_sweep_name(args: list[str], config_name: str = "train", root: Path | Non
             return [*args, f"name={previous}"]
     if not {"-m", "--multirun"} & set(args):
         return args  # a recipe that sweeps by itself names its sweep when Hydra starts it
-    from framework.config.resolvers import job_name
-
     return [*args, f"name={job_name()}"]
 
 
-def _defining(overrides) -> list[str]:
-    neutral = ("-", "name=", "resume=", "+name=", "+resume=", "hydra.mode=")  # -m is hydra.mode=MULTIRUN
-    return sorted(o for o in overrides if not o.startswith(neutral))
+# Overrides that do not change what a run computes: a re-run of a sweep adds resume=auto and keeps
+# the name; -m is hydra.mode=MULTIRUN.
+NEUTRAL_OVERRIDES = ("-", "name=", "+name=", "resume=", "+resume=", "debug=", "+debug=", "hydra.mode=")
+
+
+def defining_overrides(overrides) -> list[str]:
+    """The overrides that define what a run computes, sorted (to compare two commands)."""
+    return sorted(o for o in overrides if not o.startswith(NEUTRAL_OVERRIDES))
 
 
 def previous_sweep_name(args: list[str], config_name: str, root: Path) -> str | None:
@@ -77,13 +82,11 @@ def previous_sweep_name(args: list[str], config_name: str, root: Path) -> str | 
     starts: framework/sweeps.py) had the same recipe and overrides as `args` (name and resume aside)."""
     if not root.is_dir():
         return None
-    from omegaconf import OmegaConf
-
-    wanted = _defining(a for a in args if "=" in a)
+    wanted = defining_overrides(a for a in args if "=" in a)
     for record_file in sorted(root.rglob("sweep.yaml"), key=lambda p: p.stat().st_mtime, reverse=True):
         try:
             record = OmegaConf.load(record_file)
-            same = record.config_name == config_name and _defining(record.overrides) == wanted
+            same = record.config_name == config_name and defining_overrides(record.overrides) == wanted
         except Exception:  # an unreadable record is not the sweep we are looking for
             continue
         if same:
@@ -97,9 +100,33 @@ def recipe_is_a_sweep(config_dir, config_name: str) -> bool:
         return False
     path = Path(config_dir) / f"{config_name}.yaml"
     try:
-        from omegaconf import OmegaConf
-
         mode = OmegaConf.select(OmegaConf.load(path), "hydra.mode")
     except Exception:  # no such file or not YAML: Hydra reports it
         return False
     return str(mode) == "MULTIRUN"
+
+
+# Hydra flags after which the command does not train: no pre-check.
+NO_PRECHECK_FLAGS = {"--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help", "--resolve",
+                     "--package", "-p", "--shell-completion", "-sc", "--experimental-rerun"}
+CONFIG_FLAGS = {"--config-dir": "dir", "-cd": "dir", "--config-path": "dir", "-cp": "dir",
+                "--config-name": "name", "-cn": "name"}
+
+
+def split_config_flags(args: list[str], config_dir, config_name: str):
+    """(config dir, config name, overrides) from Hydra's command line."""
+    overrides, i = [], 0
+    while i < len(args):
+        flag, _, value = args[i].partition("=")
+        if flag in CONFIG_FLAGS:
+            if not value:
+                i += 1
+                value = args[i] if i < len(args) else ""
+            if CONFIG_FLAGS[flag] == "dir":
+                config_dir = value
+            else:
+                config_name = value
+        elif not args[i].startswith("-"):
+            overrides.append(args[i])
+        i += 1
+    return config_dir, config_name, overrides

@@ -6,14 +6,17 @@ bound (`framework.config.types`) or a required argument left out is reported wit
 from __future__ import annotations
 
 import importlib
-from fnmatch import fnmatch
 import inspect
 import typing
+from fnmatch import fnmatch
 from typing import Any, Iterator
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from framework.config.groups import PLUGIN_GROUPS
+from framework.config.trust import check_trusted
 from framework.config.types import Bound
+from framework.config.walk import target_nodes
 from framework.errors import ConfigError
 
 HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
@@ -21,7 +24,7 @@ HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
 RESERVED_KEYS = {"scheduler": {"interval"}}
 # Arguments the runner passes at build time (by key pattern), so a YAML need not give them.
 SUPPLIED_BY_RUNNER = {
-    "strategy": {"accelerator", "precision", "checkpoint_io", "cluster"},
+    "strategy": set(PLUGIN_GROUPS) - {"strategy"},  # the strategy receives the other four
     "logger.*": {"save_dir"},
 }
 
@@ -53,20 +56,7 @@ def import_target(path: str, key: str):
 
 def iter_target_nodes(cfg: DictConfig) -> Iterator[tuple[str, DictConfig]]:
     """Every `_target_` node in the config with its full key (e.g. 'callbacks.checkpoint')."""
-
-    def walk(node, key):
-        if isinstance(node, DictConfig):
-            if "_target_" in node:
-                yield key, node
-            for child in node.keys():
-                if child in HYDRA_KEYS or child == "hydra":
-                    continue
-                yield from walk(node._get_node(child), f"{key}.{child}" if key else str(child))
-        elif isinstance(node, ListConfig):
-            for i, child in enumerate(node):
-                yield from walk(node._get_node(i), f"{key}[{i}]")
-
-    yield from walk(cfg, "")
+    yield from target_nodes(cfg, "", skip=HYDRA_KEYS | {"hydra"})
 
 
 def _signature(target) -> inspect.Signature | None:
@@ -83,7 +73,7 @@ def _hints(fn) -> dict[str, Any]:
         return {}
 
 
-def _parameters(target) -> tuple[dict[str, inspect.Parameter], dict[str, Any], bool] | None:
+def parameters(target) -> tuple[dict[str, inspect.Parameter], dict[str, Any], bool] | None:
     """(parameters, type hints, takes arbitrary keywords) of a callable. For a class whose
     __init__ passes **kwargs up to its base, the base's parameters count too (cooperative init)."""
     sig = _signature(target)
@@ -181,7 +171,7 @@ def _check_node(key: str, node: DictConfig, problems: list[str]) -> None:
     for module, install in missing_packages(target).items():
         problems.append(f"{key}: '{node['_target_']}' needs the package '{module}', which is not installed; "
                         f"pip install {install}, or choose another option.")
-    found = _parameters(target)
+    found = parameters(target)
     if found is None:
         return
     params, hints, takes_kwargs = found
@@ -212,8 +202,6 @@ def _check_node(key: str, node: DictConfig, problems: list[str]) -> None:
 def check_targets(cfg: DictConfig) -> None:
     """Raise one ConfigError listing every problem with every `_target_` node. Untrusted targets
     are refused first, before any target is imported (framework/config/trust.py)."""
-    from framework.config.trust import check_trusted
-
     check_trusted(cfg)
     problems: list[str] = []
     for key, node in iter_target_nodes(cfg):

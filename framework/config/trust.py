@@ -2,9 +2,8 @@
 called, so every one is checked against an allow-list before anything is instantiated.
 
 Trusted: the framework and torch (less a few torch entry points that load or compile code),
-installed plugin packages (framework/registry.py: installing one is the user's act of trust),
+installed plugin packages (framework/config/entry_points.py: installing one is the user's act of trust),
 and the prefixes the user allows from places a recipe cannot write:
-
 - the command line: `trust.allow=[mypkg.,other.module.Class]` (taken out of the overrides before
   Hydra sees them, so a recipe's own `trust:` key is never read; a recipe that has one is refused);
 - the environment variable FRAMEWORK_TRUST_ALLOW (comma-separated prefixes);
@@ -23,6 +22,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
 
+from omegaconf import DictConfig, OmegaConf
+
+from framework.config.entry_points import plugin_packages
+from framework.config.walk import target_nodes
 from framework.errors import ConfigError
 
 TRUSTED = ("framework.", "torch.")
@@ -78,8 +81,6 @@ def allow_from_command_line(args: list[str]) -> list[str]:
 
 
 def user_allowed() -> list[str]:
-    from framework.registry import plugin_packages
-
     allowed = [p.strip() for p in os.environ.get(ENV_ALLOW, "").split(",") if p.strip()]
     allowed += [f"{package}." for package in plugin_packages()]  # installed plugins: trusted by installing
     path = user_file()
@@ -166,15 +167,8 @@ def refusal(key: str, target: Any, trusted: tuple[str, ...], allowed: list[str])
 
 def iter_targets(node: Any, key: str = "") -> Iterator[tuple[str, Any]]:
     """(full key, target) for every `_target_` in plain containers, lists and nested nodes included."""
-    if isinstance(node, dict):
-        if "_target_" in node:
-            yield key or "<root>", node["_target_"]
-        for child, value in node.items():
-            if child != "_target_":
-                yield from iter_targets(value, f"{key}.{child}" if key else str(child))
-    elif isinstance(node, (list, tuple)):
-        for i, value in enumerate(node):
-            yield from iter_targets(value, f"{key}[{i}]")
+    for found, target_node in target_nodes(node, key, skip={"_target_"}):
+        yield found or "<root>", target_node["_target_"]
 
 
 def untrusted(config: Any, prefix: str = "", trusted: tuple[str, ...] = TRUSTED) -> list[str]:
@@ -185,8 +179,6 @@ def untrusted(config: Any, prefix: str = "", trusted: tuple[str, ...] = TRUSTED)
 
 def check_trusted(config: Any) -> None:
     """Raise one ConfigError listing every untrusted target of a run's config (without `hydra`)."""
-    from omegaconf import DictConfig, OmegaConf
-
     if isinstance(config, DictConfig):
         config = OmegaConf.to_container(config, resolve=False)
     problems = []
@@ -203,8 +195,6 @@ def check_hydra_settings(hydra_node: Any) -> None:
     """The `hydra:` part of a composed config: Hydra instantiates its callbacks, sweeper and
     launcher before the framework runs, and sets the job's environment from it, so it is checked
     before Hydra starts (framework.guard)."""
-    from omegaconf import DictConfig, OmegaConf
-
     if isinstance(hydra_node, DictConfig):
         hydra_node = OmegaConf.to_container(hydra_node, resolve=False)
     problems = untrusted(hydra_node or {}, "hydra", TRUSTED + TRUSTED_IN_HYDRA)

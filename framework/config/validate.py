@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
+from framework.config.groups import PLUGIN_GROUPS
+from framework.config.signals import is_signal_name
 from framework.errors import ConfigError
 
 # (key, predicate on the value, what the value must be)
@@ -43,14 +45,12 @@ def check_values(cfg: DictConfig) -> None:
     t = cfg.trainer
     if t.max_steps is None and t.max_epochs is None:
         problems.append("trainer.max_steps and trainer.max_epochs are both null: set one, e.g. trainer.max_steps=500.")
-    import signal
-
     for name in cfg.trainer.preemption_signals:
-        if (name if str(name).startswith("SIG") else f"SIG{name}") not in signal.Signals.__members__:
+        if not is_signal_name(name):
             problems.append(f"trainer.preemption_signals: {name!r} is not a signal name (e.g. SIGTERM, SIGUSR1).")
     if cfg.ckpt_path is not None and cfg.resume is not None:
         problems.append(f"ckpt_path={cfg.ckpt_path!r} and resume={cfg.resume!r} both choose a checkpoint: give one.")
-    for group in ("accelerator", "strategy", "precision", "checkpoint_io", "cluster", "model", "data", "task", "optimizer"):
+    for group in (*PLUGIN_GROUPS, "model", "data", "task", "optimizer"):
         node = cfg[group]
         if not isinstance(node, DictConfig) or "_target_" not in node:
             problems.append(f"{group}: must be a config with a _target_ (choose an option from conf/{group}/).")

@@ -11,6 +11,7 @@ from torch.utils.data import Dataset
 
 from framework.config.types import PositiveInt
 from framework.data.base import DataModule
+from framework.errors import ConfigError
 
 # Folders of the stdlib that are not ordinary library code (tests, vendored packages).
 SKIPPED_DIRS = {"test", "tests", "site-packages", "dist-packages", "idlelib", "lib2to3", "__pycache__",
@@ -50,7 +51,6 @@ class StdlibText(DataModule):
         for validation; root: a folder of .py files to use instead of the stdlib."""
         super().__init__(**loader)
         if not 0 < val_percent < 100:
-            from framework.errors import ConfigError
             raise ConfigError(f"data.val_percent={val_percent}: must be between 1 and 99.")
         self.block_size = block_size
         self.max_bytes = max_bytes
@@ -68,7 +68,6 @@ class StdlibText(DataModule):
             rel = path.relative_to(self.root).as_posix().encode()
             (val if zlib.crc32(rel) % 100 < self.val_percent else train).extend(data)
         if not train or not val:
-            from framework.errors import ConfigError
             raise ConfigError(f"data: too little text under {self.root} with max_bytes={self.max_bytes} "
                               "to fill both a train and a val split; raise data.max_bytes.")
         as_tensor = lambda b: torch.frombuffer(bytearray(b), dtype=torch.uint8)  # noqa: E731

@@ -16,10 +16,12 @@ import traceback
 import uuid
 from pathlib import Path
 
-from framework.errors import CheckpointError, ConfigError, UserError
-
-_USER_ERRORS = {"ConfigError": ConfigError, "CheckpointError": CheckpointError, "UserError": UserError}
-_USER_ERROR_KEY = "__framework_user_error__"
+from framework.config.signals import signal_number
+from framework.config.trust import ENV_ALLOW, user_allowed
+from framework.errors import UserError
+from framework.loop.preemption import Preempted
+from framework.loop.state import FitResult
+from framework.trainer import train_worker
 
 
 def worker_entry(config: dict, output_dir: str, threads: int, failure_dir: str, trusted: list[str]):
@@ -27,18 +29,15 @@ def worker_entry(config: dict, output_dir: str, threads: int, failure_dir: str, 
     allowed in the launching process (a forkserver started earlier has an older environment)."""
     import torch
 
-    from framework.config.trust import ENV_ALLOW
-
     os.environ[ENV_ALLOW] = ",".join(trusted)
 
     torch.set_num_threads(threads)
-    from framework.launch.worker import train_worker
 
     (Path(failure_dir) / f"pid{os.environ.get('RANK', 0)}").write_text(str(os.getpid()))  # for SignalForwarder
     try:
         return train_worker(config, output_dir)
-    except UserError as err:  # reported by the launching process as the user's error, exit code 2
-        return {_USER_ERROR_KEY: (type(err).__name__, str(err))}
+    except UserError as err:  # returned (pickled) and re-raised by the launching process: exit code 2
+        return err
     except BaseException as err:
         # When one rank fails, the others fail soon after (a collective loses its peer); the
         # launching process shows the earliest failure first, so it records when this one happened.
@@ -50,8 +49,9 @@ def worker_entry(config: dict, output_dir: str, threads: int, failure_dir: str, 
         raise
 
 
-def launch_local_workers(config: dict, output_dir: Path, plugins, nproc: int) -> dict:
-    """Run `nproc` workers on this node and return rank zero's result."""
+def launch_local_workers(config: dict, output_dir: Path, plugins, nproc: int) -> FitResult:
+    """Run `nproc` workers on this node and return rank zero's result (a user error any rank
+    returned is raised here, as the user's error)."""
     from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -72,8 +72,6 @@ def launch_local_workers(config: dict, output_dir: Path, plugins, nproc: int) ->
     )
     forwarder = SignalForwarder(config["trainer"].get("preemption_signals", []), failure_dir)
     try:
-        from framework.config.trust import user_allowed
-
         results = elastic_launch(launch_config, worker_entry)(config, str(output_dir), threads, str(failure_dir),
                                                               user_allowed())
     except ChildFailedError as err:
@@ -81,17 +79,14 @@ def launch_local_workers(config: dict, output_dir: Path, plugins, nproc: int) ->
     except SignalException as err:
         # The agent got the signal itself (SIGTERM): it passed it on to the workers and waited
         # for them, and they saved a checkpoint at their next step boundary.
-        from framework.loop.preemption import Preempted
 
         raise Preempted(signal.Signals(err.sigval).name, None) from None
     finally:
         forwarder.restore()
         _remove_tree(logs_dir)
     for rank in sorted(results):
-        result = results[rank]
-        if isinstance(result, dict) and _USER_ERROR_KEY in result:
-            kind, message = result[_USER_ERROR_KEY]
-            raise _USER_ERRORS.get(kind, UserError)(message)
+        if isinstance(results[rank], UserError):
+            raise results[rank]
     return results[0]
 
 
@@ -102,8 +97,6 @@ class SignalForwarder:
     AGENT_HANDLES = {"SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"}
 
     def __init__(self, names: list[str], pid_dir: Path):
-        from framework.loop.preemption import signal_number
-
         self.pid_dir = pid_dir
         self._previous = {}
         for name in names:

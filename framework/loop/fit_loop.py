@@ -10,11 +10,11 @@ from pathlib import Path
 import torch
 
 from framework.checkpoint.format import begin_checkpoint, finalize_checkpoint, is_sharded, load_checkpoint_files
-from framework.checkpoint.sharded import STATE_DIR
 from framework.checkpoint.rng import rng_state, set_rng_state
+from framework.checkpoint_io.dcp_reader import STATE_DIR
+from framework.data.loaders import batches_yielded, skip_to
 from framework.errors import CheckpointError, ConfigError
-from framework.loop.preemption import signal_number
-from framework.loop.state import LoopState
+from framework.loop.state import FitResult, LoopState, Preemption
 
 
 class FitLoop:
@@ -63,7 +63,7 @@ class FitLoop:
             getattr(callback, name)(self, *args)
 
     # ---- fit ----------------------------------------------------------------------------
-    def fit(self, resume_from: Path | None = None) -> dict[str, float]:
+    def fit(self, resume_from: Path | None = None) -> FitResult:
         if len(self.train_loader) == 0:
             raise ConfigError("data: the training set gives no batches at this batch size and world size; "
                               "lower data.batch_size or set data.drop_last=false.")
@@ -77,16 +77,14 @@ class FitLoop:
             self._run_epoch()
         if self.preempted_by is not None:
             self._finalize_checkpoint(wait=True)
-            number = float(signal_number(self.preempted_by)) if self.preempted_by.startswith("SIG") else 0.0
-            return {**self.state.metrics, "trainer/preempted_step": float(self.state.step),
-                    "trainer/preempted_signal": number}
+            return FitResult(dict(self.state.metrics), Preemption(self.preempted_by, self.state.step))
         if self.state.last_val_step != self.state.step:
             self.validate()
         self._hook("on_fit_end")
         self._finalize_checkpoint(wait=True)
         for logger in self.loggers:
             logger.finalize()
-        return dict(self.state.metrics)
+        return FitResult(dict(self.state.metrics))
 
     def _done(self) -> bool:
         t, s = self.trainer, self.state
@@ -194,7 +192,7 @@ class FitLoop:
                    f"train/{self.task.throughput_unit}_per_s": w["items"] * self.strategy.world_size / elapsed}
         if grad_norm is not None:
             metrics["train/grad_norm"] = float(grad_norm)
-        scale = getattr(self.strategy.precision, "loss_scale", None)
+        scale = self.strategy.loss_scale
         if scale is not None:
             metrics["train/loss_scale"] = float(scale)
         if not stepped:
@@ -242,12 +240,12 @@ class FitLoop:
             "rng": rng_state(),
             "train_loader": self.train_loader.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-            "precision": strategy.precision.state_dict(),
+            "precision": strategy.precision_state_dict(),
             "callbacks": {name: cb.state_dict() for name, cb in self.callbacks.items()},
             "train_window": {"loss": self._window["loss"].cpu(), "batches": self._window["batches"],
                              "items": self._window["items"]},
         }}
-        if strategy.checkpoint_io.sharded:  # every rank writes its own part of one DCP directory
+        if strategy.writes_sharded_checkpoints:  # every rank writes its own part of one DCP directory
             shared, sharded = {}, strategy.sharded_state_dict(self.model, self.optimizer)
         else:
             shared = {"model": strategy.model_state_dict(self.model),
@@ -256,7 +254,7 @@ class FitLoop:
         meta = {**self.run_meta, "epoch": self.state.epoch, "metrics": self.state.fresh_metrics()}
         self._pending_checkpoint = begin_checkpoint(strategy, self.checkpoint_dir, self.state.step, shared,
                                                     per_rank, meta, sharded=sharded)
-        if not strategy.checkpoint_io.is_async:
+        if not strategy.checkpoint_is_async:
             self._finalize_checkpoint(wait=True)
 
     def _finalize_checkpoint_if_written(self) -> None:
@@ -264,7 +262,7 @@ class FitLoop:
         (one tiny all-reduce per step, only while a checkpoint is pending)."""
         if self._pending_checkpoint is None:
             return
-        done = torch.tensor(0.0 if self.strategy.checkpoint_io.pending() else 1.0, device=self.strategy.root_device)
+        done = torch.tensor(0.0 if self.strategy.checkpoint_pending() else 1.0, device=self.strategy.root_device)
         if self.strategy.reduce(done, "min").item() == 1.0:
             self._finalize_checkpoint(wait=False)
 
@@ -275,7 +273,6 @@ class FitLoop:
         path = finalize_checkpoint(self.strategy, pending)  # waits for the writes itself
         self.say(f"saved checkpoint {path}")
         self._hook("on_checkpoint_saved", path)
-
 
     def restore(self, path: Path) -> None:
         strategy = self.strategy
@@ -306,7 +303,7 @@ class FitLoop:
                      "optimizer, step and epoch are exact; the data order within this epoch is re-dealt")
         if self.scheduler is not None and loop["scheduler"] is not None:
             self.scheduler.load_state_dict(loop["scheduler"])
-        strategy.precision.load_state_dict(loop["precision"])
+        strategy.load_precision_state_dict(loop["precision"])
         for name, cb in self.callbacks.items():
             if name in loop["callbacks"]:
                 cb.load_state_dict(loop["callbacks"][name])
@@ -317,22 +314,17 @@ class FitLoop:
             logger.truncate(self.state.step)
         self.say(f"resumed from {path} at step {self.state.step} (epoch {self.state.epoch})")
 
-
     def _translate_data_position(self, loop: dict, saved_world: int) -> None:
         """Continue the epoch after the same number of samples, dealt to a different number of
         ranks: skip as many of this rank's batches as cover the samples already seen, rounded down
         to a whole accumulation group."""
-        seen = loop["train_loader"].get("_num_yielded", 0) * saved_world  # batches, all ranks together
+        seen = batches_yielded(loop["train_loader"]) * saved_world  # batches, all ranks together
         k = self.trainer.accumulate
         skip = (seen // self.strategy.world_size) // k * k
         skip = min(skip, len(self.train_loader))
         self.state.batch_in_epoch = skip
         self.train_loader.sampler.set_epoch(self.state.epoch)
-        template = self.train_loader.state_dict()
-        batch = self.train_loader.batch_size
-        template.update({"_num_yielded": skip, "_sampler_iter_yielded": skip,
-                         "_sampler_iter_state": {"samples_yielded": skip * batch}, "_iterator_finished": False})
-        self.train_loader.load_state_dict(template)
+        skip_to(self.train_loader, skip)
 
 
 def _plain(node):

@@ -1,4 +1,4 @@
-"""Stop cleanly when the scheduler asks: save at the next step boundary, exit with EXIT_PREEMPTED.
+"""Stop cleanly when the scheduler asks: save at the next step boundary, exit with ExitCode.PREEMPTED.
 
 A cluster scheduler announces preemption or the end of a time limit with a signal (SLURM sends
 SIGTERM, or SIGUSR1 with `--signal=USR1@90`). The run finishes the step it is in, writes a
@@ -10,11 +10,8 @@ from __future__ import annotations
 import signal
 import threading
 
-EXIT_PREEMPTED = 75
-
-
-def signal_number(name: str) -> signal.Signals:
-    return signal.Signals[name if name.startswith("SIG") else f"SIG{name}"]
+from framework.config.signals import signal_number
+from framework.errors import ExitCode
 
 
 class PreemptionWatcher:
@@ -50,4 +47,4 @@ class Preempted(Exception):
         where = f" after saving a checkpoint at step {step}" if step is not None else ""
         then = ("the job was requeued and continues from it by itself" if requeued
                 else "run the same command with resume=auto to continue")
-        super().__init__(f"stopped by {signal_name}{where}; {then} (exit code {EXIT_PREEMPTED})")
+        super().__init__(f"stopped by {signal_name}{where}; {then} (exit code {int(ExitCode.PREEMPTED)})")

@@ -4,6 +4,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+@dataclass(frozen=True)
+class Preemption:
+    """The run stopped for a signal after saving a checkpoint at `step`."""
+
+    signal: str  # e.g. "SIGTERM", or "a signal on another rank"
+    step: int
+
+
+@dataclass
+class FitResult:
+    """What a training process returns (to the launcher, across processes: plain and picklable)."""
+
+    metrics: dict[str, float]
+    preempted: Preemption | None = None
+
+
 @dataclass
 class LoopState:
     step: int = 0

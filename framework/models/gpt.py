@@ -6,6 +6,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from framework.config.types import NonNegativeFloat, PositiveInt
+from framework.errors import ConfigError
 
 
 class CausalSelfAttention(nn.Module):
@@ -54,7 +55,6 @@ class GPT(nn.Module):
         n_head: attention heads (must divide n_embd); n_embd: width; dropout: probability."""
         super().__init__()
         if n_embd % n_head:
-            from framework.errors import ConfigError
             raise ConfigError(f"model.n_head={n_head} must divide model.n_embd={n_embd}.")
         self.block_size = block_size
         self.tok_emb = nn.Embedding(vocab_size, n_embd)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass
 from typing import Any, Callable, ContextManager
 
 import torch
@@ -10,20 +9,17 @@ import torch.distributed as dist
 from torch.utils.data import Dataset, DistributedSampler
 
 from framework.accelerator.base import Accelerator
+from framework.accelerator.cpu import CPUAccelerator
+from framework.checkpoint_io import dcp_reader as sharded
 from framework.checkpoint_io.base import CheckpointIO
+from framework.checkpoint_io.torch import TorchCheckpointIO
 from framework.cluster.base import ClusterEnvironment
+from framework.cluster.local import LocalEnvironment
+from framework.config.loop_settings import LoopSettings
 from framework.precision.base import Precision
-
-@dataclass
-class LoopSettings:
-    """What the loop will do, for strategies that must know it in advance (DeepSpeed's config)."""
-
-    micro_batch_size: int = 1
-    accumulate: int = 1
-    clip_grad_norm: float | None = None
-    clip_grad_value: float | None = None
-    manual_optimization: bool = False  # the task steps its optimizers itself (framework/tasks/manual.py)
-
+from framework.precision.fp32 import FP32Precision
+from framework.strategy.memory import replicated
+from framework.strategy.sampler import ShardSampler
 
 _REDUCE_OPS = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}
 
@@ -64,6 +60,15 @@ class Strategy:
     #: whether a task may step several optimizers itself (strategies that drive one optimizer
     #: through an engine of their own, like DeepSpeed, cannot)
     supports_manual_optimization: bool = True
+    #: precision capabilities the compatibility table reads (DeepSpeed keeps fp32 master weights
+    #: and has no float64 mode; it refuses fp16 where the device lacks fp16 support)
+    supports_float64: bool = True
+    supports_true_half_precision: bool = True
+    fp16_needs_device_support: bool = False
+    #: whether `trainer.clip_grad_value` can be honoured (DeepSpeed clips by global norm only)
+    supports_clip_grad_value: bool = True
+    #: native libraries this configuration needs (ctypes names, e.g. "aio" for NVMe offload)
+    native_libraries: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -72,11 +77,6 @@ class Strategy:
         checkpoint_io: CheckpointIO | None = None,
         cluster: ClusterEnvironment | None = None,
     ):
-        from framework.accelerator.cpu import CPUAccelerator
-        from framework.checkpoint_io.torch import TorchCheckpointIO
-        from framework.cluster.local import LocalEnvironment
-        from framework.precision.fp32 import FP32Precision
-
         self.accelerator = accelerator or CPUAccelerator()
         self.precision = precision or FP32Precision()
         self.checkpoint_io = checkpoint_io or TorchCheckpointIO()
@@ -140,8 +140,37 @@ class Strategy:
         """While accumulating (`skip=True`), do not synchronise gradients across ranks."""
         return nullcontext()
 
-    def clip_gradients(self, model, optimizer, max_norm=None, max_value=None) -> torch.Tensor | None:
-        return self.precision.clip_gradients(model.parameters(), optimizer, max_norm, max_value)
+    def clip_gradients(self, model, optimizer, max_norm=None, max_value=None, parameters=None) -> torch.Tensor | None:
+        """Clip the gradients of `parameters` (default: the model's); returns the total norm
+        before clipping, as a plain tensor on every rank (or None when not clipping by norm)."""
+        parameters = model.parameters() if parameters is None else parameters
+        return self.precision.clip_gradients(parameters, optimizer, max_norm, max_value)
+
+    # ---- what the loop reads of the precision and checkpoint_io plugins -----------------
+    @property
+    def loss_scale(self) -> float | None:
+        """The current loss scale of fp16 training (None without loss scaling)."""
+        return getattr(self.precision, "loss_scale", None)
+
+    def precision_state_dict(self) -> dict:
+        return self.precision.state_dict()
+
+    def load_precision_state_dict(self, state: dict) -> None:
+        self.precision.load_state_dict(state)
+
+    @property
+    def writes_sharded_checkpoints(self) -> bool:
+        """Whether every rank writes its own part of a checkpoint (checkpoint_io=dcp)."""
+        return self.checkpoint_io.sharded
+
+    @property
+    def checkpoint_is_async(self) -> bool:
+        """Whether a checkpoint is complete only at a later step boundary (background writes)."""
+        return self.checkpoint_io.is_async
+
+    def checkpoint_pending(self) -> bool:
+        """Whether this rank's background checkpoint writes are still running."""
+        return self.checkpoint_io.pending()
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
         return self.precision.optimizer_step(optimizer)
@@ -156,8 +185,6 @@ class Strategy:
         of samples (DistributedSampler, reshuffled by seed + epoch); `even=False` (evaluation)
         gives each sample to exactly one rank."""
         if not even:
-            from framework.data.sampler import ShardSampler
-
             return ShardSampler(len(dataset), self.world_size, self.global_rank)
         return DistributedSampler(dataset, num_replicas=self.world_size, rank=self.global_rank,
                                   shuffle=shuffle, seed=seed, drop_last=drop_last)
@@ -196,7 +223,6 @@ class Strategy:
     def estimate_memory(self, stats, world_size: int):
         """Bytes per rank for weights, gradients and optimizer state (`framework plan`); a
         strategy that shards or offloads overrides it (framework/strategy/memory.py)."""
-        from framework.strategy.memory import replicated
 
         return replicated(stats)
 
@@ -239,8 +265,11 @@ class Strategy:
         state, but each rank holding only its part, for a DCP write by every rank."""
         if not self.supports_sharded_state:
             return {"model": self.model_state_dict(model), "optimizer": self.optimizer_state_dict(model, optimizer)}
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                             get_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
 
         options = StateDictOptions(full_state_dict=False)
         return {"model": get_model_state_dict(model, options=options),
@@ -250,7 +279,6 @@ class Strategy:
                                 state_dir) -> None:
         """Collective: load a DCP directory written by any strategy at any world size (resharded on
         read). `optimizer=None` loads the weights only."""
-        from framework.checkpoint import sharded
 
         if not self.supports_sharded_state:
             full = sharded.read_full(state_dir, ("model", "optimizer") if optimizer is not None else ("model",))
@@ -258,8 +286,12 @@ class Strategy:
             if optimizer is not None:
                 self.load_optimizer_state_dict(model, optimizer, full["optimizer"])
             return
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                             set_model_state_dict, set_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
 
         options = StateDictOptions(full_state_dict=False)
         if optimizer is None:

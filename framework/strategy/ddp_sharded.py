@@ -12,6 +12,7 @@ import inspect
 import torch
 
 from framework.config.types import NonNegativeInt
+from framework.strategy.memory import optimizer_sharded
 from framework.strategy.parallel import ParallelStrategy
 
 
@@ -38,8 +39,6 @@ class DDPShardedStrategy(ParallelStrategy):
         self._param_names: list[str] = []
 
     def estimate_memory(self, stats, world_size: int):
-        from framework.strategy.memory import optimizer_sharded
-
         return optimizer_sharded(stats, world_size)
 
     def setup(self, model, optimizer_factory):
@@ -63,7 +62,7 @@ class DDPShardedStrategy(ParallelStrategy):
 
         return model.no_sync() if skip else nullcontext()
 
-    def clip_gradients(self, model, optimizer, max_norm=None, max_value=None):
+    def clip_gradients(self, model, optimizer, max_norm=None, max_value=None, parameters=None):
         """Each rank holds reduced gradients only for the parameters its shard owns. The global
         norm is computed the way torch.nn.utils.clip_grad_norm_ does (the norm of the vector of
         per-parameter norms, in parameter order), each entry coming from the owning rank, so

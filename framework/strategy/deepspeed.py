@@ -14,6 +14,7 @@ from typing import Any, Literal
 import torch
 
 from framework.errors import ConfigError
+from framework.strategy.memory import zero
 from framework.strategy.parallel import ParallelStrategy
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
@@ -36,6 +37,10 @@ class DeepSpeedStrategy(ParallelStrategy):
     supports_manual_optimization = False  # one optimizer, driven by its own engine/wrapper
     # DeepSpeed keeps flat partitions of its own; checkpoint_io=dcp gets full tensors from rank zero
     supports_sharded_state = False
+    supports_float64 = False
+    supports_true_half_precision = False  # always float32 master weights
+    fp16_needs_device_support = True
+    supports_clip_grad_value = False
     #: what a subclass (one per conf/strategy/deepspeed_stage_*.yaml) sets up when not told
     default_stage: int = 2
     default_offload_optimizer: str = "none"
@@ -56,9 +61,11 @@ class DeepSpeedStrategy(ParallelStrategy):
         self.raw_config = dict(config or {})
         self.engine = None
 
-    def estimate_memory(self, stats, world_size: int):
-        from framework.strategy.memory import zero
+    @property
+    def native_libraries(self) -> tuple[str, ...]:  # type: ignore[override]
+        return ("aio",) if "nvme" in (self.offload_optimizer, self.offload_parameters) else ()
 
+    def estimate_memory(self, stats, world_size: int):
         return zero(stats, world_size, self.stage, self.offload_optimizer != "none", self.offload_parameters != "none")
 
     # ---- environment --------------------------------------------------------------------
@@ -133,7 +140,7 @@ class DeepSpeedStrategy(ParallelStrategy):
     def no_backward_sync(self, model, skip: bool):
         return nullcontext()  # unmanaged accumulation: reduction happens in step()
 
-    def clip_gradients(self, model, optimizer, max_norm=None, max_value=None):
+    def clip_gradients(self, model, optimizer, max_norm=None, max_value=None, parameters=None):
         return None  # DeepSpeed clips inside step() (gradient_clipping in its config)
 
     def optimizer_step(self, optimizer) -> bool:

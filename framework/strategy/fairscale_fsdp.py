@@ -9,6 +9,7 @@ from contextlib import nullcontext
 
 import torch
 
+from framework.strategy.memory import fully_sharded
 from framework.strategy.parallel import ParallelStrategy
 
 
@@ -34,8 +35,6 @@ class FairscaleFSDPStrategy(ParallelStrategy):
         self.cpu_offload = cpu_offload
 
     def estimate_memory(self, stats, world_size: int):
-        from framework.strategy.memory import fully_sharded
-
         return fully_sharded(stats, world_size)
 
     def _fsdp_kwargs(self) -> dict:
@@ -57,7 +56,7 @@ class FairscaleFSDPStrategy(ParallelStrategy):
     def no_backward_sync(self, model, skip: bool):
         return model.no_sync() if skip else nullcontext()
 
-    def clip_gradients(self, model, optimizer, max_norm=None, max_value=None):
+    def clip_gradients(self, model, optimizer, max_norm=None, max_value=None, parameters=None):
         if max_norm is None and max_value is None:
             return None
         self.precision.unscale_gradients(optimizer)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from framework.errors import ConfigError
+from framework.strategy.memory import fully_sharded
 from framework.strategy.parallel import ParallelStrategy
 
 
@@ -28,8 +29,6 @@ class FSDPStrategy(ParallelStrategy):
         self.cpu_offload = cpu_offload
 
     def estimate_memory(self, stats, world_size: int):
-        from framework.strategy.memory import fully_sharded
-
         return fully_sharded(stats, world_size, offload=self.cpu_offload)
 
     def _shard_kwargs(self) -> dict:
@@ -71,6 +70,6 @@ class FSDPStrategy(ParallelStrategy):
 
         return toggled()
 
-    def clip_gradients(self, model, optimizer, max_norm=None, max_value=None):
-        norm = super().clip_gradients(model, optimizer, max_norm, max_value)
+    def clip_gradients(self, model, optimizer, max_norm=None, max_value=None, parameters=None):
+        norm = super().clip_gradients(model, optimizer, max_norm, max_value, parameters)
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm

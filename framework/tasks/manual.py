@@ -13,6 +13,8 @@ from typing import Callable, Iterable
 
 import torch
 
+from framework.errors import ConfigError
+
 
 class OptimizerSet(torch.optim.Optimizer):
     """Named optimizers presented as one. `step()` steps them all (used only by state
@@ -85,8 +87,6 @@ def optimizer_set_factory(task, model: torch.nn.Module, optimizer_factory) -> Ca
     keeps its parameters, FSDP2 shards them in place), so the groups are read after wrapping."""
 
     def build(_all_parameters: Iterable) -> OptimizerSet:
-        from framework.errors import ConfigError
-
         groups = {name: list(params) for name, params in task.optimizer_groups(model).items()}
         seen: dict[int, str] = {}
         for name, params in groups.items():
@@ -141,7 +141,7 @@ class ManualOptimization:
     def step(self, name: str) -> bool:
         optimizer = self.optimizers[name]
         params = [p for g in optimizer.param_groups for p in g["params"]]
-        norm = self.strategy.precision.clip_gradients(params, optimizer, self.clip_grad_norm, self.clip_grad_value)
+        norm = self.strategy.clip_gradients(self.model, optimizer, self.clip_grad_norm, self.clip_grad_value, params)
         if norm is not None:
             self.grad_norms[name] = float(norm)
         stepped = self.strategy.optimizer_step(optimizer)

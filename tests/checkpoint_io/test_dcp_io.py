@@ -11,7 +11,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from framework.checkpoint.format import load_checkpoint_files, read_meta
-from framework.checkpoint.sharded import read_full, read_metadata
+from framework.checkpoint_io.dcp_reader import read_full, read_metadata
 from framework.checkpoint_io.dcp import DCPCheckpointIO
 from framework.errors import CheckpointError
 from tests.conftest import (DIGITS, TINY_GPT, assert_resume_is_exact, assert_state_equal, checkpoints,

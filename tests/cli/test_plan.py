@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from framework.cli.plan import model_stats, plan
-from framework.plugins import build_plugins
+from framework.runner import prepare
 from framework.strategy.memory import ModelStats, fully_sharded, optimizer_sharded, replicated, zero
 from tests.cli.helpers import framework_cmd
 from tests.conftest import compose_cfg
@@ -38,8 +38,9 @@ def test_formulas_match_the_facts_table():
 
 def test_model_is_counted_on_the_meta_device():
     cfg = compose_cfg(["strategy=fsdp", "devices=2", "model.n_layer=3", "model.n_embd=64", "model.n_head=4"])
-    plugins = build_plugins(cfg)
-    model, stats, units = model_stats(cfg, plugins)
+    prepared = prepare(cfg)  # the one pipeline a run, `plan` and `validate` share
+    model = prepared.model
+    stats, units = model_stats(cfg, prepared.plugins, model)
     assert next(model.parameters()).is_meta
     from framework.models.gpt import GPT
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from framework.precision.bf16_mixed import BF16MixedPrecision
 from framework.precision.fp16_mixed import FP16MixedPrecision
-from framework.strategy.base import LoopSettings
+from framework.config.loop_settings import LoopSettings
 from framework.strategy.deepspeed import deep_merge
 from framework.strategy.deepspeed_stage_2_offload import DeepSpeedStage2OffloadStrategy
 from framework.strategy.deepspeed_stage_3 import DeepSpeedStage3Strategy

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 from torch.utils.data import DistributedSampler, TensorDataset
 
-from framework.data.sampler import ShardSampler
+from framework.strategy.sampler import ShardSampler
 from framework.precision.bf16_true import BF16TruePrecision
 from framework.strategy.auto import auto_strategy
 from framework.strategy.single_device import SingleDeviceStrategy

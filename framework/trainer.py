@@ -1,4 +1,6 @@
-"""What every training process runs: build everything from the resolved config, then fit."""
+"""Trainer assembly: what every training process runs. Builds the plugins, data, model, task,
+optimizer, scheduler, loaders, callbacks and loggers from the resolved config, hands them to the
+loop, and returns the loop's typed result (metrics, or where it was preempted)."""
 from __future__ import annotations
 
 import gc
@@ -10,11 +12,18 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from framework.checkpoint.format import list_checkpoints
+from framework.callbacks.progress import RichProgress, TextProgress
+from framework.checkpoint.resume import resume_path
 from framework.checkpoint.rng import seed_everything
 from framework.config.build import build, guarded
+from framework.config.loop_settings import loop_settings
+from framework.data.loaders import build_loader
 from framework.errors import ConfigError
+from framework.loop.fit_loop import FitLoop
+from framework.loop.preemption import PreemptionWatcher
+from framework.loop.state import FitResult
 from framework.plugins import build_plugins
+from framework.tasks.manual import ManualOptimization, optimizer_set_factory
 
 SCHEDULER_INTERVALS = ("step", "epoch")
 
@@ -41,27 +50,6 @@ def build_scheduler(node, optimizer, total_steps: int):
     return guarded(build(node, "scheduler"), "scheduler")(optimizer), interval
 
 
-def resume_path(cfg, output_dir: Path, say, restarted: bool = False) -> Path | None:
-    """The checkpoint to resume from: ckpt_path, or with resume=auto the newest complete one. A
-    worker group restarted by the elastic agent (trainer.max_restarts), or a job its scheduler
-    restarted (`restarted`: a requeued SLURM job), resumes from the newest checkpoint of this
-    run, or from ckpt_path again if there is none yet."""
-    restarted = restarted or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-    if cfg.ckpt_path and not restarted:
-        return Path(cfg.ckpt_path).expanduser()
-    if cfg.resume != "auto" and not restarted:  # after a restart: always the newest checkpoint
-        return None
-    complete, partial = list_checkpoints(output_dir / "checkpoints")
-    for p in partial:
-        say(f"resume=auto: ignoring incomplete checkpoint {p} (its write did not finish)")
-    if not complete:
-        if restarted and cfg.ckpt_path:
-            return Path(cfg.ckpt_path).expanduser()
-        say(f"resume=auto: no checkpoint in {output_dir / 'checkpoints'}; starting from step 0")
-        return None
-    return complete[-1].path
-
-
 def configure_determinism(deterministic: bool) -> bool:
     """Apply trainer.deterministic; returns the previous setting, restored when the run ends."""
     previous = torch.are_deterministic_algorithms_enabled()
@@ -72,9 +60,9 @@ def configure_determinism(deterministic: bool) -> bool:
     return previous
 
 
-def train_worker(config: dict, output_dir: str) -> dict[str, float]:
+def train_worker(config: dict, output_dir: str) -> FitResult:
     """Entry of every training process. `config` is the resolved config as plain containers
-    (picklable: workers never re-read sys.argv or Hydra state). Returns the final metrics."""
+    (picklable: workers never re-read sys.argv or Hydra state). Returns the loop's result."""
     cfg = OmegaConf.create(config)
     plugins = build_plugins(cfg)
     strategy = plugins.strategy
@@ -92,13 +80,7 @@ def train_worker(config: dict, output_dir: str) -> dict[str, float]:
             torch.use_deterministic_algorithms(was_deterministic)
 
 
-def _fit(cfg, config: dict, plugins, output_dir: Path) -> dict[str, float]:
-    from framework.callbacks.progress import RichProgress, TextProgress
-    from framework.data.loaders import build_loader
-    from framework.loop.fit_loop import FitLoop
-    from framework.loop.preemption import PreemptionWatcher
-    from framework.runner import loop_settings
-
+def _fit(cfg, config: dict, plugins, output_dir: Path) -> FitResult:
     strategy = plugins.strategy
     seed_everything(cfg.seed)
     datamodule = build(cfg.data, "data")
@@ -107,15 +89,11 @@ def _fit(cfg, config: dict, plugins, output_dir: Path) -> dict[str, float]:
     model = build(cfg.model, "model")
     optimizer_factory = guarded(build(cfg.optimizer, "optimizer"), "optimizer")
     if not task.automatic_optimization:  # one optimizer per named group of the task
-        from framework.tasks.manual import optimizer_set_factory
-
         optimizer_factory = optimizer_set_factory(task, model, optimizer_factory)
     strategy.configure_loop(loop_settings(cfg))
     model, optimizer = strategy.setup(model, optimizer_factory)
     manual = None
     if not task.automatic_optimization:
-        from framework.tasks.manual import ManualOptimization
-
         manual = ManualOptimization(strategy, model, optimizer, cfg.trainer.clip_grad_norm, cfg.trainer.clip_grad_value)
     train_loader = build_loader(datamodule, strategy, train=True, seed=cfg.seed)
     scheduler, interval = build_scheduler(cfg.scheduler, optimizer,

@@ -1,0 +1,9 @@
+"""The config groups the framework knows by name (one place; everything else reads them here)."""
+
+# The five plugin groups: built into objects and composed by the strategy (framework/plugins.py).
+PLUGIN_GROUPS = ("accelerator", "strategy", "precision", "checkpoint_io", "cluster")
+# Groups chosen as lists (`logger=[csv,tensorboard]`); each option is keyed by its own name, and
+# `none`/`null` is the empty list.
+LIST_GROUPS = ("logger", "callbacks")
+# Groups whose option names look like numbers (`precision=16`), which Hydra's grammar misreads.
+GROUPS_WITH_NUMERIC_OPTIONS = ("precision",)

@@ -1,0 +1,28 @@
+"""What the loop will do, read from the config before any process starts: strategies that must
+know it in advance (DeepSpeed's config) receive it, and the compatibility table judges it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omegaconf import DictConfig
+
+from framework.config.targets import import_target
+
+
+@dataclass
+class LoopSettings:
+    """What the loop will do, for strategies that must know it in advance (DeepSpeed's config)."""
+
+    micro_batch_size: int = 1
+    accumulate: int = 1
+    clip_grad_norm: float | None = None
+    clip_grad_value: float | None = None
+    manual_optimization: bool = False  # the task steps its optimizers itself (framework/tasks/manual.py)
+
+
+def loop_settings(cfg: DictConfig) -> LoopSettings:
+    """The loop settings of a resolved config (the task class says whether it steps its optimizers)."""
+    task = import_target(cfg.task._target_, "task")
+    return LoopSettings(micro_batch_size=cfg.data.get("batch_size", 1), accumulate=cfg.trainer.accumulate,
+                        clip_grad_norm=cfg.trainer.clip_grad_norm, clip_grad_value=cfg.trainer.clip_grad_value,
+                        manual_optimization=not getattr(task, "automatic_optimization", True))
