@@ -26,7 +26,7 @@ from framework.config.overrides import (
 )
 from framework.config.trust import allow_from_command_line, check_hydra_settings, check_trusted
 from framework.errors import ConfigError, ExitCode, RunExit, report, wants_traceback
-from framework.paths import conf_dir
+from framework.paths import check_creatable_dir, conf_dir
 
 
 def precheck(args: list[str], config_dir, config_name: str) -> None:
@@ -47,6 +47,9 @@ def precheck(args: list[str], config_dir, config_name: str) -> None:
                 check_hydra_settings(cfg.hydra)
                 check_trusted(cfg)
                 configs.append(cfg)
+            sweep = bool({"-m", "--multirun"} & set(args)) or "MULTIRUN" in str(configs[0].hydra.mode)
+            run_dir = configs[0].hydra.sweep.dir if sweep else configs[0].hydra.run.dir
+            check_creatable_dir(Path(run_dir), "hydra.sweep.dir" if sweep else "hydra.run.dir")
         if len(configs) > 1:  # a sweep: every value is checked as a run would be, before any job starts
             for cfg in configs:
                 with open_dict(cfg):

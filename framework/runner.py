@@ -8,9 +8,11 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+from torch.utils._pytree import tree_leaves, tree_map
 
 from framework.checkpoint.resume import check_run_dir
 from framework.config.build import build
@@ -184,20 +186,57 @@ def prepare(cfg: DictConfig, strict: bool = True) -> Prepared:
     if prepared.plugins is not None:
         prepared.devices = attempt(lambda: prepared.plugins.accelerator.resolve_devices(resolved.devices))
     if prepared.devices is not None:
-        refusals, prepared.warnings = judge(compatibility_plan(prepared.plugins, resolved, prepared.devices))
+        plan = compatibility_plan(prepared.plugins, resolved, prepared.devices)
+        refusals, prepared.warnings = judge(plan)
         problems.extend(refusals)
+        if not refusals:  # the engine behind the strategy judges its own settings last
+            prepared.plugins.strategy.configure_loop(plan.loop)
+            problems.extend(prepared.plugins.strategy.config_problems())
     return prepared.raise_problems() if strict else prepared
 
 
 def build_components(cfg: DictConfig):
     """Build the model (on the meta device: no memory, no init cost), data module and task once,
-    so an argument their constructors refuse is reported before anything is written; returns the
-    meta model (its size is what `framework plan` reports)."""
+    so an argument their constructors refuse is reported before anything is written, and pass an
+    example batch through them; returns the meta model (its size is what `framework plan` reports)."""
     with meta_device():
         model = build(cfg.model, "model")
-    build(cfg.data, "data")
-    build(cfg.task, "task")
+    data = build(cfg.data, "data")
+    task = build(cfg.task, "task")
+    check_example_batch(model, data, task)
     return model
+
+
+def _shapes(batch) -> str:
+    leaves = [f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" for t in tree_leaves(batch)
+              if isinstance(t, torch.Tensor)]
+    return ", ".join(leaves) or "no tensors"
+
+
+def check_example_batch(model, data, task) -> None:
+    """One training step's forward on the meta device (shapes and dtypes only: no memory, no
+    compute), so a model, data and task that do not fit together are refused before launch
+    rather than at the first step. A task that steps its optimizers itself is not run here
+    (its step needs the optimizers); errors of ops without a meta kernel are not the user's."""
+    if not getattr(task, "automatic_optimization", True):
+        return
+    batch = data.example_batch()
+    meta_batch = tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, batch)
+    try:
+        with meta_device():
+            task.training_step(model, meta_batch)
+    except NotImplementedError:
+        return
+    except (RuntimeError, ValueError, TypeError, IndexError) as err:
+        message = str(err).splitlines()[0] if str(err) else type(err).__name__
+        if "meta" in message:  # e.g. .item() or an op with no meta kernel: no verdict on the shapes
+            return
+        names = {group: type(obj).__name__ for group, obj in (("model", model), ("data", data), ("task", task))}
+        raise ConfigError(
+            f"model ({names['model']}), data ({names['data']}) and task ({names['task']}) do not fit together: "
+            f"one training step on an example batch ({_shapes(batch)}) fails with: {message}. Choose options "
+            "of the three groups that match (e.g. model=mlp data=digits task=classification, or the default "
+            "GPT with data=stdlib_text task=language_modeling).") from err
 
 
 def compatibility_plan(plugins: Plugins, resolved: DictConfig, devices: int) -> Plan:

@@ -31,7 +31,7 @@ CASES = [
     (TRAIN + ["trainer.max_steps=abc"], "trainer.max_steps=abc: Value 'abc' of type 'str' could not be converted"),
     (TRAIN + ["trainer.preemption_signals=SIGTERM"], "is not a ListConfig, list or tuple. Give a value of the key's type"),
     (TRAIN + ["optimizer.lr=fast"], "optimizer.lr='fast': must be a number"),
-    (TRAIN + ["+model.foo=1"], "model.foo: 'framework.models.gpt.GPT' takes no argument 'foo'; it takes: vocab_size"),
+    (TRAIN + ["+model.foo=1"], "model.foo: 'framework.models.gpt.GPT' takes no argument 'foo'. It takes: vocab_size"),
     (TRAIN + ["model._target_=framework.models.gpt.GTP"], "no such importable callable; check the spelling"),
     # values out of range
     (TRAIN + ["trainer.max_steps=0"], "trainer.max_steps=0: must be a positive integer or null"),
@@ -67,6 +67,14 @@ CASES = [
     (FRAMEWORK + ["cp", "gpt_dpp", "{tmp}/x.yaml"], "Did you mean gpt_ddp?"),
     # trust
     (TRAIN + ["model._target_=os.system"], "model._target_=os.system is not in the trusted targets"),
+    # bad input found on the way to one pipeline (issue 13)
+    (TRAIN + ["+trainer.max_stepz=10"], "trainer.max_stepz: no such key, and nothing reads it"),
+    (TRAIN + ["data=digits"], "model (GPT), data (Digits) and task (LanguageModeling) do not fit together"),
+    (TRAIN + ["strategy=fsdp", "+strategy.find_unused_parameters=true"],
+     "drop it with ~strategy.find_unused_parameters"),
+    (TRAIN + ["strategy=deepspeed_stage_2", "+strategy.config.zero_optimization.stage=7"],
+     "strategy.config.zero_optimization.stage=7: DeepSpeed refuses it"),
+    (TRAIN + ["hydra.run.dir=/etc/passwd/run"], "hydra.run.dir=/etc/passwd/run: cannot be created, because /etc/passwd"),
 ]
 
 

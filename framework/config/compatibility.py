@@ -137,14 +137,15 @@ RULES: list[Rule] = [
     Rule(
         lambda p: p.loop.manual_optimization and not _flag(p, "supports_manual_optimization", True),
         lambda p: f"strategy={_strat(p)} drives one optimizer through its own engine, but the task steps its "
-        "optimizers itself (manual optimization, e.g. a GAN); use strategy=ddp (with "
-        "strategy.find_unused_parameters=true), strategy=fsdp or strategy=single_device.",
+        "optimizers itself (manual optimization, e.g. a GAN); use strategy=ddp, "
+        "strategy=fsdp or strategy=single_device.",
     ),
     Rule(
         lambda p: p.loop.manual_optimization and _flag(p, "ddp_kwargs", {}).get("find_unused_parameters")
         is False,
         lambda p: f"strategy={_strat(p)} with a task that steps its optimizers itself: each optimizer's step leaves "
-        "the other parameters without gradients, which DDP must be told; set strategy.find_unused_parameters=true.",
+        "the other parameters without gradients, which DDP must be told; set strategy.find_unused_parameters=true "
+        "(or null, which chooses it for such tasks).",
     ),
     Rule(
         lambda p: p.loop.manual_optimization and p.loop.accumulate > 1,

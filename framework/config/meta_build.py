@@ -14,9 +14,16 @@ _INIT_METHODS = {"normal_", "uniform_", "zero_", "fill_", "copy_", "exponential_
                  "geometric_", "log_normal_", "cauchy_", "erfinv_", "clamp_", "mul_", "add_", "sub_", "div_"}
 
 
+# Factories whose meta version goes through torch's reference decompositions (the sympy import
+# above): made on the CPU (they are small: positions, masks) and moved to the meta device.
+_CPU_FACTORIES = {torch.arange}
+
+
 class _SkipMetaInit(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in _CPU_FACTORIES and torch.device(kwargs.get("device") or "meta").type == "meta":
+            return func(*args, **{**kwargs, "device": "cpu"}).to("meta")
         target = args[0] if args else kwargs.get("tensor")  # torch.nn.init passes it by keyword
         name = getattr(func, "__name__", "")
         is_init = getattr(func, "__module__", "") == "torch.nn.init" or name in _INIT_METHODS

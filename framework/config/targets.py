@@ -17,7 +17,7 @@ from framework.config.groups import PLUGIN_GROUPS
 from framework.config.trust import check_trusted
 from framework.config.types import Bound
 from framework.config.walk import target_nodes
-from framework.errors import ConfigError
+from framework.errors import ConfigError, did_you_mean
 
 HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
 # Keys the framework reads itself and removes before instantiation.
@@ -179,9 +179,11 @@ def _check_node(key: str, node: DictConfig, problems: list[str]) -> None:
     for arg in given:
         if arg not in params and not takes_kwargs:
             valid = [n for n, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+            swapped = (f" If a recipe sets it for another {key} option, drop it with ~{key}.{arg} on the command "
+                       "line." if "." not in key else "")
             problems.append(
-                f"{key}.{arg}: '{node['_target_']}' takes no argument '{arg}'; "
-                f"it takes: {', '.join(valid) or 'none'}."
+                f"{key}.{arg}: '{node['_target_']}' takes no argument '{arg}'.{did_you_mean(arg, valid, 0.7)} "
+                f"It takes: {', '.join(valid) or 'none'}.{swapped}"
             )
             continue
         if arg in hints and not OmegaConf.is_missing(node, arg):

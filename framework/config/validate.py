@@ -1,11 +1,14 @@
 """Value checks on the schema's own keys (the dataclasses check types; this checks ranges)."""
 from __future__ import annotations
 
+from dataclasses import fields
+
 from omegaconf import DictConfig
 
 from framework.config.groups import PLUGIN_GROUPS
+from framework.config.schema import TrainConfig, TrainerConfig
 from framework.config.signals import is_signal_name
-from framework.errors import ConfigError
+from framework.errors import ConfigError, did_you_mean
 
 # (key, predicate on the value, what the value must be)
 _RULES = [
@@ -36,8 +39,25 @@ def _get(cfg: DictConfig, dotted: str):
     return node
 
 
-def check_values(cfg: DictConfig) -> None:
+def unknown_keys(cfg: DictConfig) -> list[str]:
+    """Keys under a node with a schema that the schema does not have. Hydra refuses such a key
+    unless it was added with `+` (`+trainer.max_stepz=10`), which it then accepts in silence;
+    nothing would read it, so it is refused like the same typo without `+`."""
     problems = []
+    for node, schema, prefix in ((cfg, TrainConfig, ""), (cfg.get("trainer"), TrainerConfig, "trainer.")):
+        if not isinstance(node, DictConfig):
+            continue
+        known = [f.name for f in fields(schema)]
+        for key in node.keys():
+            if key not in known and key != "hydra":
+                problems.append(f"{prefix}{key}: no such key, and nothing reads it (it was added with "
+                                f"+{prefix}{key}=...).{did_you_mean(str(key), known)} `python train.py --cfg job` "
+                                "prints every key.")
+    return problems
+
+
+def check_values(cfg: DictConfig) -> None:
+    problems = unknown_keys(cfg)
     for key, ok, expected in _RULES:
         value = _get(cfg, key)
         if not ok(value):

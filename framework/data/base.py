@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 
 from framework.config.types import NonNegativeInt, PositiveInt
 
@@ -34,3 +34,11 @@ class DataModule(ABC):
     @abstractmethod
     def val_dataset(self) -> Dataset:
         """The validation split (map-style)."""
+
+    def example_batch(self, size: int = 2):
+        """A small training batch with the real shapes and dtypes (the contents do not matter):
+        the run's preparation passes it, on the meta device, through model and task to refuse a
+        model/data/task mismatch before launch. The default collates the first samples of the
+        training set; a DataModule whose set is costly to build may return a synthetic batch."""
+        dataset = self.train_dataset()
+        return default_collate([dataset[i] for i in range(min(size, len(dataset)))])

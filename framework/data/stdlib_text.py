@@ -1,6 +1,7 @@
 """A byte-level text corpus every machine has: the Python standard library's own source."""
 from __future__ import annotations
 
+import os
 import sysconfig
 import zlib
 from functools import cached_property
@@ -19,9 +20,13 @@ SKIPPED_DIRS = {"test", "tests", "site-packages", "dist-packages", "idlelib", "l
 
 
 def stdlib_files(root: Path | None = None) -> list[Path]:
-    """The stdlib's .py files in a fixed (sorted) order."""
+    """The stdlib's .py files in a fixed (sorted) order. Skipped folders are not entered at all
+    (site-packages alone can hold more files than the stdlib)."""
     root = Path(root or sysconfig.get_paths()["stdlib"])
-    files = [p for p in root.rglob("*.py") if not SKIPPED_DIRS.intersection(p.relative_to(root).parts)]
+    files = []
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = [d for d in subfolders if d not in SKIPPED_DIRS]
+        files += [Path(folder, n) for n in names if n.endswith(".py")]
     return sorted(files, key=lambda p: p.relative_to(root).as_posix())
 
 
@@ -75,6 +80,11 @@ class StdlibText(DataModule):
 
     def train_dataset(self) -> Dataset:
         return TokenBlocks(self._splits[0], self.block_size)
+
+    def example_batch(self, size: int = 2):
+        """Token blocks of the right shape, without reading the corpus."""
+        tokens = torch.zeros(size, self.block_size, dtype=torch.long)
+        return tokens, tokens
 
     def val_dataset(self) -> Dataset:
         return TokenBlocks(self._splits[1], self.block_size)

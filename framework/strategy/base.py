@@ -220,6 +220,11 @@ class Strategy:
         return out / self.world_size if op == "mean" else out
 
     # ---- checkpoint state ---------------------------------------------------------------
+    def config_problems(self) -> list[str]:
+        """Problems with this strategy's own settings that only the engine behind it can judge
+        (checked before launch, after `configure_loop`); one message per problem."""
+        return []
+
     def estimate_memory(self, stats, world_size: int):
         """Bytes per rank for weights, gradients and optimizer state (`framework plan`); a
         strategy that shards or offloads overrides it (framework/strategy/memory.py)."""

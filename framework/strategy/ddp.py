@@ -16,10 +16,12 @@ class DDPStrategy(ParallelStrategy):
 
     name = "ddp"
 
-    def __init__(self, *args, find_unused_parameters: bool = False, static_graph: bool = False,
+    def __init__(self, *args, find_unused_parameters: bool | None = None, static_graph: bool = False,
                  gradient_as_bucket_view: bool = True, bucket_cap_mb: PositiveFloat = 25.0,
                  sync_batchnorm: bool = False, timeout_s: float = 1800.0, **kwargs):
-        """find_unused_parameters: allow parameters that get no gradient in a step (slower);
+        """find_unused_parameters: allow parameters that get no gradient in a step (slower); null:
+        only when the task steps its optimizers itself (manual optimization: each optimizer's
+        step leaves the other parameters without gradients);
         static_graph: the set of used parameters never changes (enables optimisations);
         gradient_as_bucket_view: gradients alias the communication buckets (saves memory);
         bucket_cap_mb: size of a gradient bucket; sync_batchnorm: BatchNorm statistics over all
@@ -33,7 +35,10 @@ class DDPStrategy(ParallelStrategy):
         if self.sync_batchnorm:
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=device_ids, **self.ddp_kwargs)
+        kwargs = dict(self.ddp_kwargs)
+        if kwargs["find_unused_parameters"] is None:
+            kwargs["find_unused_parameters"] = self.loop_settings.manual_optimization
+        return DistributedDataParallel(model, device_ids=device_ids, **kwargs)
 
     def no_backward_sync(self, model, skip: bool):
         return model.no_sync() if skip and isinstance(model, DistributedDataParallel) else nullcontext()

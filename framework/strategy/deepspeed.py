@@ -18,6 +18,9 @@ from framework.strategy.memory import zero
 from framework.strategy.parallel import ParallelStrategy
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
+# DeepSpeed's config models, by the section of its config each one reads (for error messages)
+CONFIG_SECTIONS = {"DeepSpeedZeroConfig": "zero_optimization", "DeepSpeedBF16Config": "bf16",
+                   "DeepSpeedFP16Config": "fp16", "DeepSpeedActivationCheckpointingConfig": "activation_checkpointing"}
 
 
 def deep_merge(base: dict, extra: dict) -> dict:
@@ -107,6 +110,28 @@ class DeepSpeedStrategy(ParallelStrategy):
         elif dtype == torch.float16:
             config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
         return deep_merge(config, self.raw_config)
+
+    def config_problems(self) -> list[str]:
+        """The merged config through DeepSpeed's own config models, when the user added raw keys
+        (`strategy.config`): a bad value is refused before any process starts. Without raw keys
+        the generated config is known to be valid, and deepspeed is not imported."""
+        if not self.raw_config:
+            return []
+        if self.accelerator.name == "cpu":
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read when deepspeed is first imported
+        from deepspeed.runtime.config import DeepSpeedConfig
+        from pydantic import ValidationError
+
+        try:
+            DeepSpeedConfig(self.deepspeed_config())
+        except ValidationError as err:
+            section = CONFIG_SECTIONS.get(err.title, err.title)
+            return [f"strategy.config.{section}.{'.'.join(map(str, e['loc']))}={e.get('input')!r}: DeepSpeed refuses "
+                    f"it: {e['msg']}. Fix or remove the key under strategy.config." for e in err.errors()]
+        except (ValueError, AssertionError, KeyError, TypeError) as err:
+            return [f"strategy.config: DeepSpeed refuses the merged config: {err}. Fix or remove the keys under "
+                    "strategy.config."]
+        return []
 
     # ---- model and optimizer ------------------------------------------------------------
     def setup(self, model, optimizer_factory):

@@ -38,13 +38,8 @@ def test_validate_checks_constructors_and_compatibility(tmp_path):
     assert "DeepSpeed has no float64 mode" in result.stderr
 
 
-def test_validate_passes_every_builtin_recipe(tmp_path):
-    from framework.cli.validate import problems_of
-    from framework.config.compose import compose
-    from framework.paths import builtin_recipes
-
-    for name, path in builtin_recipes().items():  # in-process: the command itself is run below
-        assert problems_of(compose(path.parent, path.stem, [])) == [], name
+def test_validate_passes_a_builtin_recipe(tmp_path):
+    # every built-in recipe is validated in-process by tests/recipes/test_recipes.py
     result = framework_cmd("validate", "gpt_ddp", cwd=tmp_path)
     assert result.returncode == 0 and "gpt_ddp.yaml: ok" in result.stdout, result.stderr
 

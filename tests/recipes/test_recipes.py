@@ -144,3 +144,25 @@ def test_an_installed_wheel_finds_its_own_config_tree(tmp_path):
     result = framework_cmd("run", "digits_classifier", "name=w", *SHORT, cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((tmp_path / "outputs" / "w" / "summary.json").read_text())["status"] == "completed"
+
+
+def test_every_recipe_validates_and_swaps_to_every_strategy():
+    """Every shipped recipe validates as shipped (what `framework validate` runs), and the one-key swap holds for the shipped recipes: under every strategy option each recipe
+    composes and passes values, targets (no option a recipe sets that another strategy does not
+    take) and constructors; what is left is the compatibility table's word on this machine and
+    task (e.g. DeepSpeed refuses a task that steps two optimizers), given as the reason."""
+    from framework.config.compose import composer
+    from framework.paths import conf_dir
+    from framework.runner import prepare
+
+    strategies = sorted(p.stem for p in (conf_dir() / "strategy").glob("*.yaml"))
+    for name, path in builtin_recipes().items():
+        with composer(path.parent) as compose_one:
+            assert prepare(compose_one(path.stem, []), strict=False).problems == [], name  # as shipped
+            for strategy in strategies:
+                cfg = compose_one(path.stem, [f"strategy={strategy}"])
+                prepared = prepare(cfg, strict=False)
+                where = f"{name} strategy={strategy}: {prepared.problems}"
+                assert prepared.plugins is not None and prepared.model is not None and prepared.devices, where
+                if strategy in ("ddp", "fsdp"):  # these two take every shipped task
+                    assert prepared.problems == [], where

@@ -66,7 +66,7 @@ def test_optimizer_groups_must_cover_every_parameter_once():
 @pytest.mark.parametrize("overrides,fragment", [
     (["strategy=deepspeed_stage_2", "devices=2"], "drives one optimizer through its own engine"),
     (["strategy=ddp_sharded", "devices=2"], "drives one optimizer through its own engine"),
-    (["strategy=ddp", "devices=2"], "set strategy.find_unused_parameters=true"),
+    (["strategy=ddp", "devices=2", "strategy.find_unused_parameters=false"], "set strategy.find_unused_parameters=true"),
     (["trainer.accumulate=2"], "set trainer.accumulate=1"),
 ])
 def test_strategies_that_cannot_are_refused_before_launch(overrides, fragment):
@@ -93,11 +93,21 @@ def test_manual_optimization_resumes_exactly(tmp_path):
     assert_resume_is_exact([*GAN, "trainer.val_every=10", "callbacks.checkpoint.every_n_steps=10"], tmp_path, steps=20)
 
 
+def grad_norms(run_dir):
+    with open(run_dir / "metrics.csv") as f:
+        return [float(r["train/grad_norm"]) for r in csv.DictReader(f) if r.get("train/grad_norm")]
+
+
 @pytest.mark.slow
-def test_ddp_and_fsdp_train_the_same_gan(tmp_path):
-    common = ["trainer.max_steps=40", "trainer.val_every=20", "devices=2", *GAN]
-    ddp = run_train([*common, "name=ddp", "strategy=ddp", "strategy.find_unused_parameters=true"], tmp_path)
+def test_ddp_and_fsdp_train_the_same_gan_with_clipping(tmp_path):
+    """Manual optimization clips through the strategy (FSDP's norm over DTensor shards), so a
+    clipped GAN trains the same under fsdp as under ddp."""
+    common = ["trainer.max_steps=40", "trainer.val_every=20", "devices=2", *GAN, "trainer.clip_grad_norm=0.05"]
+    ddp = run_train([*common, "name=ddp", "strategy=ddp"], tmp_path)  # find_unused_parameters chosen for the task
     fsdp = run_train([*common, "name=fsdp", "strategy=fsdp"], tmp_path)
     assert ddp.returncode == 0 and fsdp.returncode == 0, ddp.stderr[-2000:] + fsdp.stderr[-2000:]
     a, b = val_distances(tmp_path / "outputs" / "ddp"), val_distances(tmp_path / "outputs" / "fsdp")
     assert len(a) == 3 and a == pytest.approx(b, abs=1e-5)
+    norms_ddp, norms_fsdp = grad_norms(tmp_path / "outputs" / "ddp"), grad_norms(tmp_path / "outputs" / "fsdp")
+    assert len(norms_ddp) == 4 and min(norms_ddp) > 0.05  # the norm before clipping: every step was clipped
+    assert norms_fsdp == pytest.approx(norms_ddp, rel=1e-5)
