@@ -138,6 +138,7 @@ class Prepared:
     and the model built on the meta device, or the problems found (every one, not the first)."""
 
     problems: list[str] = field(default_factory=list)
+    refusals: list[str] = field(default_factory=list)  # the compatibility table's share of the problems
     warnings: list[str] = field(default_factory=list)
     config: dict | None = None  # the resolved config as plain containers (what workers receive)
     resolved: DictConfig | None = None
@@ -187,10 +188,12 @@ def prepare(cfg: DictConfig, strict: bool = True) -> Prepared:
         prepared.devices = attempt(lambda: prepared.plugins.accelerator.resolve_devices(resolved.devices))
     if prepared.devices is not None:
         plan = compatibility_plan(prepared.plugins, resolved, prepared.devices)
-        refusals, prepared.warnings = judge(plan)
-        problems.extend(refusals)
-        if not refusals:  # the engine behind the strategy judges its own settings last
+        prepared.refusals, prepared.warnings = judge(plan)
+        problems.extend(prepared.refusals)
+        if not prepared.refusals:  # the engine behind the strategy judges its own settings last
             prepared.plugins.strategy.configure_loop(plan.loop)
+            if prepared.model is not None:
+                problems.extend(prepared.plugins.strategy.model_problems(prepared.model))
             problems.extend(prepared.plugins.strategy.config_problems())
     return prepared.raise_problems() if strict else prepared
 

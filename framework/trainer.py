@@ -86,11 +86,11 @@ def _fit(cfg, config: dict, plugins, output_dir: Path) -> FitResult:
     datamodule = build(cfg.data, "data")
     task = build(cfg.task, "task")
     callbacks = {name: build(node, f"callbacks.{name}") for name, node in cfg.callbacks.items()}
-    model = build(cfg.model, "model")
     optimizer_factory = guarded(build(cfg.optimizer, "optimizer"), "optimizer")
+    strategy.configure_loop(loop_settings(cfg))
+    model = strategy.build_model(lambda: build(cfg.model, "model"))
     if not task.automatic_optimization:  # one optimizer per named group of the task
         optimizer_factory = optimizer_set_factory(task, model, optimizer_factory)
-    strategy.configure_loop(loop_settings(cfg))
     model, optimizer = strategy.setup(model, optimizer_factory)
     manual = None
     if not task.automatic_optimization:

@@ -30,6 +30,12 @@ class Accelerator(ABC):
     def max_devices(self) -> int:
         """How many devices of this type one node can use (processes, for the CPU)."""
 
+    @property
+    def allows_oversubscription(self) -> bool:
+        """Whether more processes than `max_devices()` may share the devices (slower, but every
+        rank runs): the CPU's cores can; a GPU cannot be split."""
+        return False
+
     def auto_devices(self) -> int:
         """What `devices=auto` means for this device type."""
         return self.max_devices()

@@ -24,6 +24,11 @@ class CPUAccelerator(Accelerator):
     def max_devices(self) -> int:
         return self._max or os.cpu_count() or 1
 
+    @property
+    def allows_oversubscription(self) -> bool:
+        """More processes than cores share them (each with one thread), unless max_processes caps it."""
+        return self._max is None
+
     def auto_devices(self) -> int:
         return 1
 

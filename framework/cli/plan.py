@@ -19,6 +19,7 @@ from framework.errors import ExitCode, UserError, report
 from framework.paths import conf_dir, find_recipe
 from framework.runner import prepare
 from framework.strategy.memory import ModelStats
+from framework.strategy.units import choose_units
 
 
 def human_bytes(n: float) -> str:
@@ -38,18 +39,15 @@ def optimizer_states(cfg: DictConfig) -> int:
 
 
 def model_stats(cfg: DictConfig, plugins, model):
-    """Trainable parameters, the largest unit gathered at once, and the byte sizes that the
+    """Trainable parameters, the largest unit gathered at once (by the units the strategy would
+    shard: the same rule as the run, framework/strategy/units.py), and the byte sizes that the
     strategies' memory formulas need, for the model built on the meta device."""
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    units = getattr(plugins.strategy, "wrap_modules", None) or list(getattr(model, "sharding_units", ()))
-    if units:
-        sizes = [sum(p.numel() for p in m.parameters()) for m in model.modules() if type(m).__name__ in units]
-    else:
-        sizes = [sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()]
+    units = plugins.strategy.units(model) if hasattr(plugins.strategy, "units") else choose_units(model)
     precision = plugins.precision
     param_bytes = torch.empty((), dtype=precision.param_dtype).element_size()
     mixed_half = precision.param_dtype == torch.float32 and precision.compute_dtype in (torch.float16, torch.bfloat16)
-    stats = ModelStats(params, max(sizes or [params]), param_bytes, mixed_half, optimizer_states(cfg))
+    stats = ModelStats(params, units.largest or params, param_bytes, mixed_half, optimizer_states(cfg))
     return stats, units
 
 
@@ -67,8 +65,8 @@ def ranks_per_node(devices: int, num_nodes: int) -> str:
 def plan(cfg: DictConfig, out=None) -> int:
     out = out or sys.stdout
     prepared = prepare(cfg, strict=False)
-    if prepared.plugins is None or prepared.devices is None or prepared.model is None:
-        prepared.raise_problems()  # nothing to plan without plugins and model: the problems alone
+    if any(problem not in prepared.refusals for problem in prepared.problems):
+        prepared.raise_problems()  # a plan is shown for a refused combination only, not for a broken config
     resolved, plugins, devices, model = prepared.resolved, prepared.plugins, prepared.devices, prepared.model
     world = devices * resolved.num_nodes
     print("plugins", file=out)
@@ -82,8 +80,9 @@ def plan(cfg: DictConfig, out=None) -> int:
           f"{ranks_per_node(devices, resolved.num_nodes)}", file=out)
     stats, units = model_stats(resolved, plugins, model)
     print("model", file=out)
-    unit = f"largest unit gathered at once ({'/'.join(units) if units else 'largest layer'}): {stats.largest_unit:,}"
-    print(f"  {type(model).__name__}: {stats.params:,} trainable parameters; {unit}", file=out)
+    print(f"  {type(model).__name__}: {stats.params:,} trainable parameters; largest unit gathered at once: "
+          f"{stats.largest_unit:,}", file=out)
+    print(f"  units: {units.describe()}", file=out)
     estimate = plugins.strategy.estimate_memory(stats, world)
     print("memory per rank (weights, gradients, optimizer state; activations not counted)", file=out)
     line = f"  {plugins.strategy.name}: {estimate.formula} = {human_bytes(estimate.device)} on {plugins.accelerator.name}"
@@ -99,9 +98,9 @@ def plan(cfg: DictConfig, out=None) -> int:
         else:
             print(f"  device memory: {human_bytes(memory)} ({100 * estimate.device / memory:.2f}% for model states)",
                   file=out)
-    if prepared.problems:
+    if prepared.refusals:
         print("compatibility: refused", file=out)
-        for problem in prepared.problems:
+        for problem in prepared.refusals:
             print(f"  - {problem}", file=out)
         return ExitCode.USER_ERROR
     print("compatibility: ok" + "".join(f"\n  warning: {w}" for w in prepared.warnings), file=out)

@@ -73,9 +73,18 @@ RULES: list[Rule] = [
         "Use accelerator=cpu (or accelerator=auto to pick what this machine has).",
     ),
     Rule(
-        lambda p: p.accelerator.is_available() and p.devices > p.accelerator.max_devices(),
+        lambda p: p.accelerator.is_available() and p.devices > p.accelerator.max_devices()
+        and not getattr(p.accelerator, "allows_oversubscription", False),
         lambda p: f"devices={p.devices}: accelerator={_acc(p)} has only {p.accelerator.max_devices()} "
         f"device(s) on this machine; use devices={p.accelerator.max_devices()} or fewer.",
+    ),
+    Rule(
+        lambda p: p.accelerator.is_available() and p.devices > p.accelerator.max_devices()
+        and getattr(p.accelerator, "allows_oversubscription", False),
+        lambda p: f"devices={p.devices} on {p.accelerator.max_devices()} {_acc(p)} core(s): oversubscribed, the "
+        "processes share the cores (one thread each); every rank runs, slower than with "
+        f"devices={p.accelerator.max_devices()}.",
+        level="warn",
     ),
     Rule(
         lambda p: p.world_size > 1 and not p.strategy.multi_process,

@@ -19,21 +19,38 @@ _INIT_METHODS = {"normal_", "uniform_", "zero_", "fill_", "copy_", "exponential_
 _CPU_FACTORIES = {torch.arange}
 
 
+# Factories that draw random numbers: on the meta device they draw none, so a model that makes
+# its initial values with them cannot have its initialisation recorded (framework/strategy/meta_init.py).
+RANDOM_FACTORIES = {torch.rand, torch.randn, torch.randint, torch.randperm, torch.normal, torch.rand_like,
+                    torch.randn_like, torch.randint_like, torch.bernoulli, torch.multinomial, torch.poisson}
+
+
 class _SkipMetaInit(TorchFunctionMode):
+    def __init__(self, record: list | None = None):
+        super().__init__()
+        self.record = record
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _CPU_FACTORIES and torch.device(kwargs.get("device") or "meta").type == "meta":
+        meta_device = torch.device(kwargs.get("device") or "meta").type == "meta"
+        if func in _CPU_FACTORIES and meta_device:
             return func(*args, **{**kwargs, "device": "cpu"}).to("meta")
+        if self.record is not None and func in RANDOM_FACTORIES and meta_device:
+            self.record.append((func, args, kwargs))
         target = args[0] if args else kwargs.get("tensor")  # torch.nn.init passes it by keyword
         name = getattr(func, "__name__", "")
         is_init = getattr(func, "__module__", "") == "torch.nn.init" or name in _INIT_METHODS
         if is_init and isinstance(target, torch.Tensor) and target.is_meta:
+            if self.record is not None:
+                self.record.append((func, args, kwargs))
             return target
         return func(*args, **kwargs)
 
 
 @contextlib.contextmanager
-def meta_device():
-    """`with torch.device("meta")`, with initialisers skipped."""
-    with torch.device("meta"), _SkipMetaInit():
+def meta_device(record: list | None = None):
+    """`with torch.device("meta")`, with initialisers skipped; with `record`, every skipped
+    initialiser call (and every random factory) is appended to it as (func, args, kwargs), in
+    order, for framework/strategy/meta_init.py to replay on real tensors."""
+    with torch.device("meta"), _SkipMetaInit(record):
         yield

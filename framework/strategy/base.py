@@ -24,6 +24,10 @@ from framework.strategy.sampler import ShardSampler
 _REDUCE_OPS = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}
 
 
+def is_meta(model: torch.nn.Module) -> bool:
+    return any(t.is_meta for t in [*model.parameters(), *model.buffers()])
+
+
 def move_to_device(data: Any, device: torch.device) -> Any:
     if isinstance(data, torch.Tensor):
         return data.to(device, non_blocking=True)
@@ -115,8 +119,15 @@ class Strategy:
         return self.global_rank == 0
 
     # ---- model and optimizer -----------------------------------------------------------
+    def build_model(self, factory: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+        """Build the model for `setup` (after `configure_loop`). The base class builds it whole;
+        sharding strategies build it so that no rank holds all of it (framework/strategy/meta_init.py)."""
+        return factory()
+
     def setup(self, model: torch.nn.Module, optimizer_factory: Callable[..., torch.optim.Optimizer]):
-        model = self.precision.convert_module(model).to(self.root_device)
+        model = self.precision.convert_module(model)
+        if not is_meta(model):  # a model still on the meta device is placed when materialised
+            model = model.to(self.root_device)
         model = self.wrap_model(model)
         return model, optimizer_factory(model.parameters())
 
@@ -220,6 +231,11 @@ class Strategy:
         return out / self.world_size if op == "mean" else out
 
     # ---- checkpoint state ---------------------------------------------------------------
+    def model_problems(self, model: torch.nn.Module) -> list[str]:
+        """Problems with this strategy's settings for this model (built on the meta device), e.g.
+        a unit class the model does not have; checked before launch."""
+        return []
+
     def config_problems(self) -> list[str]:
         """Problems with this strategy's own settings that only the engine behind it can judge
         (checked before launch, after `configure_loop`); one message per problem."""

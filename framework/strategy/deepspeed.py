@@ -14,6 +14,7 @@ from typing import Any, Literal
 import torch
 
 from framework.errors import ConfigError
+from framework.strategy.deepspeed_sizes import zero_sizes
 from framework.strategy.memory import zero
 from framework.strategy.parallel import ParallelStrategy
 
@@ -51,17 +52,20 @@ class DeepSpeedStrategy(ParallelStrategy):
 
     def __init__(self, *args, stage: Literal[0, 1, 2, 3] | None = None, offload_optimizer: OffloadDevice | None = None,
                  offload_parameters: OffloadDevice | None = None, nvme_path: str = "/local_nvme",
-                 config: dict | None = None, timeout_s: float = 1800.0, **kwargs):
+                 config: dict | None = None, partitioned_init: bool = True, timeout_s: float = 1800.0, **kwargs):
         """stage: ZeRO stage (0: plain data parallel); offload_optimizer: keep optimizer state (and
         the update) on cpu or nvme (stages 1-3); offload_parameters: keep parameters on cpu or
         nvme (stage 3); nvme_path: folder on a fast local disk for nvme offload; config: raw
-        DeepSpeed keys merged over the generated config; timeout_s: collective timeout."""
+        DeepSpeed keys merged over the generated config (ZeRO sizes not given there are derived from
+        the model: framework/strategy/deepspeed_sizes.py); partitioned_init: under ZeRO-3, build the
+        model inside deepspeed.zero.Init (no rank holds all of it); timeout_s: collective timeout."""
         super().__init__(*args, timeout_s=timeout_s, **kwargs)
         self.stage = self.default_stage if stage is None else stage
         self.offload_optimizer = offload_optimizer or self.default_offload_optimizer
         self.offload_parameters = offload_parameters or self.default_offload_parameters
         self.nvme_path = nvme_path
         self.raw_config = dict(config or {})
+        self.partitioned_init = partitioned_init
         self.engine = None
 
     @property
@@ -81,9 +85,10 @@ class DeepSpeedStrategy(ParallelStrategy):
         deepspeed.init_distributed(dist_backend=self.accelerator.distributed_backend, auto_mpi_discovery=False)
 
     # ---- config -------------------------------------------------------------------------
-    def deepspeed_config(self) -> dict:
+    def deepspeed_config(self, model=None) -> dict:
+        """The generated config (sizes derived from `model` when given), raw `config` keys merged over it."""
         loop = self.loop_settings
-        zero: dict[str, Any] = {"stage": self.stage}
+        zero: dict[str, Any] = {"stage": self.stage, **(zero_sizes(model, self.stage) if model is not None else {})}
         pin = self.accelerator.name == "cuda"
         if self.offload_optimizer != "none":
             zero["offload_optimizer"] = {"device": self.offload_optimizer, "pin_memory": pin}
@@ -134,11 +139,24 @@ class DeepSpeedStrategy(ParallelStrategy):
         return []
 
     # ---- model and optimizer ------------------------------------------------------------
+    def build_model(self, factory):
+        """ZeRO-3: built inside `deepspeed.zero.Init`, which partitions each submodule's
+        parameters as soon as it is constructed (its `apply` gathers one module at a time), so
+        no rank ever holds the whole model and the weights are an ordinary build's."""
+        if self.stage != 3 or not self.partitioned_init:
+            return factory()
+        import deepspeed
+
+        remote = self.offload_parameters if self.offload_parameters != "none" else None
+        with deepspeed.zero.Init(config_dict_or_path=self.deepspeed_config(), remote_device=remote,
+                                 pin_memory=self.accelerator.name == "cuda"):
+            return factory()
+
     def setup(self, model, optimizer_factory):
         import deepspeed
 
         model = model.to(self.root_device)
-        config = self.deepspeed_config()
+        config = self.deepspeed_config(model)
         if "optimizer" in config:  # DeepSpeed's own (compiled) optimizer, asked for in the raw config
             engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                                            config=config)

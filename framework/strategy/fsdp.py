@@ -1,35 +1,89 @@
 """`strategy=fsdp`: torch FSDP2 (`fully_shard`): parameters, gradients and optimizer state
-sharded across ranks, each wrapped unit gathered only while it computes."""
+sharded across ranks, each unit gathered only while it computes. Sharded from birth: the model is
+built on the meta device, sharded, and each rank then materialises only its own shards, with the
+weights an ordinary build makes from the same seed (framework/strategy/meta_init.py)."""
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import torch
 
-from framework.errors import ConfigError
+from framework.config.types import PositiveInt
 from framework.strategy.memory import fully_sharded
+from framework.strategy.meta_init import InitLog, build_on_meta, replay
 from framework.strategy.parallel import ParallelStrategy
+from framework.strategy.units import DEFAULT_MIN_UNIT_PARAMS, Units, choose_units
 
 
 class FSDPStrategy(ParallelStrategy):
-    """Each module whose class name is in `wrap_modules` becomes one FSDP unit (its parameters
-    are all-gathered together before it runs and freed after); the root holds the rest.
-    The precision plugin's compute dtype becomes FSDP's MixedPrecisionPolicy (parameters
-    gathered in that dtype, gradients reduced in float32)."""
+    """Each unit (framework/strategy/units.py: strategy.wrap_modules, the model's sharding_units,
+    a Hugging Face model's _no_split_modules, else a size rule) is all-gathered before it runs
+    and freed after; the root holds the rest. The precision plugin's compute dtype becomes FSDP's
+    MixedPrecisionPolicy (parameters gathered in that dtype, gradients reduced in float32)."""
 
     name = "fsdp"
 
-    def __init__(self, *args, wrap_modules: list[str] | None = None, reshard_after_forward: bool = True,
-                 cpu_offload: bool = False, timeout_s: float = 1800.0, **kwargs):
+    def __init__(self, *args, wrap_modules: list[str] | None = None, min_unit_params: PositiveInt = DEFAULT_MIN_UNIT_PARAMS,
+                 reshard_after_forward: bool = True, cpu_offload: bool = False, meta_init: bool = True,
+                 timeout_s: float = 1800.0, **kwargs):
         """wrap_modules: class names of the modules to shard as units (e.g. [Block]); null: the
-        model's own `sharding_units` attribute if it has one, else only the root; reshard_after_forward: free gathered parameters after forward (less memory,
-        one more all-gather in backward); cpu_offload: keep sharded parameters, gradients and
-        optimizer state in CPU memory; timeout_s: how long a collective may wait."""
+        framework chooses (the model's sharding_units, _no_split_modules, else the size rule);
+        []: only the root; min_unit_params: the size rule's threshold; reshard_after_forward: free
+        gathered parameters after forward (less memory, one more all-gather in backward);
+        cpu_offload: keep sharded parameters, gradients and optimizer state in CPU memory;
+        meta_init: build on the meta device and materialise shards only (false: every rank
+        builds the whole model first); timeout_s: how long a collective may wait."""
         super().__init__(*args, timeout_s=timeout_s, **kwargs)
         self.wrap_modules = None if wrap_modules is None else list(wrap_modules)
+        self.min_unit_params = min_unit_params
         self.reshard_after_forward = reshard_after_forward
         self.cpu_offload = cpu_offload
+        self.meta_init = meta_init
+        self._init_log: InitLog | None = None
+
+    def units(self, model: torch.nn.Module) -> Units:
+        """The modules sharded as units (the same rule `framework plan` and `validate` use)."""
+        return choose_units(model, self.wrap_modules, self.min_unit_params)
+
+    def model_problems(self, model: torch.nn.Module) -> list[str]:
+        try:
+            self.units(model)
+        except Exception as err:  # a wrap_modules name the model does not have
+            return [str(err)]
+        return []
 
     def estimate_memory(self, stats, world_size: int):
         return fully_sharded(stats, world_size, offload=self.cpu_offload)
+
+    # ---- building: on the meta device, then shards only --------------------------------
+    def build_model(self, factory):
+        if not self.meta_init:
+            return factory()
+        model, log = build_on_meta(factory)
+        if log.problem:
+            self._say(f"{self.name}: building {type(model).__name__} whole on every rank before sharding: {log.problem}")
+            return factory()
+        self._init_log = log
+        return model
+
+    def _materialise(self, model: torch.nn.Module) -> None:
+        """Allocate this rank's shards and fill them with the recorded initialisation."""
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        log, self._init_log = self._init_log, None
+        model.to_empty(device="cpu" if self.cpu_offload else self.root_device)
+
+        def write(name: str, full: torch.Tensor) -> None:
+            owner, _, leaf = name.rpartition(".")
+            target = getattr(model.get_submodule(owner), leaf)
+            full = full.to(target.dtype)
+            if isinstance(target, DTensor):
+                full = distribute_tensor(full, target.device_mesh, target.placements, src_data_rank=None)
+                target.to_local().copy_(full.to_local())
+            else:
+                target.copy_(full)
+
+        replay(log, write)
 
     def _shard_kwargs(self) -> dict:
         from torch.distributed.device_mesh import init_device_mesh
@@ -47,21 +101,22 @@ class FSDPStrategy(ParallelStrategy):
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         from torch.distributed.fsdp import fully_shard
 
-        names = self.wrap_modules if self.wrap_modules is not None else list(getattr(model, "sharding_units", ()))
-        units = [m for m in model.modules() if type(m).__name__ in names and m is not model]
-        if self.wrap_modules and not units:
-            present = sorted({type(m).__name__ for m in model.modules()})
-            raise ConfigError(f"strategy.wrap_modules={self.wrap_modules}: the model has no module of these "
-                              f"classes; it has: {', '.join(present)}.")
+        units = self.units(model)
+        self._say(f"{self.name}: sharding units: {units.describe()}")
         kwargs = self._shard_kwargs()
-        for unit in units:
+        for unit in units.modules:
             fully_shard(unit, **kwargs)
         fully_shard(model, **kwargs)
+        if self._init_log is not None:
+            self._materialise(model)
         return model
+
+    def _say(self, line: str) -> None:
+        if self.is_global_zero:
+            print(line, flush=True)
 
     def no_backward_sync(self, model, skip: bool):
         """While accumulating, keep unsharded gradients and reduce-scatter once per step."""
-        from contextlib import contextmanager
 
         @contextmanager
         def toggled():

@@ -14,6 +14,7 @@ from framework.precision.bf16_mixed import BF16MixedPrecision
 from framework.precision.fp16_mixed import FP16MixedPrecision
 from framework.precision.fp32 import FP32Precision
 from framework.precision.fp64 import FP64Precision
+from framework.strategy.ddp import DDPStrategy
 from framework.strategy.single_device import SingleDeviceStrategy
 
 
@@ -31,9 +32,14 @@ def test_single_device_with_several_processes():
         check_compatibility(plan(devices=2))
 
 
-def test_more_devices_than_the_machine_has():
+def test_more_devices_than_the_machine_has(capsys):
     with pytest.raises(ConfigError, match=r"devices=9: accelerator=cpu has only 2"):
-        check_compatibility(plan(CPUAccelerator(max_processes=2), devices=9))
+        check_compatibility(plan(CPUAccelerator(max_processes=2), devices=9))  # a cap the user set
+    cores = CPUAccelerator().max_devices()
+    oversubscribed = Plan(CPUAccelerator(), DDPStrategy(), FP32Precision(), TorchCheckpointIO(), LocalEnvironment(),
+                          cores + 2, 1)
+    check_compatibility(oversubscribed)  # more processes than cores, and no cap: they share the cores
+    assert f"devices={cores + 2} on {cores} cpu core(s): oversubscribed" in capsys.readouterr().err
 
 
 def test_mps_refusals(monkeypatch):

@@ -1,0 +1,50 @@
+"""DeepSpeed's ZeRO sizes derived from the model, for the keys the user has not set.
+
+DeepSpeed's defaults are sized for models of billions of parameters: 5e8-element reduce and
+all-gather buckets (a 1 GB buffer in bf16 for a 100M model), and ZeRO-3's
+`stage3_max_live_parameters` / `stage3_max_reuse_distance` of 1e9, which keep every parameter of
+a smaller model gathered, so ZeRO-3 saves nothing. Here (h: the model's hidden size; U: the
+most parameters one sharding unit gathers, framework/strategy/units.py):
+
+    reduce_bucket_size, allgather_bucket_size   h*h          (Hugging Face's "auto" value)
+    stage3_prefetch_bucket_size                 0.9*h*h      (Hugging Face's "auto" value)
+    stage3_param_persistence_threshold          10*h         (Hugging Face's "auto" value: biases
+                                                              and norms stay gathered)
+    stage3_max_live_parameters                  2*U          (the unit computing and the next)
+    stage3_max_reuse_distance                   2*U
+
+Keys under `strategy.config.zero_optimization` always win.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+from torch import nn
+
+from framework.strategy.units import choose_units
+
+
+def hidden_size(model: nn.Module) -> int | None:
+    """The model's hidden size: its config's (Hugging Face), else the most common input width of
+    its linear layers (a transformer's d_model), else None."""
+    config = getattr(model, "config", None)
+    for key in ("hidden_size", "n_embd", "d_model"):
+        value = getattr(config, key, None) or getattr(model, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    widths = Counter(m.in_features for m in model.modules() if isinstance(m, nn.Linear))
+    return widths.most_common(1)[0][0] if widths else None
+
+
+def zero_sizes(model: nn.Module, stage: int) -> dict:
+    """`zero_optimization` keys sized to `model` (see the module docstring)."""
+    h = hidden_size(model)
+    sizes: dict = {}
+    if h:
+        sizes.update(reduce_bucket_size=h * h, allgather_bucket_size=h * h)
+    if stage == 3:
+        if h:
+            sizes.update(stage3_prefetch_bucket_size=int(0.9 * h * h), stage3_param_persistence_threshold=10 * h)
+        live = 2 * max(choose_units(model).largest, h * h if h else 1)
+        sizes.update(stage3_max_live_parameters=live, stage3_max_reuse_distance=live)
+    return sizes

@@ -1,0 +1,80 @@
+"""Sharded from birth: fsdp and ZeRO-3 build the model without any rank holding all of it, and
+start from the very weights an ordinary build makes with the same seed (bit for bit)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from framework.models.gpt import GPT
+from framework.models.mlp import MLP
+from framework.strategy.meta_init import build_on_meta, replay
+from framework.strategy.units import choose_units
+from tests.conftest import TINY_GPT, assert_state_equal, checkpoints, load_model_state, run_inprocess
+
+
+@pytest.mark.parametrize("factory", [lambda: GPT(n_layer=2, n_embd=64, n_head=4), lambda: MLP()],
+                         ids=["gpt", "mlp"])
+def test_replayed_initialisation_is_the_ordinary_build(factory):
+    torch.manual_seed(7)
+    reference = factory()
+    after_reference = torch.rand(4)
+    torch.manual_seed(7)
+    model, log = build_on_meta(factory)
+    assert log.problem is None and next(model.parameters()).is_meta
+    written = {}
+    replay(log, written.__setitem__)
+    assert torch.equal(torch.rand(4), after_reference)  # the RNG ends where an ordinary build leaves it
+    assert set(written) == {n for n, _ in reference.named_parameters()}
+    for name, param in reference.named_parameters():
+        assert torch.equal(written[name], param), name
+
+
+def test_what_cannot_be_replayed_is_named():
+    class Noisy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(3, 3))
+
+    _, log = build_on_meta(Noisy)
+    assert "torch.randn" in log.problem
+
+
+def test_units_follow_the_one_rule():
+    gpt = GPT(n_layer=3, n_embd=32, n_head=2)
+    units = choose_units(gpt)
+    assert [type(m).__name__ for m in units.modules] == ["Block"] * 3 and "sharding_units" in units.rule
+    block = sum(p.numel() for p in gpt.blocks[0].parameters())
+    assert units.gathered[:3] == [block] * 3
+    assert units.gathered[-1] == sum(p.numel() for p in gpt.parameters()) - 3 * block  # the root's share
+    mlp = torch.nn.Sequential(torch.nn.Linear(1000, 1000), torch.nn.ReLU(), torch.nn.Linear(1000, 10))
+    by_size = choose_units(mlp, min_unit_params=500_000)  # a model with no units of its own: the size rule
+    assert by_size.modules == [mlp[0]] and "size rule" in by_size.rule and by_size.largest == 1_001_000
+
+    class HF(torch.nn.Module):  # a Hugging Face model names its units in _no_split_modules
+        _no_split_modules = ["Linear"]
+
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+    assert len(choose_units(HF()).modules) == 2 and "_no_split_modules" in choose_units(HF()).rule
+    with pytest.raises(Exception, match="no module of class Blok. Did you mean Block"):
+        choose_units(gpt, ["Blok"])
+
+
+FROZEN = [*TINY_GPT, "trainer.max_steps=1", "trainer.val_at_start=false", "trainer.val_batches=1",
+          "optimizer.lr=0.0", "optimizer.weight_decay=0.0", "callbacks=[checkpoint]", "model.dropout=0.0"]
+
+
+@pytest.mark.slow
+def test_sharded_builds_start_from_the_single_device_weights(tmp_path):
+    """With lr=0 the first checkpoint holds the initial weights: fsdp at 1 and 2 ranks and ZeRO-3
+    at 2 ranks (each rank materialising only its shards) equal single_device's, bit for bit."""
+    runs = {"single": ["strategy=single_device"], "fsdp1": ["strategy=fsdp", "devices=1"],
+            "fsdp2": ["strategy=fsdp", "devices=2"], "zero3": ["strategy=deepspeed_stage_3", "devices=2"]}
+    states = {}
+    for name, extra in runs.items():
+        run_inprocess([*FROZEN, *extra], tmp_path / name)
+        states[name] = load_model_state(checkpoints(tmp_path / name)[-1])
+    for name in ("fsdp1", "fsdp2", "zero3"):
+        assert_state_equal(states["single"], states[name], name)
