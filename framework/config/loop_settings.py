@@ -18,6 +18,7 @@ class LoopSettings:
     clip_grad_norm: float | None = None
     clip_grad_value: float | None = None
     manual_optimization: bool = False  # the task steps its optimizers itself (framework/tasks/manual.py)
+    activation_checkpointing: bool = False  # recompute each unit's activations in backward
 
 
 def loop_settings(cfg: DictConfig) -> LoopSettings:
@@ -25,4 +26,5 @@ def loop_settings(cfg: DictConfig) -> LoopSettings:
     task = import_target(cfg.task._target_, "task")
     return LoopSettings(micro_batch_size=cfg.data.get("batch_size", 1), accumulate=cfg.trainer.accumulate,
                         clip_grad_norm=cfg.trainer.clip_grad_norm, clip_grad_value=cfg.trainer.clip_grad_value,
-                        manual_optimization=not getattr(task, "automatic_optimization", True))
+                        manual_optimization=not getattr(task, "automatic_optimization", True),
+                        activation_checkpointing=bool(cfg.trainer.get("activation_checkpointing", False)))

@@ -42,6 +42,9 @@ class TrainerConfig:
     """Show a live progress bar with loss and throughput (only ever on a terminal, rank zero)."""
     preemption_signals: List[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
     """Signals that make the run save at the next step boundary and exit with code 75 (requeue)."""
+    activation_checkpointing: bool = False
+    """Recompute each sharding unit's activations in backward instead of keeping them (less
+    memory, about one more forward); the units are the strategy's (framework/strategy/units.py)."""
     max_restarts: int = 0
     """Restart the worker group this many times after a worker dies (multi-process runs)."""
     objective: str = "val/loss"

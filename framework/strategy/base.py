@@ -19,7 +19,9 @@ from framework.config.loop_settings import LoopSettings
 from framework.precision.base import Precision
 from framework.precision.fp32 import FP32Precision
 from framework.strategy.memory import replicated
+from framework.strategy.activation_checkpointing import checkpoint_units
 from framework.strategy.sampler import ShardSampler
+from framework.strategy.units import Units, choose_units
 
 _REDUCE_OPS = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}
 
@@ -124,12 +126,27 @@ class Strategy:
         sharding strategies build it so that no rank holds all of it (framework/strategy/meta_init.py)."""
         return factory()
 
+    def units(self, model: torch.nn.Module) -> Units:
+        """The model's units (framework/strategy/units.py): what sharding strategies gather
+        together and what activation checkpointing recomputes. Sharding strategies pass their
+        own settings (strategy.wrap_modules, min_unit_params)."""
+        return choose_units(model)
+
     def setup(self, model: torch.nn.Module, optimizer_factory: Callable[..., torch.optim.Optimizer]):
         model = self.precision.convert_module(model)
+        self.apply_activation_checkpointing(model)
         if not is_meta(model):  # a model still on the meta device is placed when materialised
             model = model.to(self.root_device)
         model = self.wrap_model(model)
         return model, optimizer_factory(model.parameters())
+
+    def apply_activation_checkpointing(self, model: torch.nn.Module) -> None:
+        """With `trainer.activation_checkpointing`, checkpoint every unit (before wrapping)."""
+        if self.loop_settings.activation_checkpointing:
+            units = self.units(model)
+            checkpoint_units(units)
+            if self.is_global_zero:
+                print(f"activation checkpointing: {units.describe()}", flush=True)
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """Wrap the placed model (DDP, FSDP, ...). The base class returns it unchanged."""

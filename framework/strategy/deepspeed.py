@@ -156,6 +156,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         import deepspeed
 
         model = model.to(self.root_device)
+        self.apply_activation_checkpointing(model)
         config = self.deepspeed_config(model)
         if "optimizer" in config:  # DeepSpeed's own (compiled) optimizer, asked for in the raw config
             engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),

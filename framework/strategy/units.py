@@ -40,6 +40,11 @@ class Units:
         return f"{listed} ({self.rule}); the root holds {_millions(self.gathered[-1])} parameters"
 
 
+def numel(p) -> int:
+    """A parameter's full size, also under ZeRO-3 (whose partitioned parameters hold no data)."""
+    return getattr(p, "ds_numel", None) or p.numel()
+
+
 def _millions(n: int) -> str:
     return f"{n / 1e6:.1f}M" if n >= 100_000 else f"{n:,}"
 
@@ -78,7 +83,7 @@ def _by_size(model: nn.Module, min_params: int) -> Units:
     chosen: set[int] = set()
 
     def remaining(module: nn.Module) -> int:  # parameters not yet in a unit, bottom-up
-        count = sum(p.numel() for p in module.parameters(recurse=False))
+        count = sum(numel(p) for p in module.parameters(recurse=False))
         count += sum(remaining(child) for child in module.children())
         if module is not model and count >= min_params:
             chosen.add(id(module))
@@ -100,7 +105,7 @@ def _gathered(model: nn.Module, units: list[nn.Module], rule: str) -> Units:
         for p in module.parameters(recurse=False):
             if id(p) not in seen:
                 seen.add(id(p))
-                count += p.numel()
+                count += numel(p)
         for child in module.children():
             if id(child) not in unit_ids:
                 count += own(child)

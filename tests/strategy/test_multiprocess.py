@@ -62,6 +62,14 @@ def test_strategy_matches_ddp(tmp_path, reference, strategy, precision):
     assert "blocks.0.attn.qkv.weight" in model and model["blocks.0.attn.qkv.weight"].shape == (96, 32)
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed_stage_3"])
+def test_activation_checkpointing_keeps_the_losses(tmp_path, reference, strategy):
+    """Recomputing each unit's activations in backward (trainer.activation_checkpointing) trains
+    the same numbers as keeping them, under every kind of strategy."""
+    out = run_world(tmp_path, "run", strategy, 2, ["trainer.activation_checkpointing=true"])
+    torch.testing.assert_close(torch.tensor(train_losses(out)), torch.tensor(reference["32"]), rtol=1e-5, atol=1e-5)
+
+
 def test_ddp_equals_single_device_on_the_same_global_batch(tmp_path):
     ddp = run_world(tmp_path, "ddp", "ddp", 2, ["data.batch_size=4"])
     single = run_world(tmp_path, "single", "single_device", 1, ["data.batch_size=8"])

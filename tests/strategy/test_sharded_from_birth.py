@@ -7,6 +7,7 @@ import torch
 
 from framework.models.gpt import GPT
 from framework.models.mlp import MLP
+from framework.strategy.activation_checkpointing import checkpoint_units
 from framework.strategy.meta_init import build_on_meta, replay
 from framework.strategy.units import choose_units
 from tests.conftest import TINY_GPT, assert_state_equal, checkpoints, load_model_state, run_inprocess
@@ -60,6 +61,27 @@ def test_units_follow_the_one_rule():
     assert len(choose_units(HF()).modules) == 2 and "_no_split_modules" in choose_units(HF()).rule
     with pytest.raises(Exception, match="no module of class Blok. Did you mean Block"):
         choose_units(gpt, ["Blok"])
+
+
+def test_activation_checkpointing_saves_activations_not_gradients():
+    """Each unit keeps only its input; the gradients are the same as without checkpointing."""
+    def loss_and_saved(checkpointed: bool):
+        torch.manual_seed(0)
+        model = GPT(n_layer=3, n_embd=32, n_head=2)
+        if checkpointed:
+            assert checkpoint_units(choose_units(model)) == 3
+        saved = []
+        x = torch.randint(0, 256, (2, 16))
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+            loss = model(x).float().square().mean()
+        loss.backward()
+        return loss, {n: p.grad for n, p in model.named_parameters()}, sum(saved)
+
+    loss, grads, saved = loss_and_saved(False)
+    loss_ac, grads_ac, saved_ac = loss_and_saved(True)
+    assert torch.equal(loss, loss_ac) and saved_ac < saved / 2
+    for name in grads:
+        torch.testing.assert_close(grads_ac[name], grads[name], rtol=0, atol=1e-7)
 
 
 FROZEN = [*TINY_GPT, "trainer.max_steps=1", "trainer.val_at_start=false", "trainer.val_batches=1",
