@@ -1,14 +1,18 @@
-"""Peak memory per rank for each strategy, beside the formula's prediction.
+"""Memory of the sharded strategies, measured as a user meets it: `python train.py ...` run inside
+a cgroup of its own (benchmarks/cgroup.py).
 
-A ~100M-parameter GPT with AdamW, bf16 mixed precision, 2 processes on the CPU (gloo); a few
-steps each. "training peak" is a rank's peak resident memory while training (the high-water
-mark is reset after set-up) minus its resident memory before the model was built (torch, the
-data): model states plus activations and temporary buffers. "set-up peak" is the same for
-building and wrapping the model (every rank builds the full fp32 model before sharding it).
-On the CPU, "offload" moves state to the same memory, so the measured column cannot show the
-device-memory saving the formula predicts for a GPU; the prediction is for device memory.
+Parts (each writes benchmarks/results/memory_<part>.md):
 
-    .venv/bin/python benchmarks/memory_per_rank.py        (about 5 minutes on 2 cores)
+- `peaks`: GPT, fp32, AdamW, batch 4 x 128 tokens, 3 steps, at 2 and 4 processes, for ddp, fsdp,
+  deepspeed_stage_2 and deepspeed_stage_3, with and without activation checkpointing: the whole
+  job's peak (cgroup), and per rank (worst rank, from the memory_monitor callback) the training
+  peak and the set-up peak above the rank's baseline (torch and the data loaded, before the model
+  is built), next to `framework plan`'s estimate for the same run.
+- `cap`: the ~85M GPT at 2 processes with the whole job capped at 3300 MiB.
+- `largest`: the most layers (n_embd 768) that train 3 steps with the whole job capped at
+  N x 2.5 GiB, per strategy, at 2 and 4 processes.
+
+    .venv/bin/python benchmarks/memory_per_rank.py [peaks|cap|largest ...]   (as root; tens of minutes)
 """
 from __future__ import annotations
 
@@ -18,74 +22,120 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cgroup  # noqa: E402
+from results_table import publish  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
-N = 2
-MODEL = ["model.n_layer=14", "model.n_embd=768", "model.n_head=12", "model.block_size=64", "model.dropout=0.0"]
-RUN = [*MODEL, f"devices={N}", "precision=bf16", "data.batch_size=2", "data.val_batch_size=2",
-       "data.max_bytes=200000", "trainer.max_steps=3", "trainer.val_at_start=false", "trainer.val_every=1000",
+MiB, GiB = 2**20, 2**30
+STRATEGIES = ["ddp", "fsdp", "deepspeed_stage_2", "deepspeed_stage_3"]
+SIZES = {"85M": ["model.n_layer=12", "model.n_embd=768", "model.n_head=12"],
+         "~100M": ["model.n_layer=14", "model.n_embd=768", "model.n_head=12"],
+         "~400M": ["model.n_layer=32", "model.n_embd=1024", "model.n_head=16"]}
+RUN = ["model.block_size=128", "model.dropout=0.0", "data.batch_size=4", "data.val_batch_size=4",
+       "data.max_bytes=300000", "trainer.max_steps=3", "trainer.val_at_start=false", "trainer.val_every=1000",
        "trainer.val_batches=1", "trainer.log_every=1", "trainer.progress_bar=false", "logger=null",
-       "callbacks=[memory_monitor]"]
-STRATEGIES = ["ddp", "fsdp", "deepspeed_stage_2", "deepspeed_stage_3", "deepspeed_stage_3_offload"]
+       "callbacks=[memory_monitor]", "trainer.clip_grad_norm=null"]
 
 
-def count_parameters() -> tuple[int, int]:
-    """(all parameters, the largest single module's own parameters) of the benchmark model."""
-    import torch
-    from hydra import compose, initialize_config_dir
-
-    sys.path.insert(0, str(ROOT))
-    from framework.config.build import build
-
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-        cfg = compose(config_name="train", overrides=MODEL)
-    with torch.device("meta"):
-        model = build(cfg.model, "model")
-    total = sum(p.numel() for p in model.parameters())
-    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
-    return total, largest
+def train(workdir: Path, strategy: str, devices: int, model: list[str], extra=(), cap=None) -> dict:
+    out = workdir / f"run{len(list(workdir.iterdir()))}"
+    command = [sys.executable, str(ROOT / "train.py"), f"strategy={strategy}", f"devices={devices}", *model, *RUN,
+               *extra, f"hydra.run.dir={out}"]
+    result = cgroup.run(command, cap_bytes=cap, cwd=workdir)
+    row = {"ok": result.returncode == 0, "job_peak": result.peak_bytes, "oom": result.oom_killed,
+           "seconds": result.seconds, "tail": result.stderr[-1500:]}
+    if row["ok"]:
+        ranks = json.loads((out / "memory.json").read_text())["ranks"]
+        row["train"] = max(r["train_peak_rss_bytes"] - r["baseline_rss_bytes"] for r in ranks)
+        row["setup"] = max(r["setup_peak_rss_bytes"] - r["baseline_rss_bytes"] for r in ranks)
+    return row
 
 
-def predicted_bytes(strategy: str, psi: int, largest: int) -> float:
-    """FACTS.md's bytes per rank on the device for Ψ parameters, N ranks, largest layer L."""
-    return {
-        "ddp": 16 * psi,
-        "fsdp": 16 * psi / N,  # plus the unsharded buffers of the unit being computed
-        "deepspeed_stage_2": 2 * psi + 18 * psi / N,
-        "deepspeed_stage_3": 4 * largest + 18 * psi / N,
-        "deepspeed_stage_3_offload": 4 * largest,
-    }[strategy]
+def planned(strategy: str, devices: int, model: list[str]) -> float:
+    """`framework plan`'s bytes per rank for the same run (weights, gradients, optimizer state)."""
+    text = subprocess.run([sys.executable, "-m", "framework", "plan", f"strategy={strategy}", f"devices={devices}",
+                           *model, *RUN], capture_output=True, text=True, cwd=ROOT).stdout
+    line = next(l for l in text.splitlines() if l.strip().startswith(f"{strategy}:"))
+    value, unit = line.split("=")[-1].split(" on ")[0].split()
+    return float(value) * {"KiB": 2**10, "MiB": MiB, "GiB": GiB}[unit]
 
 
-def measure(strategy: str, workdir: Path) -> dict:
-    out = workdir / strategy
-    result = subprocess.run([sys.executable, str(ROOT / "train.py"), f"strategy={strategy}", *RUN,
-                             f"hydra.run.dir={out}"], capture_output=True, text=True, cwd=workdir)
-    if result.returncode != 0:
-        raise RuntimeError(f"{strategy} failed:\n{result.stderr[-3000:]}")
-    ranks = json.loads((out / "memory.json").read_text())["ranks"]
-    return max(ranks, key=lambda r: r["train_peak_rss_bytes"] - r["baseline_rss_bytes"])
+def peaks(workdir: Path) -> None:
+    lines = ["GPT, fp32, AdamW, batch 4 x 128 tokens, 3 steps, CPU (gloo). Per rank: worst rank, above its baseline "
+             "(torch and data loaded). Whole job: the cgroup's peak (every process, page cache it brought in).", "",
+             "| model | N | strategy | act. ckpt | whole job (MiB) | training peak / rank (MiB) | vs ddp "
+             "| set-up peak / rank (MiB) | plan estimate / rank (MiB) | measured / estimate |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for size in ("~100M", "~400M"):
+        for n in (2, 4):
+            ddp_train = None
+            for ac in (False, True):
+                for strategy in STRATEGIES:
+                    if (size == "~400M" and (ac or strategy == "deepspeed_stage_2")) or (ac and strategy == "deepspeed_stage_2"):
+                        continue  # a 400M step is slow here: the headline strategies only
+                    cap = 22 * GiB  # never let the machine itself run out
+                    row = train(workdir, strategy, n, SIZES[size], [f"trainer.activation_checkpointing={ac}"], cap)
+                    estimate = planned(strategy, n, SIZES[size])
+                    if not row["ok"]:
+                        why = "killed at the 22 GiB guard" if row["oom"] else "failed"
+                        lines.append(f"| {size} | {n} | {strategy} | {ac} | {row['job_peak'] / MiB:.0f} | {why} | | | "
+                                     f"{estimate / MiB:.0f} | |")
+                    else:
+                        if strategy == "ddp" and not ac:
+                            ddp_train = row["train"]
+                        ratio = f"{row['train'] / ddp_train:.2f}x" if ddp_train else ""
+                        lines.append(f"| {size} | {n} | {strategy} | {ac} | {row['job_peak'] / MiB:.0f} | "
+                                     f"{row['train'] / MiB:.0f} | {ratio} | {row['setup'] / MiB:.0f} | "
+                                     f"{estimate / MiB:.0f} | {row['train'] / estimate:.2f} |")
+                    print(lines[-1], flush=True)
+    publish("memory_peaks", lines)
+
+
+def cap(workdir: Path) -> None:
+    limit = 3300 * MiB
+    lines = [f"GPT 85M (n_layer 12, n_embd 768), fp32, 2 processes, the whole job capped at {limit // MiB} MiB "
+             "(cgroup memory.limit_in_bytes), 3 steps.", "",
+             "| strategy | result | whole-job peak (MiB) |", "|---|---|---|"]
+    for strategy in ["ddp", "fsdp", "deepspeed_stage_3"]:
+        row = train(workdir, strategy, 2, SIZES["85M"], cap=limit)
+        result = "trains 3 steps" if row["ok"] else ("killed: out of memory" if row["oom"] else "failed")
+        lines.append(f"| {strategy} | {result} | {row['job_peak'] / MiB:.0f} |")
+        print(lines[-1], flush=True)
+    publish("memory_cap", lines)
+
+
+def largest(workdir: Path) -> None:
+    per_process = 2.5 * GiB
+    layers = [8, 16, 24, 32, 48]
+    lines = [f"GPT, n_embd 768, fp32, batch 4 x 128 tokens: the most layers that train 3 steps with the whole job "
+             f"capped at N x {per_process / GiB:.1f} GiB (tried: {layers}).", "",
+             "| N | strategy | most layers | parameters | vs ddp |", "|---|---|---|---|---|"]
+    for n in (2, 4):
+        best_ddp = None
+        for strategy in ["ddp", "fsdp", "deepspeed_stage_3"]:
+            best = 0
+            for n_layer in layers:
+                model = [f"model.n_layer={n_layer}", "model.n_embd=768", "model.n_head=12"]
+                if not train(workdir, strategy, n, model, cap=n * per_process)["ok"]:
+                    break
+                best = n_layer
+            params = best * 7_087_872 + 295_680 if best else 0
+            best_ddp = best if strategy == "ddp" else best_ddp
+            ratio = f"{best / best_ddp:.1f}x" if best_ddp else ""
+            lines.append(f"| {n} | {strategy} | {best} | {params / 1e6:.0f}M | {ratio} |")
+            print(lines[-1], flush=True)
+    publish("memory_largest", lines)
 
 
 def main() -> None:
-    psi, largest = count_parameters()
-    gib = 2**30
-    lines = [f"Model: GPT, {psi / 1e6:.1f}M parameters (largest layer {largest / 1e6:.2f}M), AdamW, "
-             f"precision=bf16, {N} ranks on the CPU (gloo).", "",
-             "| strategy | training peak - baseline, worst rank (GiB) | set-up peak - baseline (GiB) "
-             "| formula, device bytes per rank (GiB) | training / formula |",
-             "|---|---|---|---|---|"]
+    why = cgroup.available()
+    if why:
+        sys.exit(f"memory_per_rank: {why}")
+    parts = sys.argv[1:] or ["peaks", "cap", "largest"]
     with tempfile.TemporaryDirectory() as tmp:
-        for strategy in STRATEGIES:
-            rank = measure(strategy, Path(tmp))
-            measured = (rank["train_peak_rss_bytes"] - rank["baseline_rss_bytes"]) / gib
-            setup = (rank["setup_peak_rss_bytes"] - rank["baseline_rss_bytes"]) / gib
-            predicted = predicted_bytes(strategy, psi, largest) / gib
-            lines.append(f"| {strategy} | {measured:.2f} | {setup:.2f} | {predicted:.2f} | {measured / predicted:.2f} |")
-            print(lines[-1], flush=True)
-    table = "\n".join(lines)
-    (ROOT / "benchmarks" / "results").mkdir(exist_ok=True)
-    (ROOT / "benchmarks" / "results" / "memory_per_rank.md").write_text(table + "\n")
-    print("\n" + table)
+        for part in parts:
+            {"peaks": peaks, "cap": cap, "largest": largest}[part](Path(tmp))
 
 
 if __name__ == "__main__":

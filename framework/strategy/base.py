@@ -18,8 +18,8 @@ from framework.cluster.local import LocalEnvironment
 from framework.config.loop_settings import LoopSettings
 from framework.precision.base import Precision
 from framework.precision.fp32 import FP32Precision
-from framework.strategy.memory import replicated
 from framework.strategy.activation_checkpointing import checkpoint_units
+from framework.strategy.memory import replicated
 from framework.strategy.sampler import ShardSampler
 from framework.strategy.units import Units, choose_units
 
@@ -66,6 +66,9 @@ class Strategy:
     #: whether a task may step several optimizers itself (strategies that drive one optimizer
     #: through an engine of their own, like DeepSpeed, cannot)
     supports_manual_optimization: bool = True
+    #: whether it shards model states across ranks to save memory (the accelerator then favours
+    #: low memory over speed where it has a choice: framework/accelerator/cpu.py)
+    shards_states: bool = False
     #: precision capabilities the compatibility table reads (DeepSpeed keeps fp32 master weights
     #: and has no float64 mode; it refuses fp16 where the device lacks fp16 support)
     supports_float64: bool = True
@@ -98,6 +101,7 @@ class Strategy:
     def setup_environment(self) -> None:
         self.root_device = self.accelerator.device_for(self.local_rank)
         self.accelerator.setup_device(self.root_device)
+        self.accelerator.setup_host_memory(self.shards_states)
         self.precision.setup(self.root_device.type)
 
     @property

@@ -23,6 +23,7 @@ class DDPShardedStrategy(ParallelStrategy):
     step on. This strategy is tested to match ddp bit for bit."""
 
     name = "ddp_sharded"
+    shards_states = True
     requires_packages = {"fairscale": "'framework[fairscale]'"}
     supports_manual_optimization = False  # one optimizer, driven by its own engine/wrapper
     # OSS shards the optimizer by its own numbering; checkpoint_io=dcp gets full state from rank zero

@@ -37,6 +37,7 @@ class DeepSpeedStrategy(ParallelStrategy):
     accumulation mode (backward accumulates locally, `step` reduces and updates)."""
 
     name = "deepspeed"
+    shards_states = True
     requires_packages = {"deepspeed": "'framework[deepspeed]'"}
     supports_manual_optimization = False  # one optimizer, driven by its own engine/wrapper
     # DeepSpeed keeps flat partitions of its own; checkpoint_io=dcp gets full tensors from rank zero

@@ -18,6 +18,7 @@ class FairscaleFSDPStrategy(ParallelStrategy):
     one unit unless `auto_wrap_modules` names classes to wrap separately."""
 
     name = "fairscale_fsdp"
+    shards_states = True
     requires_packages = {"fairscale": "'framework[fairscale]'"}
     supports_manual_optimization = False  # one optimizer, driven by its own engine/wrapper
     # fairscale's FSDP has no DTensor view; checkpoint_io=dcp gets full state from rank zero

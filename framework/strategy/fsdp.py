@@ -22,6 +22,7 @@ class FSDPStrategy(ParallelStrategy):
     MixedPrecisionPolicy (parameters gathered in that dtype, gradients reduced in float32)."""
 
     name = "fsdp"
+    shards_states = True
 
     def __init__(self, *args, wrap_modules: list[str] | None = None, min_unit_params: PositiveInt = DEFAULT_MIN_UNIT_PARAMS,
                  reshard_after_forward: bool = True, cpu_offload: bool = False, meta_init: bool = True,

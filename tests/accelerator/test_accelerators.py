@@ -51,3 +51,21 @@ def test_auto_falls_back_to_cpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
     assert isinstance(auto_accelerator(), CPUAccelerator)
+
+
+def test_cpu_returns_freed_memory_for_sharding_strategies(monkeypatch):
+    """Sharding strategies on the CPU fix glibc's mmap threshold (freed buffers go back to the OS);
+    other strategies keep glibc's default unless the user asks (accelerator.return_freed_memory)."""
+    import framework.accelerator.cpu as cpu
+
+    calls = []
+    monkeypatch.setattr(cpu, "set_mmap_threshold", calls.append)
+    CPUAccelerator().setup_host_memory(sharded=False)
+    CPUAccelerator(return_freed_memory=False).setup_host_memory(sharded=True)
+    assert calls == []
+    CPUAccelerator().setup_host_memory(sharded=True)
+    CPUAccelerator(return_freed_memory=True).setup_host_memory(sharded=False)
+    assert calls == [cpu.MMAP_THRESHOLD_BYTES] * 2
+    from framework.strategy.ddp import DDPStrategy
+    from framework.strategy.fsdp import FSDPStrategy
+    assert FSDPStrategy.shards_states and not DDPStrategy.shards_states

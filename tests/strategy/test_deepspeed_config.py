@@ -1,10 +1,12 @@
 """The DeepSpeed config is built from the plugin groups and the loop (no deepspeed import)."""
 from __future__ import annotations
 
+from framework.config.loop_settings import LoopSettings
+from framework.models.gpt import GPT
 from framework.precision.bf16_mixed import BF16MixedPrecision
 from framework.precision.fp16_mixed import FP16MixedPrecision
-from framework.config.loop_settings import LoopSettings
 from framework.strategy.deepspeed import deep_merge
+from framework.strategy.deepspeed_sizes import hidden_size
 from framework.strategy.deepspeed_stage_2_offload import DeepSpeedStage2OffloadStrategy
 from framework.strategy.deepspeed_stage_3 import DeepSpeedStage3Strategy
 from framework.strategy.deepspeed_stage_3_offload_nvme import DeepSpeedStage3OffloadNvmeStrategy
@@ -39,3 +41,21 @@ def test_raw_keys_override_and_extend():
     c = config_of(s)
     assert c["zero_optimization"] == {"stage": 3, "overlap_comm": True} and c["gradient_clipping"] == 2.0
     assert deep_merge({"a": {"b": 1, "c": 2}}, {"a": {"b": 3}, "d": 4}) == {"a": {"b": 3, "c": 2}, "d": 4}
+
+
+def test_zero_sizes_follow_the_model_and_raw_keys_win():
+    """Bucket sizes and ZeRO-3's live-parameter limits come from the model (hidden size h, the
+    largest unit U), not DeepSpeed's 5e8/1e9 defaults sized for billion-parameter models."""
+    model = GPT(n_layer=2, n_embd=64, n_head=4)
+    unit = sum(p.numel() for p in model.blocks[0].parameters())  # a Block: the model's sharding unit
+    assert hidden_size(model) == 64
+    strategy = DeepSpeedStage3Strategy(config={"zero_optimization": {"reduce_bucket_size": 123}})
+    strategy.configure_loop(LoopSettings())
+    zero = strategy.deepspeed_config(model)["zero_optimization"]
+    assert zero["reduce_bucket_size"] == 123  # the user's key wins
+    assert zero["allgather_bucket_size"] == 64 * 64 and zero["stage3_prefetch_bucket_size"] == int(0.9 * 64 * 64)
+    assert zero["stage3_param_persistence_threshold"] == 640
+    assert zero["stage3_max_live_parameters"] == zero["stage3_max_reuse_distance"] == 2 * unit
+    stage2 = DeepSpeedStage2OffloadStrategy()
+    stage2.configure_loop(LoopSettings())
+    assert not any(k.startswith("stage3_") for k in stage2.deepspeed_config(model)["zero_optimization"])

@@ -11,8 +11,17 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import (DIGITS, ROOT, TINY_GPT, assert_state_equal, checkpoints, load_model_state,
-                            load_optimizer_state, run_inprocess, run_train)
+from tests.conftest import (
+    DIGITS,
+    ROOT,
+    TINY_GPT,
+    assert_state_equal,
+    checkpoints,
+    load_model_state,
+    load_optimizer_state,
+    run_inprocess,
+    run_train,
+)
 
 pytestmark = pytest.mark.slow
 

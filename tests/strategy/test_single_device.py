@@ -5,9 +5,9 @@ import torch
 from torch import nn
 from torch.utils.data import DistributedSampler, TensorDataset
 
-from framework.strategy.sampler import ShardSampler
 from framework.precision.bf16_true import BF16TruePrecision
 from framework.strategy.auto import auto_strategy
+from framework.strategy.sampler import ShardSampler
 from framework.strategy.single_device import SingleDeviceStrategy
 
 
