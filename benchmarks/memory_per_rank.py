@@ -53,11 +53,11 @@ def train(workdir: Path, strategy: str, devices: int, model: list[str], extra=()
 
 
 def planned(strategy: str, devices: int, model: list[str]) -> float:
-    """`framework plan`'s bytes per rank for the same run (weights, gradients, optimizer state)."""
+    """`framework plan`'s total bytes per rank for the same run (model states and activations)."""
     text = subprocess.run([sys.executable, "-m", "framework", "plan", f"strategy={strategy}", f"devices={devices}",
                            *model, *RUN], capture_output=True, text=True, cwd=ROOT).stdout
-    line = next(l for l in text.splitlines() if l.strip().startswith(f"{strategy}:"))
-    value, unit = line.split("=")[-1].split(" on ")[0].split()
+    line = next(l for l in text.splitlines() if l.strip().startswith("total per rank:"))
+    value, unit = line.split(":")[-1].split(" on ")[0].split()
     return float(value) * {"KiB": 2**10, "MiB": MiB, "GiB": GiB}[unit]
 
 

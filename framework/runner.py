@@ -8,11 +8,9 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from torch.utils._pytree import tree_leaves, tree_map
 
 from framework.checkpoint.resume import check_run_dir
 from framework.config.build import build
@@ -28,6 +26,7 @@ from framework.loop.preemption import Preempted
 from framework.plugins import Plugins, build_plugins
 from framework.reproduce import write_recipe
 from framework.sweeps import SUMMARY_FILE, current_job, finished_objective, write_summary
+from framework.tasks.fit_check import check_fit
 
 # How each way a run can fail leaves the process (framework/errors.py documents the codes).
 EXIT_CODES = {UserError: ExitCode.USER_ERROR, WorkerFailed: ExitCode.FAILED, Preempted: ExitCode.PREEMPTED}
@@ -145,6 +144,7 @@ class Prepared:
     plugins: Plugins | None = None
     devices: int | None = None
     model: object = None  # built on the meta device: no memory, no initialisation
+    activation_bytes: int = 0  # what one micro-batch's forward keeps for backward (measured on meta)
 
     @property
     def world_size(self) -> int:
@@ -183,7 +183,7 @@ def prepare(cfg: DictConfig, strict: bool = True) -> Prepared:
     attempt(lambda: check_targets(resolved))
     if not problems:  # building from a config that failed those would only repeat them
         prepared.plugins = attempt(lambda: build_plugins(resolved))
-        prepared.model = attempt(lambda: build_components(resolved))
+        prepared.model, prepared.activation_bytes = attempt(lambda: build_components(resolved)) or (None, 0)
     if prepared.plugins is not None:
         prepared.devices = attempt(lambda: prepared.plugins.accelerator.resolve_devices(resolved.devices))
     if prepared.devices is not None:
@@ -198,48 +198,16 @@ def prepare(cfg: DictConfig, strict: bool = True) -> Prepared:
     return prepared.raise_problems() if strict else prepared
 
 
-def build_components(cfg: DictConfig):
+def build_components(cfg: DictConfig) -> tuple[object, int]:
     """Build the model (on the meta device: no memory, no init cost), data module and task once,
-    so an argument their constructors refuse is reported before anything is written, and pass an
-    example batch through them; returns the meta model (its size is what `framework plan` reports)."""
+    so an argument their constructors refuse is reported before anything is written, and pass one
+    batch through them (framework/tasks/fit_check.py); returns the meta model (its size is what
+    `framework plan` reports) and the activation bytes of one micro-batch."""
     with meta_device():
         model = build(cfg.model, "model")
     data = build(cfg.data, "data")
     task = build(cfg.task, "task")
-    check_example_batch(model, data, task)
-    return model
-
-
-def _shapes(batch) -> str:
-    leaves = [f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" for t in tree_leaves(batch)
-              if isinstance(t, torch.Tensor)]
-    return ", ".join(leaves) or "no tensors"
-
-
-def check_example_batch(model, data, task) -> None:
-    """One training step's forward on the meta device (shapes and dtypes only: no memory, no
-    compute), so a model, data and task that do not fit together are refused before launch
-    rather than at the first step. A task that steps its optimizers itself is not run here
-    (its step needs the optimizers); errors of ops without a meta kernel are not the user's."""
-    if not getattr(task, "automatic_optimization", True):
-        return
-    batch = data.example_batch()
-    meta_batch = tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, batch)
-    try:
-        with meta_device():
-            task.training_step(model, meta_batch)
-    except NotImplementedError:
-        return
-    except (RuntimeError, ValueError, TypeError, IndexError) as err:
-        message = str(err).splitlines()[0] if str(err) else type(err).__name__
-        if "meta" in message:  # e.g. .item() or an op with no meta kernel: no verdict on the shapes
-            return
-        names = {group: type(obj).__name__ for group, obj in (("model", model), ("data", data), ("task", task))}
-        raise ConfigError(
-            f"model ({names['model']}), data ({names['data']}) and task ({names['task']}) do not fit together: "
-            f"one training step on an example batch ({_shapes(batch)}) fails with: {message}. Choose options "
-            "of the three groups that match (e.g. model=mlp data=digits task=classification, or the default "
-            "GPT with data=stdlib_text task=language_modeling).") from err
+    return model, check_fit(model, data, task, int(cfg.data.get("batch_size", 2) or 2))
 
 
 def compatibility_plan(plugins: Plugins, resolved: DictConfig, devices: int) -> Plan:

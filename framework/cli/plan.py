@@ -84,16 +84,23 @@ def plan(cfg: DictConfig, out=None) -> int:
           f"{stats.largest_unit:,}", file=out)
     print(f"  units: {units.describe()}", file=out)
     estimate = plugins.strategy.estimate_memory(stats, world)
-    print("memory per rank (weights, gradients, optimizer state; activations not counted)", file=out)
+    print("memory per rank: model states (weights, gradients, optimizer state) and activations", file=out)
     line = f"  {plugins.strategy.name}: {estimate.formula} = {human_bytes(estimate.device)} on {plugins.accelerator.name}"
     if estimate.host:
         line += f", {human_bytes(estimate.host)} offloaded to CPU memory"
     print(line, file=out)
+    activations = prepared.activation_bytes
+    if activations:
+        batch = resolved.data.get("batch_size")
+        note = " (trainer.activation_checkpointing keeps fewer)" if resolved.trainer.activation_checkpointing else ""
+        print(f"  activations: {human_bytes(activations)} for one micro-batch of {batch}, measured on the meta device"
+              f" in the model's dtype{note}", file=out)
+    print(f"  total per rank: {human_bytes(estimate.device + activations)} on {plugins.accelerator.name}", file=out)
     memory = plugins.accelerator.memory_bytes() if plugins.accelerator.is_available() else None
     if memory:
         if plugins.accelerator.name == "cpu":
-            need = (estimate.device + estimate.host) * devices
-            print(f"  this node: {devices} process(es) x {human_bytes(estimate.device + estimate.host)} = "
+            need = (estimate.device + estimate.host + activations) * devices
+            print(f"  this node: {devices} process(es) x {human_bytes(estimate.device + estimate.host + activations)} = "
                   f"{human_bytes(need)} of {human_bytes(memory)} RAM ({100 * need / memory:.2f}%)", file=out)
         else:
             print(f"  device memory: {human_bytes(memory)} ({100 * estimate.device / memory:.2f}% for model states)",

@@ -65,11 +65,12 @@ def optimizer_sharded(stats: ModelStats, world_size: int) -> MemoryEstimate:
 
 def zero(stats: ModelStats, world_size: int, stage: int, offload_optimizer: bool,
          offload_parameters: bool) -> MemoryEstimate:
-    """DeepSpeed ZeRO: in mixed half precision each rank keeps 16-bit weights (2 bytes), float32
-    master weights (4), float32 gradient partition (4) and Adam state (8 for two states)."""
+    """DeepSpeed ZeRO: each rank keeps the module's weights (2 bytes in mixed half precision, 4 in
+    float32), a float32 master copy of its partition (4: DeepSpeed makes one in float32 training
+    too), the float32 gradient partition (4) and Adam state (8 for two states)."""
     w = 2 if stats.mixed_half else 4
-    master = 4 if stats.mixed_half else 0
-    grad32 = 4 if stats.mixed_half else 0
+    master = 4
+    grad32 = 4
     states = 4 * stats.optimizer_states
     psi, n = stats.params, world_size
     if stage <= 1:
