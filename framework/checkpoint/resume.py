@@ -14,6 +14,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from framework.checkpoint.format import check_files, list_checkpoints, read_meta
+from framework.checkpoint.weights import is_weights_file, read_weights
 from framework.errors import ConfigError
 
 
@@ -28,8 +29,11 @@ def check_run_dir(cfg: DictConfig, output_dir: Path, restarted: bool = False) ->
     is written. A job the scheduler restarted (`restarted`) continues from its checkpoints."""
     if cfg.ckpt_path:
         path = Path(cfg.ckpt_path).expanduser()
-        meta = read_meta(path)
-        check_files(path, meta, list(meta["files"]))
+        if is_weights_file(path):  # plain weights (safetensors, a state_dict file): read through once
+            read_weights(path)
+        else:
+            meta = read_meta(path)
+            check_files(path, meta, list(meta["files"]))
     if cfg.resume or cfg.ckpt_path or restarted:
         return
     complete, _ = list_checkpoints(output_dir / "checkpoints")

@@ -90,7 +90,8 @@ class TrainConfig:
     seed: int = 1234
     """Seed for Python, NumPy and torch; every run with the same seed and config is repeatable."""
     ckpt_path: Optional[str] = None
-    """Resume from this checkpoint directory."""
+    """Resume from this checkpoint directory, or start from plain weights: a .safetensors file or a
+    torch state_dict file (.pt/.pth/.bin), weights only, mapped so each rank copies only its shards."""
     resume: Optional[str] = None
     """'auto': resume from the newest complete checkpoint in the run directory; null: start fresh."""
     name: str = MISSING

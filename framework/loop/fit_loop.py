@@ -11,6 +11,7 @@ import torch
 
 from framework.checkpoint.format import begin_checkpoint, finalize_checkpoint, is_sharded, load_checkpoint_files
 from framework.checkpoint.rng import rng_state, set_rng_state
+from framework.checkpoint.weights import is_weights_file, read_weights
 from framework.checkpoint_io.dcp_reader import STATE_DIR
 from framework.data.loaders import batches_yielded, skip_to
 from framework.errors import CheckpointError, ConfigError
@@ -276,6 +277,13 @@ class FitLoop:
 
     def restore(self, path: Path) -> None:
         strategy = self.strategy
+        if is_weights_file(Path(path)):  # plain weights: mapped, each rank copying its own part
+            try:
+                strategy.load_model_state_dict(self.model, read_weights(Path(path)))
+            except (RuntimeError, KeyError, ValueError) as err:
+                raise CheckpointError(f"{path} does not fit this model ({str(err).splitlines()[0]}).") from err
+            self.say(f"initialised the weights from {path} (weights only: a fresh optimizer, step 0)")
+            return
         meta, objects = load_checkpoint_files(strategy.checkpoint_io, Path(path), strategy.global_rank)
         try:
             if is_sharded(meta):  # a DCP directory, resharded to this strategy and world size

@@ -100,3 +100,35 @@ def test_sharded_builds_start_from_the_single_device_weights(tmp_path):
         states[name] = load_model_state(checkpoints(tmp_path / name)[-1])
     for name in ("fsdp1", "fsdp2", "zero3"):
         assert_state_equal(states["single"], states[name], name)
+
+
+def test_safetensors_weights_are_mapped_not_read(tmp_path):
+    from safetensors.torch import save_file
+
+    from framework.checkpoint.weights import read_weights
+    from framework.errors import CheckpointError
+
+    state = {"a": torch.arange(6, dtype=torch.float32).view(2, 3), "b": torch.ones(4, dtype=torch.bfloat16)}
+    save_file(state, str(tmp_path / "w.safetensors"), metadata={"tied": '{"c": "a"}'})
+    loaded = read_weights(tmp_path / "w.safetensors")
+    assert torch.equal(loaded["a"], state["a"]) and torch.equal(loaded["b"], state["b"]) and loaded["c"] is loaded["a"]
+    data = (tmp_path / "w.safetensors").read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(data[:-8])
+    with pytest.raises(CheckpointError, match="truncated"):
+        read_weights(tmp_path / "cut.safetensors")
+
+
+@pytest.mark.slow
+def test_plain_weights_start_a_sharded_run(tmp_path):
+    """`ckpt_path=weights.safetensors` (or a torch state_dict file) starts fsdp at 2 ranks from
+    exactly those weights (lr=0: the first checkpoint holds them)."""
+    from framework.checkpoint.convert import export_weights
+
+    run_inprocess([*FROZEN, "strategy=single_device", "optimizer.lr=1e-2", "seed=5"], tmp_path / "source")
+    trained = checkpoints(tmp_path / "source")[-1]
+    export_weights(trained, tmp_path / "w.safetensors", to="safetensors")
+    export_weights(trained, tmp_path / "w.pt", to="torch")
+    expected = load_model_state(trained)
+    for name in ("w.safetensors", "w.pt"):
+        run_inprocess([*FROZEN, "strategy=fsdp", "devices=2", f"ckpt_path={tmp_path / name}"], tmp_path / name[2:])
+        assert_state_equal(expected, load_model_state(checkpoints(tmp_path / name[2:])[-1]), name)

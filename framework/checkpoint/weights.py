@@ -1,0 +1,71 @@
+"""Plain weights as a starting point: `ckpt_path=model.safetensors` (or a torch state_dict file,
+`.pt`/`.pth`/`.bin`): weights only, a fresh optimizer, step 0.
+
+Files are mapped, not read: a safetensors file's tensors are zero-copy views of the mapped file
+(its header gives each tensor's offset), a torch file is loaded with `mmap=True`. A sharding
+strategy then copies only its own slice of each tensor (fsdp: `distribute_tensor`; ZeRO-3: its
+partition), so a rank touches the pages of its shards, not the whole model; the page cache is
+shared by the ranks of a node. Loads never unpickle arbitrary objects (weights_only).
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import struct
+from pathlib import Path
+
+import torch
+
+from framework.errors import CheckpointError
+
+SAFETENSORS = (".safetensors",)
+TORCH_FILES = (".pt", ".pth", ".bin")
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool}
+
+
+def is_weights_file(path: Path) -> bool:
+    return path.is_file() and path.suffix in SAFETENSORS + TORCH_FILES
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file as a view of the mapped file (nothing is copied); tied
+    names the framework's export recorded in the metadata point to the same tensor."""
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)  # private: writable views, no copy made
+    try:
+        (length,) = struct.unpack("<Q", mapped[:8])
+        header = json.loads(mapped[8:8 + length])
+    except (struct.error, ValueError) as err:
+        raise CheckpointError(f"{path}: not a safetensors file (its header does not parse: {err}).") from err
+    start = 8 + length
+    metadata = header.pop("__metadata__", {}) or {}
+    state = {}
+    for name, info in header.items():
+        dtype = _DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise CheckpointError(f"{path}: tensor {name} has dtype {info['dtype']}, which the framework does not read.")
+        begin, end = info["data_offsets"]
+        if start + end > len(mapped):
+            raise CheckpointError(f"{path} is truncated: tensor {name} ends at byte {start + end} of {len(mapped)}.")
+        count = (end - begin) // torch.empty((), dtype=dtype).element_size()
+        flat = torch.frombuffer(mapped, dtype=dtype, count=count, offset=start + begin) if count else \
+            torch.empty(0, dtype=dtype)
+        state[name] = flat.view(info["shape"])
+    for name, same_as in json.loads(metadata.get("tied", "{}")).items():
+        state.setdefault(name, state[same_as])
+    return state
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """A plain state_dict file, mapped (see the module docstring)."""
+    if path.suffix in SAFETENSORS:
+        return read_safetensors(path)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:  # a corrupt or pickled-object file: refused, named
+        raise CheckpointError(f"{path}: not a plain state_dict that loads safely ({str(err).splitlines()[0]}).") from err
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{path}: holds a {type(state).__name__}, not a state_dict of tensors by name.")
+    return state
