@@ -59,3 +59,19 @@ def test_zero_sizes_follow_the_model_and_raw_keys_win():
     stage2 = DeepSpeedStage2OffloadStrategy()
     stage2.configure_loop(LoopSettings())
     assert not any(k.startswith("stage3_") for k in stage2.deepspeed_config(model)["zero_optimization"])
+
+
+def test_adam_runs_fused_over_deepspeeds_flat_partitions_unless_the_user_chose():
+    import torch
+
+    from framework.strategy.deepspeed import use_fused_adam
+
+    flat = [torch.nn.Parameter(torch.zeros(8))]
+    default = torch.optim.AdamW(flat, lr=0.1)
+    assert use_fused_adam(default) and default.param_groups[0]["fused"] is True
+    chosen = torch.optim.AdamW(flat, lr=0.1, fused=False)
+    assert not use_fused_adam(chosen) and chosen.param_groups[0]["fused"] is False
+    assert not use_fused_adam(torch.optim.SGD(flat, lr=0.1))
+    flat[0].grad = torch.ones(8)
+    default.step()  # the fused kernel runs on the CPU
+    assert torch.all(flat[0] < 0)
