@@ -25,6 +25,7 @@ from framework.launch.launcher import launch
 from framework.loop.preemption import Preempted
 from framework.plugins import Plugins, build_plugins
 from framework.reproduce import write_recipe
+from framework.strategy.activation_checkpointing import checkpoint_units
 from framework.sweeps import SUMMARY_FILE, current_job, finished_objective, write_summary
 from framework.tasks.fit_check import check_fit
 
@@ -183,7 +184,8 @@ def prepare(cfg: DictConfig, strict: bool = True) -> Prepared:
     attempt(lambda: check_targets(resolved))
     if not problems:  # building from a config that failed those would only repeat them
         prepared.plugins = attempt(lambda: build_plugins(resolved))
-        prepared.model, prepared.activation_bytes = attempt(lambda: build_components(resolved)) or (None, 0)
+        prepared.model, prepared.activation_bytes = attempt(
+            lambda: build_components(resolved, prepared.plugins)) or (None, 0)
     if prepared.plugins is not None:
         prepared.devices = attempt(lambda: prepared.plugins.accelerator.resolve_devices(resolved.devices))
     if prepared.devices is not None:
@@ -198,15 +200,18 @@ def prepare(cfg: DictConfig, strict: bool = True) -> Prepared:
     return prepared.raise_problems() if strict else prepared
 
 
-def build_components(cfg: DictConfig) -> tuple[object, int]:
+def build_components(cfg: DictConfig, plugins: Plugins | None = None) -> tuple[object, int]:
     """Build the model (on the meta device: no memory, no init cost), data module and task once,
     so an argument their constructors refuse is reported before anything is written, and pass one
     batch through them (framework/tasks/fit_check.py); returns the meta model (its size is what
-    `framework plan` reports) and the activation bytes of one micro-batch."""
+    `framework plan` reports) and the activation bytes of one micro-batch (with the strategy's
+    units checkpointed when trainer.activation_checkpointing is on)."""
     with meta_device():
         model = build(cfg.model, "model")
     data = build(cfg.data, "data")
     task = build(cfg.task, "task")
+    if plugins is not None and cfg.trainer.get("activation_checkpointing"):
+        checkpoint_units(plugins.strategy.units(model))
     return model, check_fit(model, data, task, int(cfg.data.get("batch_size", 2) or 2))
 
 

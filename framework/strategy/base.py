@@ -44,8 +44,12 @@ class Strategy:
     """Composes the other four plugins and exposes everything the loop needs.
 
     Method surface, in the order the runner and loop call it:
+    - before launch: `model_problems(meta_model)`, `config_problems()`, `estimate_memory`.
     - `configure_loop(settings)`: micro-batch size, accumulation and clipping, in advance.
     - `setup_environment()`: in each worker, before anything else: device, process group.
+    - `build_model(factory)`: the model, built so that a sharding strategy's ranks never hold all
+      of it (framework/strategy/meta_init.py); `units(model)`: what it gathers together and
+      what activation checkpointing recomputes (framework/strategy/units.py).
     - `setup(model, optimizer_factory) -> (model, optimizer)`: precision conversion, placement,
       wrapping, then the optimizer built over the wrapped parameters.
     - `sampler(dataset, shuffle, seed)`: this rank's share of a dataset.
