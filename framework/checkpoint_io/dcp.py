@@ -37,6 +37,7 @@ class DCPCheckpointIO(TorchCheckpointIO):
         self.thread_count = thread_count
         self._future: Future | None = None
         self._group = None
+        self._planner = None  # one save planner for the run: its plans are cached between saves
 
     @property
     def is_async(self) -> bool:  # type: ignore[override]
@@ -56,19 +57,22 @@ class DCPCheckpointIO(TorchCheckpointIO):
     def save_sharded(self, state: dict[str, Any], path) -> None:
         """Collective: every rank passes the state it holds (its shards, or nothing)."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint import FileSystemWriter
+        from torch.distributed.checkpoint import DefaultSavePlanner, FileSystemWriter
         from torch.distributed.checkpoint.api import CheckpointException
 
         self.wait()  # one write at a time
         path = Path(path)
         group = self._process_group()
+        if self._planner is None:  # a run saves the same structure each time: plan once, reuse
+            self._planner = DefaultSavePlanner(enable_plan_caching=True)
         try:
             writer = FileSystemWriter(str(path), sync_files=self.fsync, thread_count=self.thread_count)
+            kwargs = dict(storage_writer=writer, planner=self._planner, process_group=group, no_dist=group is None)
             if self.async_save:
-                response = dcp.async_save(state, storage_writer=writer, process_group=group, no_dist=group is None)
+                response = dcp.async_save(state, **kwargs)
                 self._future = getattr(response, "upload_completion", response)
                 return
-            dcp.save(state, storage_writer=writer, process_group=group, no_dist=group is None)
+            dcp.save(state, **kwargs)
         except (Exception, CheckpointException) as err:
             raise CheckpointError(f"writing the sharded checkpoint {path} failed: {describe(root_cause(err))}") from err
         if self.fsync:
