@@ -30,11 +30,10 @@ class Accelerator(ABC):
     def max_devices(self) -> int:
         """How many devices of this type one node can use (processes, for the CPU)."""
 
-    @property
-    def allows_oversubscription(self) -> bool:
-        """Whether more processes than `max_devices()` may share the devices (slower, but every
-        rank runs): the CPU's cores can; a GPU cannot be split."""
-        return False
+    def max_processes(self) -> int:
+        """The most processes a node may start: more than `max_devices()` share the devices
+        (slower, but every rank runs), as the CPU's cores can; a GPU cannot be split."""
+        return self.max_devices()
 
     def auto_devices(self) -> int:
         """What `devices=auto` means for this device type."""

@@ -8,6 +8,7 @@ import torch
 
 from framework.accelerator.base import Accelerator
 
+PROCESSES_PER_CORE = 4  # more than this per core: memory, not cores, runs out first (each rank holds torch)
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 MMAP_THRESHOLD_BYTES = 1 << 20
 
@@ -28,7 +29,8 @@ class CPUAccelerator(Accelerator):
     name = "cpu"
 
     def __init__(self, max_processes: int | None = None, return_freed_memory: bool | None = None):
-        """max_processes: the most processes one node may start (default: the number of cores);
+        """max_processes: the most processes one node may start (default: 4 per core; more
+        processes than cores share them, with a warning);
         return_freed_memory: give freed buffers of 1 MiB and more back to the OS at once (glibc's
         mmap threshold fixed at 1 MiB). Sharding frees and reallocates buffers of many sizes, which
         glibc's adaptive threshold otherwise keeps in the heap: measured on a 85M GPT, fsdp's peak
@@ -44,10 +46,10 @@ class CPUAccelerator(Accelerator):
     def max_devices(self) -> int:
         return self._max or os.cpu_count() or 1
 
-    @property
-    def allows_oversubscription(self) -> bool:
-        """More processes than cores share them (each with one thread), unless max_processes caps it."""
-        return self._max is None
+    def max_processes(self) -> int:
+        """Up to PROCESSES_PER_CORE processes per core share the cores (one thread each), unless
+        max_processes sets the limit."""
+        return self._max or PROCESSES_PER_CORE * self.max_devices()
 
     def auto_devices(self) -> int:
         return 1

@@ -62,6 +62,11 @@ def _flag(p: Plan, name: str, default):
     return getattr(p.strategy, name, default)
 
 
+def _max_processes(p: Plan) -> int:
+    accelerator = p.accelerator
+    return accelerator.max_processes() if hasattr(accelerator, "max_processes") else accelerator.max_devices()
+
+
 def _missing_libraries(p: Plan) -> list[str]:
     return [lib for lib in _flag(p, "native_libraries", ()) if ctypes.util.find_library(lib) is None]
 
@@ -73,14 +78,14 @@ RULES: list[Rule] = [
         "Use accelerator=cpu (or accelerator=auto to pick what this machine has).",
     ),
     Rule(
-        lambda p: p.accelerator.is_available() and p.devices > p.accelerator.max_devices()
-        and not getattr(p.accelerator, "allows_oversubscription", False),
+        lambda p: p.accelerator.is_available() and p.devices > _max_processes(p),
         lambda p: f"devices={p.devices}: accelerator={_acc(p)} has only {p.accelerator.max_devices()} "
-        f"device(s) on this machine; use devices={p.accelerator.max_devices()} or fewer.",
+        f"device(s) on this machine" + (f", shared by at most {_max_processes(p)} processes"
+                                         if _max_processes(p) > p.accelerator.max_devices() else "")
+        + f"; use devices={_max_processes(p)} or fewer.",
     ),
     Rule(
-        lambda p: p.accelerator.is_available() and p.devices > p.accelerator.max_devices()
-        and getattr(p.accelerator, "allows_oversubscription", False),
+        lambda p: p.accelerator.is_available() and p.accelerator.max_devices() < p.devices <= _max_processes(p),
         lambda p: f"devices={p.devices} on {p.accelerator.max_devices()} {_acc(p)} core(s): oversubscribed, the "
         "processes share the cores (one thread each); every rank runs, slower than with "
         f"devices={p.accelerator.max_devices()}.",

@@ -40,6 +40,9 @@ def test_more_devices_than_the_machine_has(capsys):
                           cores + 2, 1)
     check_compatibility(oversubscribed)  # more processes than cores, and no cap: they share the cores
     assert f"devices={cores + 2} on {cores} cpu core(s): oversubscribed" in capsys.readouterr().err
+    oversubscribed.devices = 4 * cores + 1  # beyond 4 per core memory runs out first: refused
+    with pytest.raises(ConfigError, match=f"shared by at most {4 * cores} processes; use devices={4 * cores} or fewer"):
+        check_compatibility(oversubscribed)
 
 
 def test_mps_refusals(monkeypatch):

@@ -146,9 +146,10 @@ def test_a_failing_worker_stops_the_group_and_is_shown_first(tmp_path):
 
 
 def test_a_user_error_inside_a_worker_exits_2(tmp_path):
-    result = run_train(["strategy=fsdp", "devices=2", "strategy.wrap_modules=[Nope]", "name=wrap", *BASE], tmp_path)
-    assert result.returncode == 2
-    assert "strategy.wrap_modules=['Nope']: the model has no module of these classes" in result.stderr
+    # found only once a worker builds its loaders: a batch larger than a rank's share of the data
+    result = run_train(["strategy=fsdp", "devices=2", "name=empty", *BASE, "data.batch_size=100000"], tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "the training set gives no batches at this batch size and world size" in result.stderr
     assert "Traceback" not in result.stderr
 
 

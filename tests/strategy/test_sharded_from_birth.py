@@ -84,6 +84,17 @@ def test_activation_checkpointing_saves_activations_not_gradients():
         torch.testing.assert_close(grads_ac[name], grads[name], rtol=0, atol=1e-7)
 
 
+def test_a_unit_the_model_lacks_is_refused_before_launch():
+    """The run, `framework plan` and `framework validate` share prepare(): the unit rule runs on
+    the meta model there, so a wrap_modules typo never reaches a worker."""
+    from framework.errors import ConfigError
+    from framework.runner import prepare
+    from tests.conftest import compose_cfg
+
+    with pytest.raises(ConfigError, match=r"strategy.wrap_modules=\['Blok'\]: the model has no module of class Blok"):
+        prepare(compose_cfg(["strategy=fsdp", "devices=2", "strategy.wrap_modules=[Blok]"]))
+
+
 FROZEN = [*TINY_GPT, "trainer.max_steps=1", "trainer.val_at_start=false", "trainer.val_batches=1",
           "optimizer.lr=0.0", "optimizer.weight_decay=0.0", "callbacks=[checkpoint]", "model.dropout=0.0"]
 
