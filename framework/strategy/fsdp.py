@@ -9,6 +9,7 @@ from contextlib import contextmanager
 import torch
 
 from framework.config.types import PositiveInt
+from framework.errors import ConfigError
 from framework.strategy.memory import fully_sharded
 from framework.strategy.meta_init import InitLog, build_on_meta, replay
 from framework.strategy.parallel import ParallelStrategy
@@ -49,7 +50,7 @@ class FSDPStrategy(ParallelStrategy):
     def model_problems(self, model: torch.nn.Module) -> list[str]:
         try:
             self.units(model)
-        except Exception as err:  # a wrap_modules name the model does not have
+        except ConfigError as err:  # a wrap_modules name the model does not have
             return [str(err)]
         return []
 
