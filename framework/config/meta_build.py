@@ -32,10 +32,10 @@ class _SkipMetaInit(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        meta_device = torch.device(kwargs.get("device") or "meta").type == "meta"
-        if func in _CPU_FACTORIES and meta_device:
+        on_meta = torch.device(kwargs.get("device") or "meta").type == "meta"
+        if func in _CPU_FACTORIES and on_meta:
             return func(*args, **{**kwargs, "device": "cpu"}).to("meta")
-        if self.record is not None and func in RANDOM_FACTORIES and meta_device:
+        if self.record is not None and func in RANDOM_FACTORIES and on_meta:
             self.record.append((func, args, kwargs))
         target = args[0] if args else kwargs.get("tensor")  # torch.nn.init passes it by keyword
         name = getattr(func, "__name__", "")

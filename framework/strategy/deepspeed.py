@@ -99,9 +99,13 @@ class DeepSpeedStrategy(ParallelStrategy):
         return zero(stats, world_size, self.stage, self.offload_optimizer != "none", self.offload_parameters != "none")
 
     # ---- environment --------------------------------------------------------------------
-    def setup_environment(self) -> None:
+    def _choose_deepspeed_accelerator(self) -> None:
+        """DeepSpeed reads DS_ACCELERATOR when it is first imported: set it before any import."""
         if self.accelerator.name == "cpu":
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read when deepspeed is first imported
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+    def setup_environment(self) -> None:
+        self._choose_deepspeed_accelerator()
         super().setup_environment()
         import deepspeed
 
@@ -145,8 +149,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         the generated config is known to be valid, and deepspeed is not imported."""
         if not self.raw_config:
             return []
-        if self.accelerator.name == "cpu":
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read when deepspeed is first imported
+        self._choose_deepspeed_accelerator()
         from deepspeed.runtime.config import DeepSpeedConfig
         from pydantic import ValidationError
 
