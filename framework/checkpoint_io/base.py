@@ -48,6 +48,10 @@ class CheckpointIO(ABC):
     def wait(self) -> None:
         """Block until every pending write is durable; raise the first error a write hit."""
 
+    def close(self) -> None:
+        """Wait for pending writes, then free what the writer keeps between saves (buffers, threads)."""
+        self.wait()
+
     def pending(self) -> bool:
         """Whether a write is still in progress (raises a write's error if one failed)."""
         return False

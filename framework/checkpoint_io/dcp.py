@@ -7,6 +7,7 @@ from typing import Any
 
 import framework.checkpoint_io.dcp_reader  # noqa: F401  (silences DCP's single-process warning)
 from framework.checkpoint_io.dcp_reader import describe, root_cause
+from framework.checkpoint_io.staging import KeptBufferStager
 from framework.checkpoint_io.torch import TorchCheckpointIO, fsync_dir
 from framework.config.types import PositiveInt
 from framework.errors import CheckpointError
@@ -23,21 +24,28 @@ class DCPCheckpointIO(TorchCheckpointIO):
     With `async_save`, the save copies the shards to CPU memory and returns; a background thread
     writes them over a process group of its own (gloo), so its collectives never interleave with
     training's. The loop finalizes the checkpoint at a later step boundary, as with
-    checkpoint_io=async."""
+    checkpoint_io=async. The copy goes into buffers kept from one save to the next
+    (framework/checkpoint_io/staging.py)."""
 
     name = "dcp"
     sharded = True
 
-    def __init__(self, async_save: bool = False, fsync: bool = True, thread_count: PositiveInt = 1):
+    def __init__(self, async_save: bool = False, fsync: bool = True, thread_count: PositiveInt = 1,
+                 keep_staging_buffers: bool = True):
         """async_save: write in the background after copying the shards off the live parameters.
         fsync: flush every file to disk before the checkpoint is finalized.
-        thread_count: threads each rank writes its files with."""
+        thread_count: threads each rank writes its files with.
+        keep_staging_buffers: with async_save, keep the CPU copy's buffers between saves (a save
+            then copies into memory already mapped); false frees them after each write, trading
+            a slower copy for memory held between saves (the size of this rank's shards)."""
         super().__init__(fsync=fsync)
         self.async_save = async_save
         self.thread_count = thread_count
+        self.keep_staging_buffers = keep_staging_buffers
         self._future: Future | None = None
         self._group = None
         self._planner = None  # one save planner for the run: its plans are cached between saves
+        self._stager = None  # one stager for the run when its buffers are kept
 
     @property
     def is_async(self) -> bool:  # type: ignore[override]
@@ -69,7 +77,7 @@ class DCPCheckpointIO(TorchCheckpointIO):
             writer = FileSystemWriter(str(path), sync_files=self.fsync, thread_count=self.thread_count)
             kwargs = dict(storage_writer=writer, planner=self._planner, process_group=group, no_dist=group is None)
             if self.async_save:
-                response = dcp.async_save(state, **kwargs)
+                response = dcp.async_save(state, async_stager=self._staging(), **kwargs)
                 self._future = getattr(response, "upload_completion", response)
                 return
             dcp.save(state, **kwargs)
@@ -77,6 +85,21 @@ class DCPCheckpointIO(TorchCheckpointIO):
             raise CheckpointError(f"writing the sharded checkpoint {path} failed: {describe(root_cause(err))}") from err
         if self.fsync:
             fsync_dir(path)
+
+    def _staging(self):
+        """The stager that copies the shards off the live tensors: kept for the run (its buffers
+        are reused), or None to let DCP make and free one per save."""
+        if not self.keep_staging_buffers:
+            return None
+        if self._stager is None:
+            self._stager = KeptBufferStager()
+        return self._stager
+
+    def close(self) -> None:
+        self.wait()
+        stager, self._stager = self._stager, None
+        if stager is not None:
+            stager.close()
 
     def pending(self) -> bool:
         if self._future is None:
@@ -98,5 +121,6 @@ class DCPCheckpointIO(TorchCheckpointIO):
             raise CheckpointError(f"the background sharded checkpoint write failed: {describe(root_cause(err))}") from err
 
     def __repr__(self) -> str:
-        return f"DCPCheckpointIO(async_save={self.async_save}, fsync={self.fsync}, thread_count={self.thread_count})"
+        return (f"DCPCheckpointIO(async_save={self.async_save}, fsync={self.fsync}, thread_count={self.thread_count}, "
+                f"keep_staging_buffers={self.keep_staging_buffers})")
 

@@ -236,6 +236,7 @@ class FitLoop:
         being written is finished first)."""
         strategy = self.strategy
         self._finalize_checkpoint(wait=True)
+        start = time.perf_counter()
         per_rank = {"loop": {
             "state": self.state.state_dict(),
             "rng": rng_state(),
@@ -257,6 +258,8 @@ class FitLoop:
                                                     per_rank, meta, sharded=sharded)
         if not strategy.checkpoint_is_async:
             self._finalize_checkpoint(wait=True)
+        # how long training stood still for this save (an async save: the copy off the live state)
+        self.log_metrics({"checkpoint/blocked_s": time.perf_counter() - start})
 
     def _finalize_checkpoint_if_written(self) -> None:
         """At a step boundary: finalize a background checkpoint once every rank's writes are done

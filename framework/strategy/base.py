@@ -350,7 +350,7 @@ class Strategy:
             set_optimizer_state_dict(model, optimizer, template["optimizer"], options=options)
 
     def teardown(self) -> None:
-        self.checkpoint_io.wait()
+        self.checkpoint_io.close()
 
     def describe(self) -> str:
         return (f"{self.name} (accelerator={self.accelerator.name}, precision={self.precision.name}, "
