@@ -12,10 +12,12 @@ Parts (each writes benchmarks/results/memory_<part>.md):
 - `largest`: the most layers (n_embd 768) that train 3 steps with the whole job capped at
   N x 2.5 GiB, per strategy, at 2 and 4 processes.
 
-    .venv/bin/python benchmarks/memory_per_rank.py [peaks|cap|largest ...]   (as root; tens of minutes)
+    .venv/bin/python benchmarks/memory_per_rank.py [peaks|cap|largest ...] [--strategies ddp,fsdp]
+                                                         (as root; tens of minutes)
 """
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -28,6 +30,7 @@ from results_table import publish  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB, GiB = 2**20, 2**30
+SUBSET_SUFFIX = ""  # a run of some strategies only publishes to its own results file
 STRATEGIES = ["ddp", "fsdp", "deepspeed_stage_2", "deepspeed_stage_3"]
 SIZES = {"85M": ["model.n_layer=12", "model.n_embd=768", "model.n_head=12"],
          "~100M": ["model.n_layer=14", "model.n_embd=768", "model.n_head=12"],
@@ -61,7 +64,7 @@ def planned(strategy: str, devices: int, model: list[str]) -> float:
     return float(value) * {"KiB": 2**10, "MiB": MiB, "GiB": GiB}[unit]
 
 
-def peaks(workdir: Path) -> None:
+def peaks(workdir: Path, strategies=STRATEGIES) -> None:
     lines = ["GPT, fp32, AdamW, batch 4 x 128 tokens, 3 steps, CPU (gloo). Per rank: worst rank, above its baseline "
              "(torch and data loaded). Whole job: the cgroup's peak (every process, page cache it brought in).", "",
              "| model | N | strategy | act. ckpt | whole job (MiB) | training peak / rank (MiB) | vs ddp "
@@ -71,7 +74,7 @@ def peaks(workdir: Path) -> None:
         ddp_train = None  # a ddp rank holds the same at any N: the first ddp row of the size is the reference
         for n in (2, 4):
             for ac in (False, True):
-                for strategy in STRATEGIES:
+                for strategy in strategies:
                     if (size == "~400M" and (ac or strategy == "deepspeed_stage_2")) or (ac and strategy == "deepspeed_stage_2"):
                         continue  # a 400M step is slow here: the headline strategies only
                     cap = 22 * GiB  # never let the machine itself run out
@@ -89,23 +92,23 @@ def peaks(workdir: Path) -> None:
                                      f"{row['train'] / MiB:.0f} | {ratio} | {row['setup'] / MiB:.0f} | "
                                      f"{estimate / MiB:.0f} | {row['train'] / estimate:.2f} |")
                     print(lines[-1], flush=True)
-    publish("memory_peaks", lines)
+    publish("memory_peaks" + SUBSET_SUFFIX, lines)
 
 
-def cap(workdir: Path) -> None:
+def cap(workdir: Path, strategies=("ddp", "fsdp", "deepspeed_stage_3")) -> None:
     limit = 3300 * MiB
     lines = [f"GPT 85M (n_layer 12, n_embd 768), fp32, 2 processes, the whole job capped at {limit // MiB} MiB "
              "(cgroup memory.limit_in_bytes), 3 steps.", "",
              "| strategy | result | whole-job peak (MiB) |", "|---|---|---|"]
-    for strategy in ["ddp", "fsdp", "deepspeed_stage_3"]:
+    for strategy in strategies:
         row = train(workdir, strategy, 2, SIZES["85M"], cap=limit)
         result = "trains 3 steps" if row["ok"] else ("killed: out of memory" if row["oom"] else "failed")
         lines.append(f"| {strategy} | {result} | {row['job_peak'] / MiB:.0f} |")
         print(lines[-1], flush=True)
-    publish("memory_cap", lines)
+    publish("memory_cap" + SUBSET_SUFFIX, lines)
 
 
-def largest(workdir: Path) -> None:
+def largest(workdir: Path, strategies=("ddp", "fsdp", "deepspeed_stage_3")) -> None:
     per_process = 2.5 * GiB
     layers = [8, 16, 24, 32, 48]
     lines = [f"GPT, n_embd 768, fp32, batch 4 x 128 tokens: the most layers that train 3 steps with the whole job "
@@ -113,7 +116,7 @@ def largest(workdir: Path) -> None:
              "| N | strategy | most layers | parameters | vs ddp |", "|---|---|---|---|---|"]
     for n in (2, 4):
         best_ddp = None
-        for strategy in ["ddp", "fsdp", "deepspeed_stage_3"]:
+        for strategy in strategies:
             best = 0
             for n_layer in layers:
                 model = [f"model.n_layer={n_layer}", "model.n_embd=768", "model.n_head=12"]
@@ -125,17 +128,24 @@ def largest(workdir: Path) -> None:
             ratio = f"{best / best_ddp:.1f}x" if best_ddp else ""
             lines.append(f"| {n} | {strategy} | {best} | {params / 1e6:.0f}M | {ratio} |")
             print(lines[-1], flush=True)
-    publish("memory_largest", lines)
+    publish("memory_largest" + SUBSET_SUFFIX, lines)
 
 
 def main() -> None:
     why = cgroup.available()
     if why:
         sys.exit(f"memory_per_rank: {why}")
-    parts = sys.argv[1:] or ["peaks", "cap", "largest"]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("parts", nargs="*", default=["peaks", "cap", "largest"], choices=["peaks", "cap", "largest"])
+    parser.add_argument("--strategies", help="comma-separated subset to measure again (keep ddp: the reference); "
+                        "published to results files of their own (memory_peaks_<strategies>.md, ...)")
+    args = parser.parse_args()
+    chosen = {"strategies": args.strategies.split(",")} if args.strategies else {}
+    global SUBSET_SUFFIX
+    SUBSET_SUFFIX = "_" + args.strategies.replace(",", "_") if args.strategies else ""
     with tempfile.TemporaryDirectory() as tmp:
-        for part in parts:
-            {"peaks": peaks, "cap": cap, "largest": largest}[part](Path(tmp))
+        for part in args.parts or ["peaks", "cap", "largest"]:
+            {"peaks": peaks, "cap": cap, "largest": largest}[part](Path(tmp), **chosen)
 
 
 if __name__ == "__main__":

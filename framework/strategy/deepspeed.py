@@ -14,6 +14,7 @@ from typing import Any, Literal
 import torch
 
 from framework.errors import ConfigError
+from framework.strategy.deepspeed_master_weights import shared_master_partitions
 from framework.strategy.deepspeed_sizes import zero_sizes
 from framework.strategy.memory import zero
 from framework.strategy.parallel import ParallelStrategy
@@ -184,15 +185,19 @@ class DeepSpeedStrategy(ParallelStrategy):
         model = model.to(self.root_device)
         self.apply_activation_checkpointing(model)
         config = self.deepspeed_config(model)
+        # ZeRO-3 in float32: the parameter partition is the master partition, not a copy of it
+        shared = shared_master_partitions() if self.stage == 3 else nullcontext()
         if "optimizer" in config:  # DeepSpeed's own (compiled) optimizer, asked for in the raw config
-            engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                                           config=config)
+            with shared:
+                engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                                               config=config)
             base = optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer
         else:
             base = optimizer_factory(model.parameters())
             if self.fused_adam:
                 use_fused_adam(base)
-            engine, _, _, _ = deepspeed.initialize(model=model, optimizer=base, config=config)
+            with shared:
+                engine, _, _, _ = deepspeed.initialize(model=model, optimizer=base, config=config)
         self.engine = engine
         return engine, base  # schedulers and LR monitors act on the torch optimizer's param_groups
 

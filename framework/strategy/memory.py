@@ -66,10 +66,11 @@ def optimizer_sharded(stats: ModelStats, world_size: int) -> MemoryEstimate:
 def zero(stats: ModelStats, world_size: int, stage: int, offload_optimizer: bool,
          offload_parameters: bool) -> MemoryEstimate:
     """DeepSpeed ZeRO: each rank keeps the module's weights (2 bytes in mixed half precision, 4 in
-    float32), a float32 master copy of its partition (4: DeepSpeed makes one in float32 training
-    too), the float32 gradient partition (4) and Adam state (8 for two states)."""
+    float32), a float32 master copy of its partition (4; stages 1 and 2 make one in float32
+    training too, stage 3 then uses the weight partition itself: deepspeed_master_weights.py),
+    the float32 gradient partition (4) and Adam state (8 for two states)."""
     w = 2 if stats.mixed_half else 4
-    master = 4
+    master = 0 if stage == 3 and w == 4 and not offload_optimizer else 4
     grad32 = 4
     states = 4 * stats.optimizer_states
     psi, n = stats.params, world_size

@@ -33,8 +33,12 @@ def test_formulas_match_the_facts_table():
     assert fully_sharded(fp32, n).device == 16 * psi / n + 8 * layer
     assert fully_sharded(fp32, n, offload=True).device == 8 * layer
     assert optimizer_sharded(fp32, n).device == 4 * psi + 12 * psi / n
-    # float32 ZeRO-3: weights 4 + DeepSpeed's float32 copy of the partition 4 + gradients 4 + Adam 8
-    assert zero(fp32, n, 3, False, False).device == 4 * layer + 20 * psi / n
+    # float32 ZeRO-3: the weight partition is the master one (4) + gradients 4 + Adam 8; with the
+    # optimizer offloaded, DeepSpeed keeps a float32 copy on the host beside the device weights
+    assert zero(fp32, n, 3, False, False).device == 4 * layer + 16 * psi / n
+    assert zero(fp32, n, 3, True, False).host == 16 * psi / n
+    # ZeRO-2 in float32 still copies the partition: replicated weights 4 + (4 + 4 + 4 + 8) / N
+    assert zero(fp32, n, 2, False, False).device == 4 * psi + 20 * psi / n
     assert replicated(ModelStats(psi, layer, optimizer_states=0)).device == 8 * psi  # plain SGD
 
 
