@@ -55,10 +55,10 @@ def train(workdir: Path, strategy: str, devices: int, model: list[str], extra=()
     return row
 
 
-def planned(strategy: str, devices: int, model: list[str]) -> float:
+def planned(strategy: str, devices: int, model: list[str], extra=()) -> float:
     """`framework plan`'s total bytes per rank for the same run (model states and activations)."""
     text = subprocess.run([sys.executable, "-m", "framework", "plan", f"strategy={strategy}", f"devices={devices}",
-                           *model, *RUN], capture_output=True, text=True, cwd=ROOT).stdout
+                           *model, *RUN, *extra], capture_output=True, text=True, cwd=ROOT).stdout
     line = next(l for l in text.splitlines() if l.strip().startswith("total per rank:"))
     value, unit = line.split(":")[-1].split(" on ")[0].split()
     return float(value) * {"KiB": 2**10, "MiB": MiB, "GiB": GiB}[unit]
@@ -78,8 +78,9 @@ def peaks(workdir: Path, strategies=STRATEGIES) -> None:
                     if (size == "~400M" and (ac or strategy == "deepspeed_stage_2")) or (ac and strategy == "deepspeed_stage_2"):
                         continue  # a 400M step is slow here: the headline strategies only
                     cap = 22 * GiB  # never let the machine itself run out
-                    row = train(workdir, strategy, n, SIZES[size], [f"trainer.activation_checkpointing={ac}"], cap)
-                    estimate = planned(strategy, n, SIZES[size])
+                    extra = [f"trainer.activation_checkpointing={ac}"]
+                    row = train(workdir, strategy, n, SIZES[size], extra, cap)
+                    estimate = planned(strategy, n, SIZES[size], extra)
                     if not row["ok"]:
                         why = "killed at the 22 GiB guard" if row["oom"] else "failed"
                         lines.append(f"| {size} | {n} | {strategy} | {ac} | {row['job_peak'] / MiB:.0f} | {why} | | | "
