@@ -23,10 +23,11 @@ from framework.errors import ConfigError, ExitCode, RunExit, UserError, heading,
 from framework.launch.elastic import WorkerFailed
 from framework.launch.launcher import launch
 from framework.loop.preemption import Preempted
+from framework.plotting.at_end import run_figures
 from framework.plugins import Plugins, build_plugins
 from framework.reproduce import write_recipe
 from framework.strategy.activation_checkpointing import checkpoint_units
-from framework.sweeps import SUMMARY_FILE, current_job, finished_objective, write_summary
+from framework.sweeps import SUMMARY_FILE, current_job, finished_objective, run_overrides, write_summary
 from framework.tasks.fit_check import check_fit
 
 # How each way a run can fail leaves the process (framework/errors.py documents the codes).
@@ -252,11 +253,14 @@ def _train(cfg: DictConfig, output_dir) -> float | None:
     objective = metrics.get(objective_name)
     job = current_job()
     summary = {"name": resolved.name, "status": "completed", "objective": objective_name, "objective_value": objective,
-               "overrides": job.overrides if job else [],
+               "overrides": job.overrides if job else run_overrides(),
                "metrics": metrics, "wall_time_s": round(time.time() - started_at, 3),
                "strategy": plugins.strategy.name, "precision": plugins.precision.name,
                "world_size": prepared.world_size, "output_dir": str(output_dir)}
     write_summary(output_dir, summary)
+    if resolved.trainer.plot and job is None:  # a sweep draws its jobs together when it ends
+        for figure in run_figures(output_dir):
+            print(f"curves: {figure}", flush=True)
     if objective is None:
         print(f"note: trainer.objective={objective_name!r} was never logged; returning None.")
     return objective

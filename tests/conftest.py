@@ -17,14 +17,15 @@ from framework.config.overrides import normalize_overrides
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 
-# A model and corpus small enough that a step takes milliseconds.
+# A model and corpus small enough that a step takes milliseconds. No figure at the end of these
+# runs (half a second each, hundreds of runs): tests/plotting checks the figures.
 TINY_GPT = [
     "model.n_layer=1", "model.n_embd=32", "model.n_head=2", "model.block_size=32",
     "data.max_bytes=300000", "data.batch_size=8", "data.val_batch_size=32",
-    "trainer.val_batches=2", "trainer.log_every=2", "trainer.progress_bar=false",
+    "trainer.val_batches=2", "trainer.log_every=2", "trainer.progress_bar=false", "trainer.plot=false",
 ]
 DIGITS = ["model=mlp", "data=digits", "task=classification", "model.dropout=0.0",
-          "trainer.progress_bar=false", "trainer.log_every=5"]
+          "trainer.progress_bar=false", "trainer.log_every=5", "trainer.plot=false"]
 
 
 def compose_cfg(overrides: list[str]) -> DictConfig:

@@ -23,7 +23,7 @@ FLOORS = {
     "framework.cluster": 2, "framework.strategy": 2, "framework.plugins": 2,
     "framework.checkpoint": 3, "framework.data": 3, "framework.models": 3, "framework.tasks": 3,
     "framework.callbacks": 3, "framework.loggers": 3, "framework.scheduler": 3,
-    "framework.reproduce": 3, "framework.sweeps": 3,
+    "framework.reproduce": 3, "framework.sweeps": 3, "framework.plotting": 3,
     "framework.loop": 4,
     "framework.trainer": 5,
     "framework.launch": 6,

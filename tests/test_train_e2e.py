@@ -21,6 +21,9 @@ def test_default_job_trains_and_writes_its_run_directory(tmp_path):
     assert len(val) == 3 and val[-1] < val[0] - 0.5  # ln(256) = 5.55 at the start
     summary = json.loads((run / "summary.json").read_text())
     assert summary["objective_value"] == pytest.approx(val[-1])
+    assert {"trainer.max_steps=30", "trainer.val_every=15", *TINY_GPT} <= set(summary["overrides"])
+    steps = [int(r["step"]) for r in csv.DictReader(open(run / "metrics.csv"))]
+    assert steps == sorted(set(steps))  # one row per step
     assert "step 30 | val/loss" in result.stdout
     assert "Traceback" not in result.stderr
 

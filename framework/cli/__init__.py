@@ -8,6 +8,7 @@
     framework cp RECIPE DEST              copy a built-in recipe to edit it
     framework convert CKPT --to torch OUT.pt    model weights as a plain state_dict (or safetensors)
     framework convert DS_DIR --from deepspeed OUT_DIR   a DeepSpeed native checkpoint, imported
+    framework plot DIR [DIR...]           PNG figures of runs (overlaid) or of a sweep
     framework version                     framework, torch and Python versions
 """
 from __future__ import annotations
@@ -39,6 +40,7 @@ PASS_THROUGH = {
     "cp": ("copy a built-in recipe to edit it: `framework cp RECIPE DEST`", "copy_recipe", "main"),
     "convert": ("export a checkpoint's weights, or import a DeepSpeed checkpoint: "
                 "`framework convert CKPT OUT [--to torch|safetensors] [--from framework|deepspeed]`", "convert", "main"),
+    "plot": ("PNG figures of runs (overlaid) or of a sweep: `framework plot DIR [DIR...] [-o FILE]`", "plot", "main"),
 }
 
 
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_parser(name, help=help_text, add_help=False)
     sub.add_parser("version", help="print framework, torch and Python versions")
     if argv[:1] and argv[0] in PASS_THROUGH:
-        if argv[1:2] in (["-h"], ["--help"]) and argv[0] not in ("train", "run", "convert"):
+        if argv[1:2] in (["-h"], ["--help"]) and argv[0] not in ("train", "run", "convert", "plot"):
             print(f"framework {argv[0]}: {PASS_THROUGH[argv[0]][0]}")
             return ExitCode.OK
         _, module, function = PASS_THROUGH[argv[0]]

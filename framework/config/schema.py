@@ -51,6 +51,10 @@ class TrainerConfig:
     """The metric `run` returns (for Hydra sweepers); its last logged value."""
     objective_mode: str = "min"
     """'min' or 'max': which way the objective is better (a sweep's summary lists the best first)."""
+    plot: bool = True
+    """When the run ends, draw its curves to metrics.png in the run directory (a sweep: sweep.png
+    and curves.png in the sweep's); needs matplotlib (`pip install 'framework[plot]'`), skipped
+    without it. `framework plot` draws the same figures at any time."""
 
 
 @dataclass

@@ -1,7 +1,8 @@
-"""`logger=csv`: metrics.csv (one row per logged step, one column per metric) and hparams.yaml."""
+"""`logger=csv`: metrics.csv (one row per step, one column per metric) and hparams.yaml."""
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +12,12 @@ from framework.loggers.base import Logger
 
 
 class CSVLogger(Logger):
-    """Appends rows to `<run dir>/<filename>`; when a new metric appears the file is rewritten
-    with the wider header (rare: only the first time each metric is logged)."""
+    """`<run dir>/<filename>`: one row per step, one column per metric, ready for
+    `pandas.read_csv` as it is. Metrics logged at the same step (training, validation, learning
+    rate, checkpoint timing) share that step's row; a metric not logged at a step is an empty
+    cell. Columns: `step`, then each metric in the order it first appeared. A row is written as
+    soon as it is logged (its step's later metrics rewrite that last line only); a new metric
+    rewrites the file once with the wider header."""
 
     def __init__(self, save_dir: str, filename: str = "metrics.csv"):
         """filename: the CSV file inside the run directory."""
@@ -20,6 +25,7 @@ class CSVLogger(Logger):
         self.path = Path(save_dir) / filename
         self.columns: list[str] = ["step"]
         self.rows: list[dict[str, Any]] = []
+        self._last_row_at: int | None = None  # byte offset where the last row starts in the file
         if self.path.exists():  # a resumed run in the same directory continues the file
             with open(self.path, newline="") as f:
                 reader = csv.DictReader(f)
@@ -31,15 +37,24 @@ class CSVLogger(Logger):
         OmegaConf.save(OmegaConf.create(params), self.path.with_name("hparams.yaml"))
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        row = {"step": step, **metrics}
-        self.rows.append(row)
-        new = [k for k in row if k not in self.columns]
-        if new:
+        same_step = bool(self.rows) and int(self.rows[-1]["step"]) == step
+        if same_step:
+            self.rows[-1].update(metrics)
+        else:
+            self.rows.append({"step": step, **metrics})
+        new = [k for k in metrics if k not in self.columns]
+        if new or (same_step and self._last_row_at is None):
             self.columns += new
             self._rewrite()
             return
-        with open(self.path, "a", newline="") as f:
-            csv.DictWriter(f, fieldnames=self.columns).writerow(row)
+        with open(self.path, "r+b" if same_step else "ab") as f:
+            if same_step:
+                f.seek(self._last_row_at)
+                f.truncate()
+            else:
+                f.seek(0, io.SEEK_END)
+            self._last_row_at = f.tell()
+            f.write(self._line(self.rows[-1]))
 
     def truncate(self, step: int) -> None:
         kept = [r for r in self.rows if int(r["step"]) <= step]
@@ -47,11 +62,21 @@ class CSVLogger(Logger):
             self.rows = kept
             self._rewrite()
 
+    def _line(self, row: dict[str, Any]) -> bytes:
+        text = io.StringIO()
+        csv.DictWriter(text, fieldnames=self.columns).writerow(row)
+        return text.getvalue().encode()
+
     def _rewrite(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=self.columns)
-            writer.writeheader()
-            writer.writerows(self.rows)
+        with open(tmp, "wb") as f:
+            text = io.StringIO()
+            csv.DictWriter(text, fieldnames=self.columns).writeheader()
+            f.write(text.getvalue().encode())
+            for row in self.rows:
+                self._last_row_at = f.tell()
+                f.write(self._line(row))
+        if not self.rows:
+            self._last_row_at = None
         tmp.replace(self.path)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from framework.loggers.base import Logger
+from framework.sweeps import job_label
 
 RUN_ID_FILE = "mlflow_run_id"
 MAX_PARAM_LENGTH = 500  # the limit older tracking servers enforce
@@ -31,7 +32,10 @@ def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, str]:
 
 
 class MLflowLogger(Logger):
-    """One MLflow run per training run; the resolved config as flat parameters, logged once."""
+    """One MLflow run per training run; the resolved config as flat parameters, logged once. A
+    sweep's jobs are named by their swept values and tagged `sweep` (the sweep's name) and
+    `sweep_job`, so the MLflow UI can filter (`tags.sweep = "..."`) and group them; the objective is
+    the metric of the same name."""
 
     requires_packages = {"mlflow": "'framework[mlflow]'"}
 
@@ -52,7 +56,9 @@ class MLflowLogger(Logger):
             self.run_id = id_file.read_text().strip()
             self.client.update_run(self.run_id, status="RUNNING")
         else:
-            run = self.client.create_run(experiment_id, run_name=run_name or Path(save_dir).name)
+            label = job_label(Path(save_dir))  # a sweep job: named by its swept values, tagged by its sweep
+            tags = {"sweep": Path(save_dir).parent.name, "sweep_job": Path(save_dir).name} if label else {}
+            run = self.client.create_run(experiment_id, run_name=run_name or label or Path(save_dir).name, tags=tags)
             self.run_id = run.info.run_id
             id_file.parent.mkdir(parents=True, exist_ok=True)
             id_file.write_text(self.run_id)

@@ -189,8 +189,10 @@ class FitLoop:
             keys = sorted(w["values"])
             stacked = torch.stack([w["values"][k] for k in keys]) / batches if keys else None
             means = dict(zip(keys, self.strategy.reduce(stacked, "mean").tolist())) if keys else {}
-        metrics = {**{f"train/{k}": v for k, v in means.items()},
-                   f"train/{self.task.throughput_unit}_per_s": w["items"] * self.strategy.world_size / elapsed}
+        unit, items = self.task.throughput_unit, w["items"] * self.strategy.world_size
+        self.state.items_seen += items
+        metrics = {**{f"train/{k}": v for k, v in means.items()}, f"train/{unit}_per_s": items / elapsed,
+                   f"train/{unit}": float(self.state.items_seen)}
         if grad_norm is not None:
             metrics["train/grad_norm"] = float(grad_norm)
         scale = self.strategy.loss_scale

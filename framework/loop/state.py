@@ -36,6 +36,9 @@ class LoopState:
     """The step at which each metric was last logged."""
     last_val_step: int | None = None
     """The step of the latest validation."""
+    items_seen: int = 0
+    """Training items (tokens or samples: the task's throughput unit) consumed by all ranks, up
+    to the latest logged step."""
 
     def fresh_metrics(self) -> dict[str, float]:
         """Metrics logged at the current step."""
@@ -44,7 +47,8 @@ class LoopState:
     def state_dict(self) -> dict:
         return {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                 "should_stop": self.should_stop, "metrics": dict(self.metrics),
-                "metric_steps": dict(self.metric_steps), "last_val_step": self.last_val_step}
+                "metric_steps": dict(self.metric_steps), "last_val_step": self.last_val_step,
+                "items_seen": self.items_seen}
 
     def load_state_dict(self, state: dict) -> None:
         for key, value in state.items():

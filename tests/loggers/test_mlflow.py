@@ -62,3 +62,22 @@ def test_two_processes_log_one_run_from_rank_zero(tmp_path):
     with open(tmp_path / "outputs" / "ml" / "metrics.csv") as f:
         from_csv = [(int(r["step"]), float(r["train/loss"])) for r in csv.DictReader(f) if r["train/loss"]]
     assert history == from_csv and len(history) == 4  # one value per step: rank zero only
+
+
+def test_sweep_jobs_are_named_by_their_swept_values_and_tagged_with_their_sweep(tmp_path):
+    from omegaconf import OmegaConf
+
+    sweep = tmp_path / "multirun" / "lr_sweep"
+    sweep.mkdir(parents=True)
+    OmegaConf.save(OmegaConf.create({"config_name": "train", "overrides": [
+        "name=lr_sweep", "optimizer.lr=1e-3,3e-3", "logger=[csv,mlflow]", "trainer.max_steps=4"]}), sweep / "sweep.yaml")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    for job, lr in enumerate(("1e-3", "3e-3")):
+        (sweep / str(job) / ".hydra").mkdir(parents=True)
+        OmegaConf.save(OmegaConf.create(["name=lr_sweep", f"optimizer.lr={lr}", "logger=[csv,mlflow]",
+                                         "trainer.max_steps=4"]), sweep / str(job) / ".hydra" / "overrides.yaml")
+        MLflowLogger(str(sweep / str(job)), tracking_uri=uri).finalize()
+    c = client(uri)
+    runs = c.search_runs([c.get_experiment_by_name("framework").experiment_id], "tags.sweep = 'lr_sweep'")
+    assert sorted((r.info.run_name, r.data.tags["sweep_job"]) for r in runs) == [
+        ("0 optimizer.lr=1e-3", "0"), ("1 optimizer.lr=3e-3", "1")]

@@ -1,0 +1,49 @@
+"""The figures every run and sweep writes when it ends (`trainer.plot`), if matplotlib is there.
+A figure is a convenience: drawing it never fails the run that made the numbers."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+from framework.errors import UserError
+from framework.plotting.figures import runs_figure, sweep_figure
+from framework.plotting.run_data import read_run, read_sweep
+
+
+def can_plot() -> bool:
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def run_figures(run_dir: Path) -> list[Path]:
+    """`<run dir>/metrics.png`; nothing when matplotlib is missing or the run logged no CSV."""
+    if not can_plot() or not (Path(run_dir) / "metrics.csv").is_file():
+        return []
+    return _drawn(lambda: [runs_figure([read_run(run_dir)], Path(run_dir) / "metrics.png")])
+
+
+def sweep_figures(sweep_dir: Path) -> list[Path]:
+    """`<sweep dir>/sweep.png` (objective against each swept value) and `curves.png` (every job)."""
+    if not can_plot():
+        return []
+
+    def draw() -> list[Path]:
+        sweep = read_sweep(sweep_dir)
+        written = [runs_figure(sweep.jobs, Path(sweep_dir) / "curves.png",
+                               title=f"{Path(sweep_dir).name}: {len(sweep.jobs)} jobs")]
+        if sweep.swept_values():
+            written.insert(0, sweep_figure(sweep, Path(sweep_dir) / "sweep.png"))
+        return written
+
+    return _drawn(draw)
+
+
+def _drawn(draw) -> list[Path]:
+    try:
+        return draw()
+    except UserError:  # nothing to draw (no metric a figure shows)
+        return []
+    except Exception as err:  # a plotting bug must not turn a finished run into a failed one
+        print(f"WARNING: the figure was not drawn ({type(err).__name__}: {err}); `framework plot` draws it later.",
+              file=sys.stderr, flush=True)
+        return []
