@@ -17,6 +17,7 @@ from framework.checkpoint.resume import resume_path
 from framework.checkpoint.rng import seed_everything
 from framework.config.build import build, guarded
 from framework.config.loop_settings import loop_settings
+from framework.console import WarningsOnce, announce_if_slow
 from framework.data.loaders import build_loader
 from framework.errors import ConfigError
 from framework.loop.fit_loop import FitLoop
@@ -67,6 +68,7 @@ def train_worker(config: dict, output_dir: str) -> FitResult:
     plugins = build_plugins(cfg)
     strategy = plugins.strategy
     strategy.setup_environment()
+    warnings_once = WarningsOnce(strategy.global_rank, debug=bool(cfg.get("debug", False)))
     was_deterministic = configure_determinism(cfg.trainer.deterministic)
     try:
         # Everything that holds the wrapped model lives inside _fit, so it is freed when _fit
@@ -78,6 +80,7 @@ def train_worker(config: dict, output_dir: str) -> FitResult:
         strategy.teardown()
         if torch.are_deterministic_algorithms_enabled() != was_deterministic:
             torch.use_deterministic_algorithms(was_deterministic)
+        warnings_once.restore()
 
 
 def _fit(cfg, config: dict, plugins, output_dir: Path) -> FitResult:
@@ -88,14 +91,18 @@ def _fit(cfg, config: dict, plugins, output_dir: Path) -> FitResult:
     callbacks = {name: build(node, f"callbacks.{name}") for name, node in cfg.callbacks.items()}
     optimizer_factory = guarded(build(cfg.optimizer, "optimizer"), "optimizer")
     strategy.configure_loop(loop_settings(cfg))
-    model = strategy.build_model(lambda: build(cfg.model, "model"))
+    talk = strategy.is_global_zero
+    with announce_if_slow(f"building the model ({cfg.model._target_.rsplit('.', 1)[-1]})", talk):
+        model = strategy.build_model(lambda: build(cfg.model, "model"))
     if not task.automatic_optimization:  # one optimizer per named group of the task
         optimizer_factory = optimizer_set_factory(task, model, optimizer_factory)
-    model, optimizer = strategy.setup(model, optimizer_factory)
+    with announce_if_slow(f"{strategy.name}: setting up the model and optimizer", talk, why=strategy.setup_note):
+        model, optimizer = strategy.setup(model, optimizer_factory)
     manual = None
     if not task.automatic_optimization:
         manual = ManualOptimization(strategy, model, optimizer, cfg.trainer.clip_grad_norm, cfg.trainer.clip_grad_value)
-    train_loader = build_loader(datamodule, strategy, train=True, seed=cfg.seed)
+    with announce_if_slow(f"preparing the data ({cfg.data._target_.rsplit('.', 1)[-1]})", talk):
+        train_loader = build_loader(datamodule, strategy, train=True, seed=cfg.seed)
     scheduler, interval = build_scheduler(cfg.scheduler, optimizer,
                                           total_optimizer_steps(cfg.trainer, len(train_loader)))
     val_loader = build_loader(datamodule, strategy, train=False, seed=cfg.seed)

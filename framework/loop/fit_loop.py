@@ -13,6 +13,7 @@ from framework.checkpoint.format import begin_checkpoint, finalize_checkpoint, i
 from framework.checkpoint.rng import rng_state, set_rng_state
 from framework.checkpoint.weights import is_weights_file, read_weights
 from framework.checkpoint_io.dcp_reader import STATE_DIR
+from framework.console import announce_if_slow
 from framework.data.loaders import batches_yielded, skip_to
 from framework.errors import CheckpointError, ConfigError
 from framework.loop.state import FitResult, LoopState, Preemption
@@ -256,8 +257,9 @@ class FitLoop:
                       "optimizer": strategy.optimizer_state_dict(self.model, self.optimizer)}
             sharded = None
         meta = {**self.run_meta, "epoch": self.state.epoch, "metrics": self.state.fresh_metrics()}
-        self._pending_checkpoint = begin_checkpoint(strategy, self.checkpoint_dir, self.state.step, shared,
-                                                    per_rank, meta, sharded=sharded)
+        with announce_if_slow(f"saving the checkpoint of step {self.state.step}", strategy.is_global_zero):
+            self._pending_checkpoint = begin_checkpoint(strategy, self.checkpoint_dir, self.state.step, shared,
+                                                        per_rank, meta, sharded=sharded)
         if not strategy.checkpoint_is_async:
             self._finalize_checkpoint(wait=True)
         # how long training stood still for this save (an async save: the copy off the live state)

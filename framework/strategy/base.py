@@ -73,6 +73,8 @@ class Strategy:
     #: whether it shards model states across ranks to save memory (the accelerator then favours
     #: low memory over speed where it has a choice: framework/accelerator/cpu.py)
     shards_states: bool = False
+    #: why "setting up the model and optimizer" may take long (said when it does)
+    setup_note: str = ""
     #: precision capabilities the compatibility table reads (DeepSpeed keeps fp32 master weights
     #: and has no float64 mode; it refuses fp16 where the device lacks fp16 support)
     supports_float64: bool = True

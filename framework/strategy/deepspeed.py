@@ -56,6 +56,7 @@ class DeepSpeedStrategy(ParallelStrategy):
 
     name = "deepspeed"
     shards_states = True
+    setup_note = "a machine's first DeepSpeed run compiles its ops: a minute or more"
     requires_packages = {"deepspeed": "'framework[deepspeed]'"}
     supports_manual_optimization = False  # one optimizer, driven by its own engine/wrapper
     # DeepSpeed keeps flat partitions of its own; checkpoint_io=dcp gets full tensors from rank zero

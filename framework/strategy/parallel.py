@@ -6,6 +6,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from framework.console import announce_if_slow
 from framework.strategy.base import Strategy
 
 
@@ -37,8 +38,11 @@ class ParallelStrategy(Strategy):
                 store = dist.TCPStore(cluster.main_address, cluster.main_port, is_master=False, timeout=timeout)
                 attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
                 init = {"store": dist.PrefixStore(f"framework/attempt_{attempt}", store)}
-            dist.init_process_group(backend=self.accelerator.distributed_backend, world_size=cluster.world_size(),
-                                    rank=cluster.global_rank(), timeout=timeout, **init)
+            joining = (f"waiting for {cluster.world_size()} processes to join ({self.accelerator.distributed_backend}, "
+                       f"timeout {self.timeout_s:g} s)")
+            with announce_if_slow(joining, cluster.global_rank() == 0):
+                dist.init_process_group(backend=self.accelerator.distributed_backend, world_size=cluster.world_size(),
+                                        rank=cluster.global_rank(), timeout=timeout, **init)
         super().setup_environment()
 
     def teardown(self) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from framework.plotting.figures import draw_runs, draw_sweep, runs_figure
 from framework.plotting.run_data import is_sweep, read_run, read_sweep
-from tests.conftest import ROOT, TINY_GPT, run_train
+from tests.conftest import TINY_GPT, run_train
 
 matplotlib = pytest.importorskip("matplotlib")
 
