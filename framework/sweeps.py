@@ -19,12 +19,13 @@ from typing import Any
 from hydra.experimental.callback import Callback
 
 from framework.config.overrides import defining_overrides
+from framework.config.sweep_record import SWEEP_RECORD_FILE
 from framework.errors import ExitCode, RunExit
+from framework.loggers.mlflow import close_sweep_run, open_sweep_run
 from framework.plotting.at_end import sweep_figures
 
 SUMMARY_FILE = "summary.json"
 SWEEP_SUMMARY_FILE = "sweep_summary.csv"
-SWEEP_RECORD_FILE = "sweep.yaml"  # the command a sweep was started with
 
 
 @dataclass
@@ -45,48 +46,6 @@ def current_job() -> SweepJob | None:
     if hydra_cfg.mode != RunMode.MULTIRUN:
         return None
     return SweepJob(int(hydra_cfg.job.num), list(hydra_cfg.overrides.task), Path(hydra_cfg.sweep.dir))
-
-
-def job_label(run_dir: Path) -> str | None:
-    """A sweep job's name for dashboards: its number and the overrides it does not share with the
-    sweep's command (the swept values, or what an Optuna sweeper sampled), e.g.
-    "3 model.n_embd=32,optimizer.lr=0.003". None for a directory that is not a sweep job (read
-    from files, so it works in every process of the job, whoever launched it)."""
-    from omegaconf import OmegaConf
-
-    run_dir = Path(run_dir)
-    record, overrides = run_dir.parent / SWEEP_RECORD_FILE, run_dir / ".hydra" / "overrides.yaml"
-    if not (run_dir.name.isdigit() and record.is_file() and overrides.is_file()):
-        return None
-    try:
-        command = dict(_key_value(o) for o in OmegaConf.load(record).overrides if "=" in o)
-        mine = defining_overrides(OmegaConf.load(overrides))
-    except Exception:  # an unreadable record: the job keeps its plain name
-        return None
-    varying = [o for o in mine if _key_value(o)[0] not in command or _is_swept(command[_key_value(o)[0]])]
-    return f"{run_dir.name} {','.join(varying)}".strip()[:200]
-
-
-def _key_value(override: str) -> tuple[str, str]:
-    key, _, value = override.partition("=")
-    return key.lstrip("+~"), value
-
-
-SWEEP_FUNCTIONS = ("range(", "choice(", "interval(", "glob(", "shuffle(", "sort(", "tag(")
-
-
-def _is_swept(value: str) -> bool:
-    """Whether an override's value on a sweep's command line is a sweep (a,b / range(...) / ...),
-    not one value (a list like [a,b] is one value)."""
-    depth = 0
-    for char in value:
-        if char in "[{(":
-            depth += 1
-        elif char in "]})":
-            depth -= 1
-        elif char == "," and depth == 0:
-            return True
-    return value.strip().startswith(SWEEP_FUNCTIONS)
 
 
 def run_overrides() -> list[str]:
@@ -190,6 +149,14 @@ def print_table(rows: list[dict], mode: str, stream) -> None:
         print(f"job {r['job']} {r['status']}: {r['error']}", file=stream)
 
 
+def _mlflow_settings(config) -> dict | None:
+    """The sweep's MLflow logger settings when its jobs log to MLflow (logger=[...,mlflow])."""
+    node = (config.get("logger") or {}).get("mlflow")
+    if node is None or not str(node.get("_target_", "")).endswith("MLflowLogger"):
+        return None
+    return {"tracking_uri": node.get("tracking_uri"), "experiment": node.get("experiment", "framework")}
+
+
 class SweepSummaryCallback(Callback):
     """Hydra callback: records the sweep's command when it starts (`sweep.yaml`: recipe and
     overrides, how a re-run with resume=auto finds it), and writes the summary after the last job
@@ -203,6 +170,9 @@ class SweepSummaryCallback(Callback):
         overrides = [*config.hydra.overrides.task, *config.hydra.overrides.hydra]
         record = {"config_name": config.hydra.job.config_name, "overrides": overrides}
         OmegaConf.save(OmegaConf.create(record), sweep_dir / SWEEP_RECORD_FILE)
+        mlflow = _mlflow_settings(config)
+        if mlflow is not None:
+            open_sweep_run(mlflow, sweep_dir)
 
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
@@ -210,6 +180,9 @@ class SweepSummaryCallback(Callback):
             return
         mode = str(config.get("trainer", {}).get("objective_mode", "min"))
         rows = write_sweep_summary(sweep_dir, mode)
+        mlflow = _mlflow_settings(config)
+        if mlflow is not None:
+            close_sweep_run(mlflow, sweep_dir, next((r for r in rows if r["status"] == "completed"), None))
         if config.get("trainer", {}).get("plot", True):
             for figure in sweep_figures(sweep_dir):
                 print(f"figure: {figure}", flush=True)

@@ -11,10 +11,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from framework.config.sweep_record import job_label
 from framework.loggers.base import Logger
-from framework.sweeps import job_label
 
 RUN_ID_FILE = "mlflow_run_id"
+PARENT_RUN_ID_FILE = "mlflow_parent_run_id"  # in a sweep's directory: the run its jobs nest under
 MAX_PARAM_LENGTH = 500  # the limit older tracking servers enforce
 BATCH = 100  # MLflow's limit of parameters per log_batch call
 
@@ -33,9 +34,9 @@ def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, str]:
 
 class MLflowLogger(Logger):
     """One MLflow run per training run; the resolved config as flat parameters, logged once. A
-    sweep's jobs are named by their swept values and tagged `sweep` (the sweep's name) and
-    `sweep_job`, so the MLflow UI can filter (`tags.sweep = "..."`) and group them; the objective is
-    the metric of the same name."""
+    sweep has a run of its own (made when it starts, holding the best job's objective when it
+    ends) and its jobs' runs nest under it, named by their swept values and tagged `sweep` and
+    `sweep_job`; the objective is the metric of the same name."""
 
     requires_packages = {"mlflow": "'framework[mlflow]'"}
 
@@ -45,12 +46,7 @@ class MLflowLogger(Logger):
         sqlite:///mlflow.db in the directory the run was started from; experiment: the MLflow
         experiment runs are grouped under; run_name: null for the run directory's name."""
         super().__init__(save_dir)
-        from mlflow.tracking import MlflowClient
-
-        self.tracking_uri = tracking_uri or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
-        self.client = MlflowClient(tracking_uri=self.tracking_uri)
-        found = self.client.get_experiment_by_name(experiment)
-        experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+        self.tracking_uri, self.client, experiment_id = _open(tracking_uri, experiment)
         id_file = Path(save_dir) / RUN_ID_FILE
         if id_file.is_file():  # a resumed run continues its MLflow run
             self.run_id = id_file.read_text().strip()
@@ -58,6 +54,9 @@ class MLflowLogger(Logger):
         else:
             label = job_label(Path(save_dir))  # a sweep job: named by its swept values, tagged by its sweep
             tags = {"sweep": Path(save_dir).parent.name, "sweep_job": Path(save_dir).name} if label else {}
+            parent = Path(save_dir).parent / PARENT_RUN_ID_FILE
+            if label and parent.is_file():  # nested under the sweep's own run in the MLflow UI
+                tags["mlflow.parentRunId"] = parent.read_text().strip()
             run = self.client.create_run(experiment_id, run_name=run_name or label or Path(save_dir).name, tags=tags)
             self.run_id = run.info.run_id
             id_file.parent.mkdir(parents=True, exist_ok=True)
@@ -82,3 +81,40 @@ class MLflowLogger(Logger):
 
     def finalize(self) -> None:
         self.client.set_terminated(self.run_id, status="FINISHED")
+
+
+def _open(tracking_uri: str | None, experiment: str):
+    """(tracking URI, client, experiment id): the store, and the experiment made if missing."""
+    from mlflow.tracking import MlflowClient
+
+    uri = tracking_uri or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    found = client.get_experiment_by_name(experiment)
+    return uri, client, found.experiment_id if found else client.create_experiment(experiment)
+
+
+def open_sweep_run(settings: dict, sweep_dir: Path) -> str:
+    """The sweep's own MLflow run, which its jobs' runs nest under (made by the launching process
+    when the sweep starts; `settings`: the logger's config, for its store and experiment)."""
+    _, client, experiment_id = _open(settings.get("tracking_uri"), settings.get("experiment", "framework"))
+    id_file = Path(sweep_dir, PARENT_RUN_ID_FILE)
+    if id_file.is_file():  # the sweep run again with resume=auto: its jobs' runs are under this one
+        run_id = id_file.read_text().strip()
+        client.update_run(run_id, status="RUNNING")
+        return run_id
+    run = client.create_run(experiment_id, run_name=Path(sweep_dir).name, tags={"sweep": Path(sweep_dir).name})
+    id_file.write_text(run.info.run_id)
+    return run.info.run_id
+
+
+def close_sweep_run(settings: dict, sweep_dir: Path, best: dict | None) -> None:
+    """When the sweep ends: the best job's objective on the sweep's run, and the run finished."""
+    id_file = Path(sweep_dir, PARENT_RUN_ID_FILE)
+    if not id_file.is_file():
+        return
+    _, client, _ = _open(settings.get("tracking_uri"), settings.get("experiment", "framework"))
+    run_id = id_file.read_text().strip()
+    if best is not None and best.get("value") is not None:
+        client.log_metric(run_id, str(best["objective"]), float(best["value"]))
+        client.set_tag(run_id, "best_job", str(best["job"]))
+    client.set_terminated(run_id, status="FINISHED")

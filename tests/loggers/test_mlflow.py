@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from framework.loggers.mlflow import MLflowLogger, flatten
+from framework.loggers.mlflow import MLflowLogger, close_sweep_run, flatten, open_sweep_run
 from tests.conftest import TINY_GPT, run_train
 
 
@@ -72,6 +72,7 @@ def test_sweep_jobs_are_named_by_their_swept_values_and_tagged_with_their_sweep(
     OmegaConf.save(OmegaConf.create({"config_name": "train", "overrides": [
         "name=lr_sweep", "optimizer.lr=1e-3,3e-3", "logger=[csv,mlflow]", "trainer.max_steps=4"]}), sweep / "sweep.yaml")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent = open_sweep_run({"tracking_uri": uri, "experiment": "framework"}, sweep)
     for job, lr in enumerate(("1e-3", "3e-3")):
         (sweep / str(job) / ".hydra").mkdir(parents=True)
         OmegaConf.save(OmegaConf.create(["name=lr_sweep", f"optimizer.lr={lr}", "logger=[csv,mlflow]",
@@ -79,5 +80,11 @@ def test_sweep_jobs_are_named_by_their_swept_values_and_tagged_with_their_sweep(
         MLflowLogger(str(sweep / str(job)), tracking_uri=uri).finalize()
     c = client(uri)
     runs = c.search_runs([c.get_experiment_by_name("framework").experiment_id], "tags.sweep = 'lr_sweep'")
-    assert sorted((r.info.run_name, r.data.tags["sweep_job"]) for r in runs) == [
-        ("0 optimizer.lr=1e-3", "0"), ("1 optimizer.lr=3e-3", "1")]
+    jobs = sorted((r.info.run_name, r.data.tags.get("sweep_job"), r.data.tags.get("mlflow.parentRunId"))
+                  for r in runs if r.info.run_id != parent)
+    assert jobs == [("0 optimizer.lr=1e-3", "0", parent), ("1 optimizer.lr=3e-3", "1", parent)]
+    close_sweep_run({"tracking_uri": uri}, sweep, {"objective": "val/loss", "value": 1.25, "job": 1})
+    sweep_run = c.get_run(parent)
+    assert sweep_run.info.run_name == "lr_sweep" and sweep_run.info.status == "FINISHED"
+    assert sweep_run.data.metrics == {"val/loss": 1.25} and sweep_run.data.tags["best_job"] == "1"
+    assert open_sweep_run({"tracking_uri": uri}, sweep) == parent  # re-run with resume=auto: the same run
