@@ -105,3 +105,21 @@ def tiny_gpt():
 @pytest.fixture
 def digits():
     return list(DIGITS)
+
+
+@pytest.fixture
+def one_rank_group():
+    """A gloo process group of this process alone, for the test's duration: enough to check what
+    a strategy wraps or how DTensors are handled without starting processes."""
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=1, rank=0)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

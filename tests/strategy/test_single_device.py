@@ -64,28 +64,18 @@ def test_auto_picks_ddp_for_several_processes():
     assert type(auto_strategy(accelerator=CPUAccelerator(), devices=2)) is DDPStrategy
 
 
-def test_ddp_wrap_options():
+def test_ddp_wrap_options(one_rank_group):
     """A one-rank gloo group is enough to check what wrap_model builds."""
     import gc
-    import socket
-
-    import torch.distributed as dist
 
     from framework.strategy.ddp import DDPStrategy
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=1, rank=0)
-    try:
-        strategy = DDPStrategy(static_graph=True, bucket_cap_mb=1.0)
-        model = strategy.wrap_model(nn.Sequential(nn.Linear(3, 4), nn.ReLU()))
-        assert model.static_graph and model.bucket_bytes_cap == 2**20
-        with strategy.no_backward_sync(model, skip=True):
-            assert not model.require_backward_grad_sync
-        assert model.require_backward_grad_sync
-        assert strategy.world_size == 1 and torch.equal(strategy.reduce(torch.ones(2), "sum"), torch.ones(2))
-        del model  # DDP's reducer must go before its process group (gloo's destructor can hang otherwise)
-        gc.collect()
-    finally:
-        dist.destroy_process_group()
+    strategy = DDPStrategy(static_graph=True, bucket_cap_mb=1.0)
+    model = strategy.wrap_model(nn.Sequential(nn.Linear(3, 4), nn.ReLU()))
+    assert model.static_graph and model.bucket_bytes_cap == 2**20
+    with strategy.no_backward_sync(model, skip=True):
+        assert not model.require_backward_grad_sync
+    assert model.require_backward_grad_sync
+    assert strategy.world_size == 1 and torch.equal(strategy.reduce(torch.ones(2), "sum"), torch.ones(2))
+    del model  # DDP's reducer must go before its process group (gloo's destructor can hang otherwise)
+    gc.collect()
