@@ -80,6 +80,8 @@ class FitLoop:
         if self.preempted_by is not None:
             self._finalize_checkpoint(wait=True)
             return FitResult(dict(self.state.metrics), Preemption(self.preempted_by, self.state.step))
+        if self._window["batches"]:  # the steps since the last log (all of them in a run shorter than log_every)
+            self._log_train(None, True)
         if self.state.last_val_step != self.state.step:
             self.validate()
         self._hook("on_fit_end")
