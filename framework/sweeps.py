@@ -19,13 +19,10 @@ from typing import Any
 from hydra.experimental.callback import Callback
 
 from framework.config.overrides import defining_overrides
-from framework.config.sweep_record import SWEEP_RECORD_FILE
+from framework.config.sweep_record import SUMMARY_FILE, SWEEP_RECORD_FILE, SWEEP_SUMMARY_FILE
 from framework.errors import ExitCode, RunExit
 from framework.loggers.mlflow import close_sweep_run, open_sweep_run
 from framework.plotting.at_end import sweep_figures
-
-SUMMARY_FILE = "summary.json"
-SWEEP_SUMMARY_FILE = "sweep_summary.csv"
 
 
 @dataclass

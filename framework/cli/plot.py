@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 
 from framework.errors import ExitCode, UserError, report
-from framework.plotting.figures import runs_figure, sweep_figure
+from framework.plotting.figures import runs_figure, write_sweep_figures
 from framework.plotting.run_data import is_sweep, read_run, read_sweep
 
 
@@ -24,14 +24,6 @@ def parser() -> argparse.ArgumentParser:
     return plot
 
 
-def plot_sweep(path: Path, out: Path | None = None) -> list[Path]:
-    sweep = read_sweep(path)
-    written = [runs_figure(sweep.jobs, path / "curves.png", title=f"{path.name}: {len(sweep.jobs)} jobs")]
-    if sweep.swept_values():
-        written.insert(0, sweep_figure(sweep, out or path / "sweep.png"))
-    return written
-
-
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     paths = [Path(d) for d in args.dirs]
@@ -41,7 +33,7 @@ def main(argv: list[str]) -> int:
         if missing:
             raise UserError(f"no such directory: {', '.join(missing)}")
         if len(paths) == 1 and is_sweep(paths[0]):
-            written = plot_sweep(paths[0], out)
+            written = write_sweep_figures(read_sweep(paths[0]), out)
         else:
             runs = [read_run(p) for p in paths]
             default = paths[0] / "metrics.png" if len(paths) == 1 else Path("runs.png")

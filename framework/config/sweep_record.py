@@ -9,6 +9,8 @@ from omegaconf import OmegaConf
 from framework.config.overrides import defining_overrides
 
 SWEEP_RECORD_FILE = "sweep.yaml"  # the command a sweep was started with (framework/sweeps.py writes it)
+SUMMARY_FILE = "summary.json"  # every run's: status, objective, overrides, final metrics
+SWEEP_SUMMARY_FILE = "sweep_summary.csv"  # a sweep's, written when it ends
 
 
 def job_label(run_dir: Path) -> str | None:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from framework.errors import UserError
-from framework.plotting.figures import runs_figure, sweep_figure
+from framework.plotting.figures import runs_figure, write_sweep_figures
 from framework.plotting.run_data import read_run, read_sweep
 
 
@@ -26,16 +26,7 @@ def sweep_figures(sweep_dir: Path) -> list[Path]:
     """`<sweep dir>/sweep.png` (objective against each swept value) and `curves.png` (every job)."""
     if not can_plot():
         return []
-
-    def draw() -> list[Path]:
-        sweep = read_sweep(sweep_dir)
-        written = [runs_figure(sweep.jobs, Path(sweep_dir) / "curves.png",
-                               title=f"{Path(sweep_dir).name}: {len(sweep.jobs)} jobs")]
-        if sweep.swept_values():
-            written.insert(0, sweep_figure(sweep, Path(sweep_dir) / "sweep.png"))
-        return written
-
-    return _drawn(draw)
+    return _drawn(lambda: write_sweep_figures(read_sweep(sweep_dir)))
 
 
 def _drawn(draw) -> list[Path]:

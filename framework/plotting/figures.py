@@ -178,6 +178,15 @@ def draw_sweep(sweep: Sweep):
     return fig
 
 
+def write_sweep_figures(sweep: Sweep, sweep_png: Path | None = None) -> list[Path]:
+    """A sweep's figures in its directory: sweep.png (when its jobs differ in some override)
+    and curves.png (every job's curves)."""
+    written = [runs_figure(sweep.jobs, sweep.path / "curves.png", title=f"{sweep.path.name}: {len(sweep.jobs)} jobs")]
+    if sweep.swept_values():
+        written.insert(0, sweep_figure(sweep, sweep_png or sweep.path / "sweep.png"))
+    return written
+
+
 def _is_number(text: str) -> bool:
     try:
         float(text)

@@ -1,5 +1,5 @@
 """What a figure shows, read back from run and sweep directories (metrics.csv, summary.json,
-.hydra/overrides.yaml, sweep_summary.csv): plain Python, no matplotlib."""
+.hydra/overrides.yaml, sweep.yaml): plain Python, no matplotlib."""
 from __future__ import annotations
 
 import csv
@@ -11,10 +11,10 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from framework.config.overrides import defining_overrides
+from framework.config.sweep_record import SUMMARY_FILE, SWEEP_RECORD_FILE, SWEEP_SUMMARY_FILE
 from framework.errors import UserError
 
 METRICS_FILE = "metrics.csv"
-SUMMARY_FILE = "summary.json"
 
 
 @dataclass
@@ -90,7 +90,7 @@ def read_run(path: Path) -> Run:
 
 def is_sweep(path: Path) -> bool:
     path = Path(path)
-    return (path / "multirun.yaml").is_file() or (path / "sweep_summary.csv").is_file() or (
+    return (path / SWEEP_RECORD_FILE).is_file() or (path / SWEEP_SUMMARY_FILE).is_file() or (
         not (path / METRICS_FILE).is_file() and any(_job_dirs(path)))
 
 
