@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from framework.callbacks.progress import RichProgress, TextProgress
 from framework.checkpoint.resume import resume_path
 from framework.checkpoint.rng import seed_everything
+from framework.checkpoint.weights import initial_weights
 from framework.config.build import build, guarded
 from framework.config.loop_settings import loop_settings
 from framework.console import WarningsOnce, announce_if_slow
@@ -61,6 +62,18 @@ def configure_determinism(deterministic: bool) -> bool:
     return previous
 
 
+def prepare_data_once(datamodule, strategy) -> None:
+    """The DataModule's one-off preprocessing: local rank 0 of each node first (it fills the
+    cache), then the other ranks (which find it there)."""
+    first = strategy.local_rank == 0
+    if first:
+        datamodule.prepare_data()
+    if strategy.world_size > 1:
+        strategy.barrier()
+    if not first:
+        datamodule.prepare_data()
+
+
 def train_worker(config: dict, output_dir: str) -> FitResult:
     """Entry of every training process. `config` is the resolved config as plain containers
     (picklable: workers never re-read sys.argv or Hydra state). Returns the loop's result."""
@@ -98,10 +111,15 @@ def _fit(cfg, config: dict, plugins, output_dir: Path) -> FitResult:
         optimizer_factory = optimizer_set_factory(task, model, optimizer_factory)
     with announce_if_slow(f"{strategy.name}: setting up the model and optimizer", talk, why=strategy.setup_note):
         model, optimizer = strategy.setup(model, optimizer_factory)
+    pretrained = getattr(strategy.unwrap(model), "pretrained_weights", None)
+    if pretrained:  # named by a model built without weights (a sharded build): each rank copies its part
+        with announce_if_slow(f"loading pretrained weights ({Path(pretrained[0]).parent})", talk):
+            strategy.load_model_state_dict(model, initial_weights(strategy.unwrap(model), pretrained))
     manual = None
     if not task.automatic_optimization:
         manual = ManualOptimization(strategy, model, optimizer, cfg.trainer.clip_grad_norm, cfg.trainer.clip_grad_value)
     with announce_if_slow(f"preparing the data ({cfg.data._target_.rsplit('.', 1)[-1]})", talk):
+        prepare_data_once(datamodule, strategy)
         train_loader = build_loader(datamodule, strategy, train=True, seed=cfg.seed)
     scheduler, interval = build_scheduler(cfg.scheduler, optimizer,
                                           total_optimizer_steps(cfg.trainer, len(train_loader)))

@@ -69,3 +69,42 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(f"{path}: holds a {type(state).__name__}, not a state_dict of tensors by name.")
     return state
+
+
+def initial_weights(model: torch.nn.Module, files: list[str]) -> dict[str, torch.Tensor]:
+    """The state_dict a model's `pretrained_weights` files give it (every shard file merged,
+    mapped, nothing copied), under the model's own names: a name saved without the model's
+    `base_model_prefix` (Hugging Face's bare-backbone checkpoints, e.g. GPT-2's `h.0...` for
+    `transformer.h.0...`) or with it is matched either way, and a tied parameter the files store
+    once is given under each of its names. A parameter the files lack is refused, named."""
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(read_weights(Path(file)))
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    names: dict[int, list[str]] = {}
+    for name, tensor in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        names.setdefault(id(tensor), []).append(name)
+    wanted = {name for group in names.values() for name in group}
+    mapped: dict[str, torch.Tensor] = {}
+    for key, tensor in state.items():
+        for candidate in (key, f"{prefix}.{key}", key.removeprefix(f"{prefix}.")):
+            if candidate in wanted:
+                mapped[candidate] = tensor
+                break
+    for group in names.values():  # tied: one stored tensor serves every name of the parameter
+        found = next((mapped[n] for n in group if n in mapped), None)
+        for name in group:
+            if found is not None:
+                mapped.setdefault(name, found)
+    missing = sorted(n for n in wanted if n not in mapped and not _optional_buffer(model, n))
+    if missing:
+        raise CheckpointError(f"{files[0]}: no weights for {len(missing)} of the model's tensors (first: "
+                              f"{missing[0]}); the files were saved from another architecture or config.")
+    return mapped
+
+
+def _optional_buffer(model: torch.nn.Module, name: str) -> bool:
+    """A non-persistent buffer (computed, e.g. rotary frequencies) is not in a weights file."""
+    owner, _, leaf = name.rpartition(".")
+    module = model.get_submodule(owner)
+    return leaf in getattr(module, "_non_persistent_buffers_set", set())

@@ -47,10 +47,30 @@ class _SkipMetaInit(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+_building_without_weights = 0
+
+
+@contextlib.contextmanager
+def sharded_build():
+    """Marks a model build whose weights come later (the meta device, DeepSpeed's partitioned
+    init): a model that would read pretrained weights in its constructor reads only their shapes,
+    and names its weight files instead (framework/models/huggingface.py)."""
+    global _building_without_weights
+    _building_without_weights += 1
+    try:
+        yield
+    finally:
+        _building_without_weights -= 1
+
+
+def in_sharded_build() -> bool:
+    return _building_without_weights > 0
+
+
 @contextlib.contextmanager
 def meta_device(record: list | None = None):
     """`with torch.device("meta")`, with initialisers skipped; with `record`, every skipped
     initialiser call (and every random factory) is appended to it as (func, args, kwargs), in
     order, for framework/strategy/meta_init.py to replay on real tensors."""
-    with torch.device("meta"), _SkipMetaInit(record):
+    with torch.device("meta"), _SkipMetaInit(record), sharded_build():
         yield

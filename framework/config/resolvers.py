@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 import time
+from pathlib import Path
 
 from omegaconf import OmegaConf
+
+from framework.errors import ConfigError
 
 
 @functools.lru_cache(maxsize=1)
@@ -31,6 +35,50 @@ def job_name() -> str:
     return time.strftime("%Y-%m-%d/%H-%M-%S")
 
 
+BYTES = "bytes"
+BYTE_VOCAB = 256
+
+
+def tokenizer_file(tokenizer: str) -> Path:
+    """tokenizer.json itself, or the directory that holds it (a Hugging Face tokenizer directory)."""
+    path = Path(str(tokenizer)).expanduser()
+    if path.is_dir():
+        path = path / "tokenizer.json"
+    if not path.is_file():
+        raise ConfigError(f"data.tokenizer={tokenizer!r}: no such tokenizer.json (give the file, a directory holding "
+                          f"it, or {BYTES!r} for byte-level tokens that need no file).")
+    return path
+
+
+@functools.lru_cache(maxsize=None)
+def vocab_size(tokenizer: str) -> int:
+    """`${vocab_size:${data.tokenizer}}`: the number of token ids a tokenizer makes (256 for bytes),
+    read from tokenizer.json (its vocabulary and added tokens) without loading a tokenizer library,
+    so a model's embedding follows the data's tokenizer in YAML."""
+    if str(tokenizer) == BYTES:
+        return BYTE_VOCAB
+    path = tokenizer_file(tokenizer)
+    try:
+        spec = json.loads(path.read_text())
+        vocab = spec["model"]["vocab"]
+        ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab)))
+        ids += [t["id"] for t in spec.get("added_tokens") or []]
+    except (ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"data.tokenizer={tokenizer!r}: {path} is not a tokenizer.json ({err}).") from err
+    return max(ids) + 1
+
+
+def stdlib_dir() -> str:
+    """`${stdlib_dir:}`: the Python standard library's folder, text every machine has."""
+    import sysconfig
+
+    return sysconfig.get_paths()["stdlib"]
+
+
 def register() -> None:
     if not OmegaConf.has_resolver("job_name"):
         OmegaConf.register_new_resolver("job_name", job_name, use_cache=True)
+    if not OmegaConf.has_resolver("vocab_size"):
+        OmegaConf.register_new_resolver("vocab_size", vocab_size)
+    if not OmegaConf.has_resolver("stdlib_dir"):
+        OmegaConf.register_new_resolver("stdlib_dir", stdlib_dir)

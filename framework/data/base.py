@@ -27,6 +27,15 @@ class DataModule(ABC):
         self.shuffle = shuffle
         self.drop_last = drop_last
 
+    def prepare_data(self) -> None:
+        """Work to do once before the datasets are read (download-free preprocessing into a cache,
+        e.g. tokenising). One process per node runs it while the others wait, then every process
+        builds its datasets (from that cache)."""
+
+    def collate(self):
+        """The loader's collate function (None: torch's default, which stacks samples)."""
+        return None
+
     @abstractmethod
     def train_dataset(self) -> Dataset:
         """The training split (map-style)."""
@@ -41,4 +50,4 @@ class DataModule(ABC):
         model/data/task mismatch before launch. The default collates the first samples of the
         training set; a DataModule whose set is costly to build may return a synthetic batch."""
         dataset = self.train_dataset()
-        return default_collate([dataset[i] for i in range(min(size, len(dataset)))])
+        return (self.collate() or default_collate)([dataset[i] for i in range(min(size, len(dataset)))])

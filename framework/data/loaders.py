@@ -41,6 +41,7 @@ def build_loader(datamodule: DataModule, strategy, train: bool, seed: int):
         sampler=sampler,
         num_workers=datamodule.num_workers,
         drop_last=train and datamodule.drop_last,
+        collate_fn=datamodule.collate(),
         generator=torch.Generator().manual_seed(seed),
         persistent_workers=False,
     )

@@ -4,6 +4,7 @@ It talks to the strategy alone for anything device-, precision- or process-speci
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 import time
 from pathlib import Path
 
@@ -112,7 +113,7 @@ class FitLoop:
             batch = strategy.batch_to_device(batch)
             with strategy.no_backward_sync(self.model, skip=not is_last):
                 with strategy.forward_context():
-                    loss = self.task.training_step(self.model, batch)
+                    loss = self._loss_of(self.task.training_step(self.model, batch))
                 strategy.backward(loss / group)
             self._window["loss"] += loss.detach().double()
             self._window["batches"] += 1
@@ -128,6 +129,24 @@ class FitLoop:
             self.scheduler.step()
         self._hook("on_epoch_end")
 
+    def _loss_of(self, returned) -> torch.Tensor:
+        """The loss a training_step returned: a tensor, or a dict holding `loss` whose other
+        values are logged as train/<key> (means over the logging interval, like the loss)."""
+        if not isinstance(returned, Mapping):
+            return returned
+        if "loss" not in returned:
+            raise ConfigError(f"task: {type(self.task).__name__}.training_step returned a dict without 'loss' (it has "
+                              f"{', '.join(returned) or 'nothing'}); return the loss, or a dict with 'loss' and "
+                              "other values to log.")
+        self._accumulate_values({k: v for k, v in returned.items() if k != "loss"})
+        return returned["loss"]
+
+    def _accumulate_values(self, values: Mapping) -> None:
+        sums = self._window["values"]
+        for key, value in values.items():
+            value = torch.as_tensor(value).detach().double().to(self.strategy.root_device)
+            sums[key] = sums[key] + value if key in sums else value
+
     def _manual_step(self, batch) -> None:
         """One batch of a manual-optimization task: it backpropagates and steps its optimizers
         itself (through self.manual), and returns the values to log."""
@@ -138,10 +157,7 @@ class FitLoop:
         if not isinstance(values, dict):
             raise ConfigError(f"task: {type(self.task).__name__}.training_step (manual optimization) must return a "
                               f"dict of scalar tensors to log, not {type(values).__name__}.")
-        sums = self._window["values"]
-        for key, value in values.items():
-            value = torch.as_tensor(value).detach().double().to(self.strategy.root_device)
-            sums[key] = sums[key] + value if key in sums else value
+        self._accumulate_values(values)
         self._window["batches"] += 1
         self._window["items"] += self.task.batch_size(batch)
         self.state.batch_in_epoch += 1
@@ -186,12 +202,12 @@ class FitLoop:
         w = self._window
         elapsed = max(time.perf_counter() - w["start"], 1e-9)
         batches = max(w["batches"], 1)
+        sums = dict(w["values"])
         if self.manual is None:
-            means = {"loss": self.strategy.reduce(w["loss"] / batches, "mean").item()}  # one sync per interval
-        else:
-            keys = sorted(w["values"])
-            stacked = torch.stack([w["values"][k] for k in keys]) / batches if keys else None
-            means = dict(zip(keys, self.strategy.reduce(stacked, "mean").tolist())) if keys else {}
+            sums["loss"] = w["loss"]
+        keys = sorted(sums)  # one all-reduce per interval for every value
+        means = dict(zip(keys, self.strategy.reduce(torch.stack([sums[k] for k in keys]) / batches, "mean").tolist())) \
+            if keys else {}
         unit, items = self.task.throughput_unit, w["items"] * self.strategy.world_size
         self.state.items_seen += items
         metrics = {**{f"train/{k}": v for k, v in means.items()}, f"train/{unit}_per_s": items / elapsed,

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import torch
 
+from framework.config.meta_build import sharded_build
 from framework.errors import ConfigError
 from framework.strategy.deepspeed_master_weights import shared_master_partitions
 from framework.strategy.deepspeed_sizes import zero_sizes
@@ -175,9 +176,13 @@ class DeepSpeedStrategy(ParallelStrategy):
             return factory()
         import deepspeed
 
+        # zero.Init replaces torch.Tensor.__new__; a first import of torch._dynamo inside it (a
+        # model library's lazy imports: transformers) checks that signature and fails
+        import torch._dynamo  # noqa: F401
+
         remote = self.offload_parameters if self.offload_parameters != "none" else None
         with deepspeed.zero.Init(config_dict_or_path=self.deepspeed_config(), remote_device=remote,
-                                 pin_memory=self.accelerator.name == "cuda"):
+                                 pin_memory=self.accelerator.name == "cuda"), sharded_build():
             return factory()
 
     def setup(self, model, optimizer_factory):

@@ -1,33 +1,74 @@
-"""Next-token prediction: cross-entropy, reported as loss and perplexity."""
+"""Next-token prediction: cross-entropy, reported as loss and perplexity.
+
+Two batch shapes are accepted:
+- a pair `(tokens, next_tokens)` (the built-in data): the model is called as `model(tokens)`;
+- a dict with `input_ids` and optionally `attention_mask` and `labels` (Hugging Face's
+  convention, framework/data/text_files.py): the model is called with every key but `labels`, and
+  position t predicts label t+1 (labels default to input_ids; -100 marks tokens not scored, e.g.
+  padding).
+
+The model may return logits (B, T, vocab) as a tensor, a dict with "logits", or an object with a
+`.logits` attribute (a `transformers` ModelOutput).
+"""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 from torch.nn import functional as F
 
+from framework.errors import ConfigError
 from framework.tasks.base import Task
+
+IGNORE_INDEX = -100
+
+
+def output_logits(output) -> torch.Tensor:
+    """The logits of a model's output: a tensor, output["logits"] or output.logits."""
+    if isinstance(output, torch.Tensor):
+        return output
+    logits = output.get("logits") if isinstance(output, Mapping) else getattr(output, "logits", None)
+    if logits is None:
+        raise ConfigError(f"task: the model returned a {type(output).__name__} without logits; a language model "
+                          "must return logits (B, T, vocab) as a tensor, a dict with 'logits' or an object with "
+                          ".logits.")
+    return logits
+
+
+def logits_and_targets(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits, targets) aligned position by position, flattened to (N, vocab) and (N,)."""
+    if isinstance(batch, Mapping):
+        if "input_ids" not in batch:
+            raise ConfigError(f"task: a dict batch needs input_ids (it has {', '.join(batch)}).")
+        labels = batch.get("labels", batch["input_ids"])
+        logits = output_logits(model(**{k: v for k, v in batch.items() if k != "labels"}))
+        logits, targets = logits[:, :-1], labels[:, 1:]
+    else:
+        tokens, targets = batch
+        logits = output_logits(model(tokens))
+    return logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1)
 
 
 class LanguageModeling(Task):
-    """Batches are (tokens, next tokens); the model returns logits of shape (B, T, vocab)."""
+    """Cross-entropy of the next token over the tokens not marked -100."""
 
     throughput_unit = "tokens"
 
     def training_step(self, model, batch) -> torch.Tensor:
-        x, y = batch
-        logits = model(x)
-        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+        logits, targets = logits_and_targets(model, batch)
+        return F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX)
 
     def validation_step(self, model, batch) -> dict[str, torch.Tensor]:
-        x, y = batch
-        logits = model(x)
-        loss_sum = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum")
-        return {"loss_sum": loss_sum.double(), "tokens": torch.tensor(float(y.numel()), dtype=torch.float64)}
+        logits, targets = logits_and_targets(model, batch)
+        loss_sum = F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")
+        return {"loss_sum": loss_sum.double(), "tokens": (targets != IGNORE_INDEX).sum().double()}
 
     def compute_metrics(self, sums) -> dict[str, float]:
-        loss = (sums["loss_sum"] / sums["tokens"]).item()
+        loss = (sums["loss_sum"] / sums["tokens"].clamp(min=1)).item()
         return {"loss": loss, "perplexity": math.exp(min(loss, 50.0))}
 
     def batch_size(self, batch) -> int:
-        return int(batch[0].numel())
+        """Tokens in the batch (padding included: counting the mask would cost a device sync)."""
+        tokens = batch["input_ids"] if isinstance(batch, Mapping) else batch[0]
+        return int(tokens.numel())

@@ -1,0 +1,253 @@
+"""Your own text: local files (plain text, JSON lines, parquet, CSV; glob patterns) read with the
+`datasets` library, tokenised by bytes or by a local tokenizer, then packed into blocks or padded.
+
+Preprocessing (reading, tokenising, packing) happens once: `prepare_data()` runs on one process
+per node before the others start theirs, and `datasets` caches each result by its inputs, so the
+other ranks, later runs and resumed runs load it from the cache. The result is a map-style
+dataset, so the framework's sampler shards it and a resumed run continues mid-epoch exactly.
+
+Batches are dicts in Hugging Face's convention: input_ids, plus attention_mask and labels (-100 on
+padding) when padded; framework/tasks/language_modeling.py reads them.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import zlib
+from functools import cached_property
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+
+from framework.config.resolvers import BYTES, tokenizer_file
+from framework.config.types import PositiveInt
+from framework.data.base import DataModule
+from framework.errors import ConfigError
+
+# The `datasets` builder for each file suffix.
+FORMATS = {".txt": "text", ".text": "text", ".md": "text", ".py": "text", ".json": "json", ".jsonl": "json",
+           ".parquet": "parquet", ".csv": "csv"}
+TEXT_UNITS = ("document", "paragraph", "line")  # what one sample of a plain-text file is
+EOS_NAMES = ("<|endoftext|>", "</s>", "<eos>", "[SEP]")
+
+
+def expand(patterns: str | list[str], key: str) -> list[str]:
+    """Every file the glob patterns match (`**` included), sorted; a pattern matching nothing is
+    refused, named."""
+    files = []
+    for pattern in [patterns] if isinstance(patterns, str) else list(patterns):
+        matched = sorted(p for p in glob.glob(os.path.expanduser(str(pattern)), recursive=True) if os.path.isfile(p))
+        if not matched:
+            raise ConfigError(f"{key}: the pattern {str(pattern)!r} matches no file (relative patterns are read from "
+                              f"{os.getcwd()}).")
+        files += [os.path.abspath(p) for p in matched]
+    return list(dict.fromkeys(files))
+
+
+def file_format(files: list[str], given: str | None, key: str) -> str:
+    if given:
+        if given not in set(FORMATS.values()):
+            raise ConfigError(f"data.format={given!r}: choose one of {', '.join(sorted(set(FORMATS.values())))}, "
+                              "or null to tell it from the file suffixes.")
+        return given
+    found = {FORMATS.get(Path(f).suffix.lower()) for f in files}
+    if None in found or len(found) != 1:
+        suffixes = sorted({Path(f).suffix or "(none)" for f in files})
+        raise ConfigError(f"{key}: cannot tell one format from the suffixes {', '.join(suffixes)}; set data.format "
+                          f"to one of {', '.join(sorted(set(FORMATS.values())))}.")
+    return found.pop()
+
+
+class Tokenizer:
+    """Bytes (256 ids, no file) or a local tokenizer.json (the `tokenizers` library)."""
+
+    def __init__(self, spec: str):
+        self.spec = str(spec)
+        self.eos_id: int | None = None
+        self.pad_id = 0
+        self._tokenizer = None
+        if self.spec != BYTES:
+            from tokenizers import Tokenizer as HFTokenizer
+
+            self._tokenizer = HFTokenizer.from_file(str(tokenizer_file(self.spec)))
+            ids = [self._tokenizer.token_to_id(name) for name in EOS_NAMES]
+            self.eos_id = next((i for i in ids if i is not None), None)
+            self.pad_id = self.eos_id if self.eos_id is not None else 0
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        if self._tokenizer is None:
+            return [list(text.encode("utf-8")) for text in texts]
+        return [e.ids for e in self._tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+
+class _Tokenise:
+    """The map function that tokenises a batch of rows (a class, so `datasets` hashes it for its cache)."""
+
+    def __init__(self, tokenizer: str, field: str, add_eos: bool):
+        self.tokenizer, self.field, self.add_eos = tokenizer, field, add_eos
+
+    def __call__(self, rows):
+        tok = Tokenizer(self.tokenizer)
+        texts = [t if isinstance(t, str) else "" for t in rows[self.field]]
+        ids = tok.encode(texts)
+        if self.add_eos and tok.eos_id is not None:
+            ids = [i + [tok.eos_id] for i in ids]
+        return {"input_ids": ids}
+
+
+class _Pack:
+    """Concatenates a batch of tokenised rows and cuts it into blocks of block_size (the remainder
+    of each batch of rows is dropped)."""
+
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+
+    def __call__(self, rows):
+        flat = [t for ids in rows["input_ids"] for t in ids]
+        n = len(flat) // self.block_size * self.block_size
+        return {"input_ids": [flat[i:i + self.block_size] for i in range(0, n, self.block_size)]}
+
+
+class _Truncate:
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+
+    def __call__(self, rows):
+        return {"input_ids": [ids[:self.block_size] for ids in rows["input_ids"] if ids]}
+
+
+class TokenRows(Dataset):
+    """A processed `datasets` table as tensors: {"input_ids": LongTensor}."""
+
+    def __init__(self, table):
+        self.table = table.with_format("torch")
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __getitem__(self, i: int):
+        return {"input_ids": self.table[int(i)]["input_ids"].long()}
+
+
+class PadCollate:
+    """Pads a batch of rows to its longest: input_ids (pad_id), attention_mask, labels (-100 on padding)."""
+
+    def __init__(self, pad_id: int):
+        self.pad_id = pad_id
+
+    def __call__(self, rows):
+        length = max(len(r["input_ids"]) for r in rows)
+        ids = torch.full((len(rows), length), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), length), dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, :len(row["input_ids"])] = row["input_ids"]
+            mask[i, :len(row["input_ids"])] = 1
+        return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+
+
+class TextFiles(DataModule):
+    """Local text files as token blocks (packing) or padded rows."""
+
+    def __init__(self, files: str | list[str], val_files: str | list[str] | None = None, val_percent: PositiveInt = 5,
+                 format: str | None = None, text_field: str = "text", text_unit: str = "document",
+                 tokenizer: str = BYTES, block_size: PositiveInt = 128, packing: bool = True, add_eos: bool = True,
+                 cache_dir: str | None = None, num_proc: PositiveInt | None = None, **loader):
+        """files: glob patterns of the training files (and of the validation files too, unless
+        val_files is given); val_files: patterns of separate validation files; val_percent: share
+        of rows held out for validation when val_files is null (a fixed split, by a hash of the
+        row number); format: text, json (JSON lines), parquet or csv (null: from the suffix);
+        text_field: the column holding the text (json, parquet, csv); text_unit: one sample of a
+        plain-text file is a document (the whole file), a paragraph or a line; tokenizer: bytes
+        (256 ids, no file) or a tokenizer.json / a directory holding one; block_size: tokens per
+        sample; packing: concatenate rows and cut them into full blocks (false: one row per
+        sample, truncated to block_size and padded per batch); add_eos: end each row with the
+        tokenizer's end-of-text token when it has one; cache_dir: where `datasets` keeps the
+        processed tables (null: its default, ~/.cache/huggingface/datasets); num_proc: processes
+        that preprocess (null: one)."""
+        super().__init__(**loader)
+        if text_unit not in TEXT_UNITS:
+            raise ConfigError(f"data.text_unit={text_unit!r}: choose one of {', '.join(TEXT_UNITS)}.")
+        if not 0 < val_percent < 100:
+            raise ConfigError(f"data.val_percent={val_percent}: must be between 1 and 99.")
+        self.files = expand(files, "data.files")
+        self.val_files = expand(val_files, "data.val_files") if val_files else None
+        self.format = file_format(self.files + (self.val_files or []), format, "data.files")
+        self.text_field = text_field
+        self.text_unit = text_unit
+        self.val_percent = val_percent
+        self.tokenizer = Tokenizer(tokenizer)
+        self.block_size = block_size
+        self.packing = packing
+        self.add_eos = add_eos
+        self.cache_dir = os.path.abspath(os.path.expanduser(cache_dir)) if cache_dir else None
+        self.num_proc = num_proc
+
+    # ---- preprocessing (once, cached) ---------------------------------------------------
+    def _load(self, files: list[str], key: str):
+        import datasets
+
+        datasets.disable_progress_bars()
+        options = {}
+        if self.format == "text":
+            options = {"sample_by": self.text_unit, "keep_linebreaks": True}
+        try:
+            table = datasets.load_dataset(self.format, data_files={"train": files}, split="train",
+                                          cache_dir=self.cache_dir, **options)
+        except Exception as err:  # a malformed file: named, with the reader's reason
+            raise ConfigError(f"{key}: {self.format} files that do not read ({type(err).__name__}: "
+                              f"{str(err).splitlines()[0] if str(err) else ''}).") from err
+        field = "text" if self.format == "text" else self.text_field
+        if field not in table.column_names:
+            raise ConfigError(f"data.text_field={field!r}: the {key} files have no such column (they have "
+                              f"{', '.join(table.column_names)}).")
+        return table.select_columns([field]).rename_column(field, "text") if field != "text" else \
+            table.select_columns(["text"])
+
+    def _process(self, table):
+        tokenise = _Tokenise(self.tokenizer.spec, "text", self.add_eos)
+        table = table.map(tokenise, batched=True, remove_columns=table.column_names, num_proc=self.num_proc)
+        shape = _Pack(self.block_size) if self.packing else _Truncate(self.block_size)
+        return table.map(shape, batched=True, batch_size=1000, remove_columns=table.column_names,
+                         num_proc=self.num_proc)
+
+    @cached_property
+    def _splits(self):
+        table = self._load(self.files, "data.files")
+        if self.val_files:
+            train, val = table, self._load(self.val_files, "data.val_files")
+        else:
+            held_out = [zlib.crc32(str(i).encode()) % 100 < self.val_percent for i in range(len(table))]
+            val_rows = [i for i, h in enumerate(held_out) if h]
+            train_rows = [i for i, h in enumerate(held_out) if not h]
+            if not val_rows or not train_rows:
+                raise ConfigError(f"data.files: {len(table)} row(s) of text ({self.format}, text_unit={self.text_unit})"
+                                  f" are too few to hold out {self.val_percent}% for validation: add files, give "
+                                  "data.val_files, or split plain text finer (data.text_unit=paragraph or line).")
+            train, val = table.select(train_rows), table.select(val_rows)
+        train, val = self._process(train), self._process(val)
+        for name, split in (("training", train), ("validation", val)):
+            if len(split) == 0:
+                raise ConfigError(f"data: the {name} text makes no sample of data.block_size={self.block_size} "
+                                  "tokens; add text or lower data.block_size.")
+        return TokenRows(train), TokenRows(val)
+
+    def prepare_data(self) -> None:
+        """Read, tokenise and pack once into the `datasets` cache (one process per node runs it first)."""
+        self._splits  # noqa: B018
+
+    def train_dataset(self) -> Dataset:
+        return self._splits[0]
+
+    def val_dataset(self) -> Dataset:
+        return self._splits[1]
+
+    def collate(self):
+        return None if self.packing else PadCollate(self.tokenizer.pad_id)
+
+    def example_batch(self, size: int = 2):
+        """A batch of the right shape and keys, without reading the files."""
+        ids = torch.zeros(size, self.block_size, dtype=torch.long)
+        if self.packing:
+            return {"input_ids": ids}
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}

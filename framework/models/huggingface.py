@@ -1,0 +1,197 @@
+"""Hugging Face causal language models (`transformers`), from a config in YAML, a local config
+directory or a local pretrained directory. Never a download: the run happens offline, and a hub
+name that is not already on disk is refused with the command that fetches it.
+
+`transformers` is imported only when this model is chosen (it costs seconds of start-up).
+
+Under a sharding strategy the model is built without weights first (the meta device, or
+DeepSpeed's partitioned init) and every rank keeps only its shards:
+- random init: Hugging Face skips its weight initialisation on the meta device; it is called here
+  instead, so the meta build records it and each rank's shards get the values an ordinary build
+  with the same seed makes (framework/strategy/meta_init.py);
+- pretrained: the model is built from the directory's config, and its weight files are named in
+  `model.pretrained_weights`; the trainer loads them after sharding, each rank copying only its
+  own part of the mapped files (framework/checkpoint/weights.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from framework.config.meta_build import in_sharded_build
+from framework.errors import ConfigError
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _transformers():
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the hub from a training run
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    try:
+        import transformers
+    except ImportError as err:
+        raise ConfigError("model: a Hugging Face model needs transformers: pip install 'framework[hf]'") from err
+    transformers.logging.set_verbosity_error()
+    return transformers
+
+
+def local_directory(name: str, key: str) -> Path:
+    """A local directory for `name`: a path, or a hub name already in the Hugging Face cache.
+    Anything else is refused: a training run never downloads."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"{key}={name!r}: the directory has no config.json (not a Hugging Face model "
+                              "directory; save one with model.save_pretrained(DIR)).")
+        return path
+    if path.exists():
+        raise ConfigError(f"{key}={name!r} is a file; give the directory that holds config.json.")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(name, local_files_only=True))
+    except Exception:  # not in the cache, an invalid repo id, no huggingface_hub: all "not on disk"
+        pass
+    raise ConfigError(f"{key}={name!r}: no such directory, and not in the Hugging Face cache. The framework never "
+                      f"downloads during a run: fetch it first (`hf download {name}`, or save_pretrained to a "
+                      "directory) and give the directory.")
+
+
+def hf_config(config: dict | None = None, config_dir: str | None = None, pretrained: str | None = None, **_):
+    """The model's `transformers` config object, from the same arguments as `causal_lm` (also used
+    by `framework convert --to hf`, without building the model)."""
+    transformers = _transformers()
+    fields = dict(config or {})
+    sources = [k for k, v in (("model.config_dir", config_dir), ("model.pretrained", pretrained)) if v]
+    if len(sources) > 1:
+        raise ConfigError(f"{' and '.join(sources)} are both set: give one (model.config may still override fields).")
+    if sources:
+        directory = local_directory(config_dir or pretrained, sources[0])
+        loaded = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
+        for key, value in fields.items():
+            setattr(loaded, key, value)
+        return loaded
+    model_type = fields.pop("model_type", None)
+    if not model_type:
+        raise ConfigError("model.config.model_type is missing: name the architecture (e.g. gpt2, llama, "
+                          "qwen2), or give model.config_dir / model.pretrained.")
+    try:
+        return transformers.AutoConfig.for_model(model_type, **fields)
+    except ValueError as err:
+        raise ConfigError(f"model.config.model_type={model_type!r}: {str(err).splitlines()[0]}") from err
+
+
+def weight_files(directory: Path) -> list[Path]:
+    """The weight files of a pretrained directory (every shard of a sharded one)."""
+    import json
+
+    for name in WEIGHT_FILES:
+        path = directory / name
+        if not path.is_file():
+            continue
+        if name.endswith(".index.json"):
+            shards = sorted(set(json.loads(path.read_text())["weight_map"].values()))
+            return [directory / s for s in shards]
+        return [path]
+    raise ConfigError(f"model.pretrained={str(directory)!r}: no weights there (looked for {', '.join(WEIGHT_FILES)}).")
+
+
+def causal_lm(config: dict | None = None, config_dir: str | None = None, pretrained: str | None = None,
+              dtype: str | None = None, attn_implementation: str | None = "sdpa",
+              gradient_checkpointing: bool = False) -> nn.Module:
+    """A `transformers` causal LM (AutoModelForCausalLM).
+
+    config: the model's config fields, e.g. {model_type: gpt2, n_layer: 4} (random init); with
+    config_dir or pretrained, fields that override the directory's config.
+    config_dir: a local directory holding config.json: that architecture, random init.
+    pretrained: a local directory (config.json plus weights), or a hub name already in the
+    Hugging Face cache: its weights.
+    dtype: the parameters' dtype (float32, bfloat16, float16; null: float32). Mixed precision is
+    the `precision` group's job; this is for models kept in a lower precision.
+    attn_implementation: eager, sdpa (default) or another `transformers` supports.
+    gradient_checkpointing: the model's own activation checkpointing (the strategies' own is
+    `strategy.activation_checkpointing`).
+    """
+    transformers = _transformers()
+    if dtype is not None and dtype not in DTYPES:
+        raise ConfigError(f"model.dtype={dtype!r}: choose one of {', '.join(DTYPES)} or null.")
+    torch_dtype = DTYPES.get(dtype or "float32")
+    cfg = hf_config(config, config_dir, pretrained)
+    if attn_implementation:
+        cfg._attn_implementation = attn_implementation
+    auto = transformers.AutoModelForCausalLM
+    if pretrained and not in_sharded_build():
+        model = auto.from_pretrained(local_directory(pretrained, "model.pretrained"), config=cfg,
+                                     dtype=torch_dtype, local_files_only=True)
+    else:
+        model = _from_config(auto, cfg, torch_dtype, initialise=not pretrained)
+        if pretrained:  # loaded into the shards after sharding (see the module docstring)
+            model.pretrained_weights = [str(p) for p in weight_files(local_directory(pretrained, "model.pretrained"))]
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    return model
+
+
+def _from_config(auto, cfg, dtype: torch.dtype, initialise: bool) -> nn.Module:
+    context = contextlib.nullcontext()
+    if initialise and torch.empty(0).device.type == "meta":
+        context = _initialise_on_meta()
+    elif initialise and _in_deepspeed_partitioned_init():
+        context = _initialise_gathered()
+    with context:
+        return auto.from_config(cfg, dtype=dtype)
+
+
+def _in_deepspeed_partitioned_init() -> bool:
+    zero = sys.modules.get("deepspeed.runtime.zero.partition_parameters")
+    return getattr(zero, "top_level_context", None) is not None
+
+
+@contextlib.contextmanager
+def _initialise_on_meta():
+    """transformers skips its weight initialisation on the meta device (there is no data to
+    write). Here it must run, in the same order as in an ordinary build (a nested model initialises
+    when its own constructor ends), so that the meta build records every initialiser and each
+    rank's shards get an ordinary build's values: its device check is told "no device"."""
+    from transformers import modeling_utils
+
+    original = modeling_utils.get_torch_context_manager_or_global_device
+    modeling_utils.get_torch_context_manager_or_global_device = lambda: None
+    try:
+        yield
+    finally:
+        modeling_utils.get_torch_context_manager_or_global_device = original
+
+
+@contextlib.contextmanager
+def _initialise_gathered():
+    """Inside DeepSpeed's partitioned init a module's parameters are already partitioned (empty)
+    when transformers initialises them, at the end of each (nested) model's constructor: there
+    its ZeRO-3 variant runs instead, which gathers each module's parameters first, so the values
+    are an ordinary build's, made at the same point."""
+    from transformers import modeling_utils
+    from transformers.integrations.deepspeed import initialize_weights_zero3
+
+    original = modeling_utils.PreTrainedModel.initialize_weights
+    modeling_utils.PreTrainedModel.initialize_weights = initialize_weights_zero3
+    try:
+        yield
+    finally:
+        modeling_utils.PreTrainedModel.initialize_weights = original
+
+
+def state_dict_for_hub(model_state: dict[str, Any], cfg) -> dict[str, Any]:
+    """A framework state_dict of a Hugging Face model as `save_pretrained` writes it: tied weights
+    stored once."""
+    state = dict(model_state)
+    if getattr(cfg, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    return state
