@@ -9,6 +9,7 @@ exit with 1 before the run starts, leave with the user-error code like every oth
 """
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -62,11 +63,27 @@ def precheck(args: list[str], config_dir, config_name: str) -> None:
         raise RunExit(ExitCode.USER_ERROR) from None
 
 
+def make_importable(folder: Path) -> None:
+    """A recipe's own folder is importable (its model, data or task modules beside it), in this
+    process and in every process it starts. Appended, so it never shadows an installed package;
+    what it may build is still decided by the trust rules."""
+    folder = folder.resolve()
+    if folder == conf_dir().resolve() or not folder.is_dir():
+        return
+    if str(folder) not in sys.path:
+        sys.path.append(str(folder))
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(folder) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([*paths, str(folder)])
+
+
 def guard(main, config_dir=None, config_name: str = "train") -> None:
     """Run a `@hydra.main` function. `config_dir`/`config_name`: its primary config (default: the
     shipped conf/train)."""
     args = normalize_overrides(allow_from_command_line(sys.argv[1:]))
     recipe_dir, recipe_name, _ = split_config_flags(args, config_dir, config_name)
+    if recipe_dir:
+        make_importable(Path(recipe_dir))
     sys.argv[1:] = pin_sweep_name(args, recipe_name, recipe_sweeps=recipe_is_a_sweep(recipe_dir, recipe_name))
     # conf/hydra/launcher/submitit_*.yaml define the plugin's launchers in full, and Hydra checks
     # them against the plugin's schemas of the same name (wanted), warning that it does so.

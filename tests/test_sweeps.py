@@ -42,7 +42,7 @@ def test_a_failed_job_is_recorded_and_the_sweep_goes_on(tmp_path):
     rows = summary_rows(tmp_path / "multirun" / "s")
     assert [r["status"] for r in rows] == ["completed", "completed", "failed"]
     failed = rows[-1]
-    assert failed["job"] == "0" and "data.max_bytes=100" in failed["overrides"] and "too little text" in failed["error"]
+    assert failed["job"] == "0" and "data.max_bytes=100" in failed["overrides"] and "too little to fill" in failed["error"]
     values = [float(r["value"]) for r in rows[:2]]
     assert values == sorted(values)  # best (lowest val/loss) first
     for row in rows[:2]:

@@ -21,17 +21,20 @@ from framework.errors import CheckpointError, ConfigError
 FORMATS = ("torch", "safetensors")
 
 
+def read_model_state(checkpoint: Path) -> tuple[dict, dict]:
+    """(meta.json, the full model state_dict) of a checkpoint directory, sharded or not."""
+    meta = read_meta(checkpoint)
+    if is_sharded(meta):  # checkpoint_io=dcp: gather the shards of every rank into full tensors
+        check_files(checkpoint, meta, sharded_files(meta))
+        return meta, read_full(checkpoint / STATE_DIR, ("model",))["model"]
+    check_files(checkpoint, meta, ["model.pt"])
+    return meta, TorchCheckpointIO().load(checkpoint / "model.pt")
+
+
 def export_weights(checkpoint: Path, out: Path, to: str = "torch") -> Path:
     """Write the model weights of `checkpoint` (a checkpoint directory of this framework) as a
     plain state_dict: `torch` (torch.save, loads with weights_only) or `safetensors`."""
-    meta = read_meta(checkpoint)
-    if is_sharded(meta):  # checkpoint_io=dcp: gather the shards of every rank into full tensors
-
-        check_files(checkpoint, meta, sharded_files(meta))
-        state = read_full(checkpoint / STATE_DIR, ("model",))["model"]
-    else:
-        check_files(checkpoint, meta, ["model.pt"])
-        state = TorchCheckpointIO().load(checkpoint / "model.pt")
+    meta, state = read_model_state(checkpoint)
     out.parent.mkdir(parents=True, exist_ok=True)
     if to == "torch":
         TorchCheckpointIO().save(state, out)

@@ -1,24 +1,49 @@
-"""`framework convert`: export a checkpoint's weights (torch or safetensors), or import a DeepSpeed
-native checkpoint into the framework's format."""
+"""`framework convert`: export a checkpoint's weights (torch or safetensors, or a Hugging Face
+from_pretrained directory), or import a DeepSpeed native checkpoint into the framework's format."""
 from __future__ import annotations
 
 import argparse
+import shutil
 from pathlib import Path
 
-from framework.checkpoint.convert import export_weights, import_deepspeed
-from framework.errors import ExitCode, UserError, report
+from framework.checkpoint.convert import export_weights, import_deepspeed, read_model_state
+from framework.config.resolvers import BYTES
+from framework.errors import ConfigError, ExitCode, UserError, report
+from framework.models.huggingface import is_hub_model, save_for_hub
 
 
 def parser() -> argparse.ArgumentParser:
     convert = argparse.ArgumentParser(prog="framework convert",
                                       description="export a checkpoint's weights, or import a DeepSpeed checkpoint")
     convert.add_argument("checkpoint", help="a checkpoint directory (or, with --from deepspeed, a DeepSpeed one)")
-    convert.add_argument("out", help="the file (export) or directory (import) to write")
-    convert.add_argument("--to", choices=["torch", "safetensors"], default="torch", help="export format")
+    convert.add_argument("out", help="the file (export), or the directory (--to hf, import) to write")
+    convert.add_argument("--to", choices=["torch", "safetensors", "hf"], default="torch",
+                         help="export format: a state_dict file (torch, safetensors), or hf: a directory that "
+                              "transformers' from_pretrained loads (Hugging Face models)")
     convert.add_argument("--from", dest="source", choices=["framework", "deepspeed"], default="framework",
                          help="what CHECKPOINT is")
     convert.add_argument("--tag", default=None, help="with --from deepspeed: the tag (default: 'latest')")
     return convert
+
+
+def export_hub_directory(checkpoint: Path, out: Path) -> Path:
+    """A checkpoint of a Hugging Face model (model=hf_causal_lm) as a from_pretrained directory,
+    with the run's tokenizer when it used a local one."""
+    meta, state = read_model_state(checkpoint)
+    model_node = (meta.get("config") or {}).get("model") or {}
+    if not is_hub_model(model_node):
+        raise ConfigError(f"--to hf: {checkpoint} holds a {model_node.get('_target_', 'model of unknown type')}, not "
+                          "a Hugging Face model (model=hf_causal_lm); export its weights with --to safetensors.")
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"--to hf: {out} exists and is not empty; give a new directory.")
+    save_for_hub(state, model_node, out)
+    tokenizer = ((meta.get("config") or {}).get("data") or {}).get("tokenizer")
+    if tokenizer and tokenizer != BYTES:
+        source = Path(tokenizer).expanduser()
+        for file in (source.iterdir() if source.is_dir() else [source]):
+            if file.name.startswith("tokenizer") or file.name in ("special_tokens_map.json", "vocab.json", "merges.txt"):
+                shutil.copy2(file, out / file.name)
+    return out
 
 
 def main(argv: list[str]) -> int:
@@ -26,6 +51,8 @@ def main(argv: list[str]) -> int:
     try:
         if args.source == "deepspeed":
             out = import_deepspeed(Path(args.checkpoint), Path(args.out), tag=args.tag)
+        elif args.to == "hf":
+            out = export_hub_directory(Path(args.checkpoint), Path(args.out))
         else:
             out = export_weights(Path(args.checkpoint), Path(args.out), to=args.to)
     except UserError as err:

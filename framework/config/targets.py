@@ -45,13 +45,18 @@ def import_target(path: str, key: str):
                     f"'{err.name}', which is not installed; pip install it, or choose another option."
                 ) from err
             continue
-        try:
-            for attr in parts[cut:]:
-                obj = getattr(obj, attr)
-            return obj
-        except AttributeError:
-            break
-    raise ConfigError(f"{key}._target_={path}: no such importable callable; check the spelling.")
+        owner = module_name
+        for attr in parts[cut:]:
+            if not hasattr(obj, attr):
+                names = [n for n in dir(obj) if not n.startswith("_")]
+                raise ConfigError(f"{key}._target_={path}: the module '{owner}' has no '{attr}'."
+                                  f"{did_you_mean(attr, names)} Check the spelling.")
+            obj, owner = getattr(obj, attr), f"{owner}.{attr}"
+        return obj
+    raise ConfigError(f"{key}._target_={path}: no module '{parts[0]}' can be imported (checked: "
+                      f"{'.'.join(parts[:-1]) or parts[0]}). Check the spelling; a module of your own must sit beside "
+                      "the recipe (framework run and --config-dir make the recipe's folder importable), be installed, "
+                      "or be on PYTHONPATH.")
 
 
 def iter_target_nodes(cfg: DictConfig) -> Iterator[tuple[str, DictConfig]]:

@@ -73,8 +73,10 @@ class StdlibText(DataModule):
             rel = path.relative_to(self.root).as_posix().encode()
             (val if zlib.crc32(rel) % 100 < self.val_percent else train).extend(data)
         if not train or not val:
-            raise ConfigError(f"data: too little text under {self.root} with max_bytes={self.max_bytes} "
-                              "to fill both a train and a val split; raise data.max_bytes.")
+            found = "no file" if total == 0 else f"{total:,} bytes"
+            raise ConfigError(f"data: {self.root}/**/*.py (data.root) gave {found} within data.max_bytes="
+                              f"{self.max_bytes}: too little to fill both a train and a val split; raise "
+                              "data.max_bytes or point data.root at a folder with more .py files.")
         as_tensor = lambda b: torch.frombuffer(bytearray(b), dtype=torch.uint8)  # noqa: E731
         return as_tensor(train), as_tensor(val)
 

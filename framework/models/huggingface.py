@@ -188,10 +188,41 @@ def _initialise_gathered():
         modeling_utils.PreTrainedModel.initialize_weights = original
 
 
-def state_dict_for_hub(model_state: dict[str, Any], cfg) -> dict[str, Any]:
-    """A framework state_dict of a Hugging Face model as `save_pretrained` writes it: tied weights
-    stored once."""
-    state = dict(model_state)
+def save_for_hub(state: dict[str, torch.Tensor], model_node: dict, out: Path) -> Path:
+    """Write a directory that `AutoModelForCausalLM.from_pretrained(out)` loads: config.json and
+    model.safetensors (tied weights stored once, as transformers writes them), from a framework
+    checkpoint's model state and its recorded `model` config."""
+    from safetensors.torch import save_file
+
+    args = {k: v for k, v in model_node.items() if k in ("config", "config_dir", "pretrained")}
+    cfg = hf_config(**args)
+    if model_node.get("dtype"):
+        cfg.dtype = model_node["dtype"]
+    cfg.architectures = [_model_class(cfg).__name__]
+    tied = set()
     if getattr(cfg, "tie_word_embeddings", False):
-        state.pop("lm_head.weight", None)
-    return state
+        tied = {name for name in state if name.endswith("lm_head.weight")}
+    unique, seen = {}, set()
+    for name, tensor in state.items():
+        ptr = tensor.untyped_storage().data_ptr()
+        if name in tied or ptr in seen and tensor.numel():
+            continue
+        seen.add(ptr)
+        unique[name] = tensor.detach().contiguous()
+    out.mkdir(parents=True, exist_ok=True)
+    cfg.save_pretrained(out)
+    save_file(unique, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def _model_class(cfg):
+    transformers = _transformers()
+    try:
+        return transformers.AutoModelForCausalLM._model_mapping[type(cfg)]
+    except KeyError as err:
+        raise ConfigError(f"model: transformers has no causal LM for model_type={cfg.model_type!r}.") from err
+
+
+def is_hub_model(model_node: dict) -> bool:
+    """Whether a recorded `model` config builds a Hugging Face model (this module)."""
+    return str(model_node.get("_target_", "")).startswith(__name__ + ".")
