@@ -66,10 +66,18 @@ def prepare_data_once(datamodule, strategy) -> None:
     """The DataModule's one-off preprocessing: local rank 0 of each node first (it fills the
     cache), then the other ranks (which find it there)."""
     first = strategy.local_rank == 0
+    failure = None
     if first:
-        datamodule.prepare_data()
-    if strategy.world_size > 1:
-        strategy.barrier()
+        try:
+            datamodule.prepare_data()
+        except Exception as err:  # the others must not wait for a rank that has given up
+            failure = err
+    if strategy.world_size > 1:  # doubles as the barrier
+        flag = torch.tensor(0.0 if failure is None else 1.0, device=strategy.root_device)
+        if strategy.reduce(flag, "max").item() > 0 and failure is None:
+            raise ConfigError("data: preparing the data failed on another process (its message says why).")
+    if failure is not None:
+        raise failure
     if not first:
         datamodule.prepare_data()
 

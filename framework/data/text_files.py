@@ -156,7 +156,7 @@ class TextFiles(DataModule):
         """files: glob patterns of the training files (and of the validation files too, unless
         val_files is given); val_files: patterns of separate validation files; val_percent: share
         of rows held out for validation when val_files is null (a fixed split, by a hash of the
-        row number); format: text, json (JSON lines), parquet or csv (null: from the suffix);
+        row number; at least one row); format: text, json (JSON lines), parquet or csv (null: from the suffix);
         text_field: the column holding the text (json, parquet, csv); text_unit: one sample of a
         plain-text file is a document (the whole file), a paragraph or a line; tokenizer: bytes
         (256 ids, no file) or a tokenizer.json / a directory holding one; block_size: tokens per
@@ -217,9 +217,11 @@ class TextFiles(DataModule):
         if self.val_files:
             train, val = table, self._load(self.val_files, "data.val_files")
         else:
-            held_out = [zlib.crc32(str(i).encode()) % 100 < self.val_percent for i in range(len(table))]
-            val_rows = [i for i, h in enumerate(held_out) if h]
-            train_rows = [i for i, h in enumerate(held_out) if not h]
+            buckets = [zlib.crc32(str(i).encode()) % 100 for i in range(len(table))]
+            val_rows = [i for i, b in enumerate(buckets) if b < self.val_percent]
+            if not val_rows and len(buckets) > 1:  # a small data set still holds out one row
+                val_rows = [min(range(len(buckets)), key=buckets.__getitem__)]
+            train_rows = [i for i in range(len(buckets)) if i not in set(val_rows)]
             if not val_rows or not train_rows:
                 raise ConfigError(f"data.files: {len(table)} row(s) of text ({self.format}, text_unit={self.text_unit})"
                                   f" are too few to hold out {self.val_percent}% for validation: add files, give "

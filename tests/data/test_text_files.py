@@ -1,0 +1,127 @@
+"""data=text_files: local files through `datasets`, tokenised by bytes or a local tokenizer,
+packed or padded, cached once; bad input named."""
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+
+from framework.config.resolvers import vocab_size
+from framework.data.text_files import TextFiles
+from framework.errors import ConfigError
+from tests.helpers.text_data import stdlib_documents, train_tokenizer, write_jsonl
+
+pytest.importorskip("datasets")
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    texts = stdlib_documents(40, max_chars=800)
+    write_jsonl(tmp_path / "a" / "part1.jsonl", texts[:20])
+    write_jsonl(tmp_path / "a" / "part2.jsonl", texts[20:])
+    return tmp_path, texts
+
+
+def data(tmp_path, **kwargs):
+    kwargs.setdefault("files", str(tmp_path / "a" / "*.jsonl"))
+    return TextFiles(cache_dir=str(tmp_path / "cache"), batch_size=4, **kwargs)
+
+
+def test_bytes_are_packed_into_full_blocks_of_the_rows_text(corpus):
+    tmp_path, texts = corpus
+    dm = data(tmp_path, val_files=str(tmp_path / "a" / "part2.jsonl"), files=str(tmp_path / "a" / "part1.jsonl"),
+              block_size=64)
+    train = dm.train_dataset()
+    stream = b"".join(t.encode() for t in texts[:20])  # bytes have no end-of-text token
+    assert len(train) == len(stream) // 64
+    assert train[0]["input_ids"].tolist() == list(stream[:64])
+    assert train[3]["input_ids"].dtype == torch.long and len(train[3]["input_ids"]) == 64
+    val = dm.val_dataset()
+    assert val[0]["input_ids"].tolist() == list(b"".join(t.encode() for t in texts[20:])[:64])
+
+
+def test_a_local_tokenizer_encodes_ends_rows_with_eos_and_sizes_the_vocabulary(corpus):
+    from tokenizers import Tokenizer
+
+    tmp_path, texts = corpus
+    directory = train_tokenizer(tmp_path / "tok", texts)
+    dm = data(tmp_path, tokenizer=str(directory), block_size=32, val_percent=10)
+    reference = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    eos = reference.token_to_id("<|endoftext|>")
+    train_rows = [i for i in range(40) if zlib.crc32(str(i).encode()) % 100 >= 10]  # held out: by a hash of the row
+    stream = [t for i in train_rows for t in reference.encode(texts[i], add_special_tokens=False).ids + [eos]]
+    train = dm.train_dataset()
+    assert train[0]["input_ids"].tolist() == stream[:32]
+    assert len(train) > 0 and eos in torch.cat([train[i]["input_ids"] for i in range(len(train))]).tolist()
+    assert vocab_size(str(directory)) == reference.get_vocab_size() == 300
+    assert vocab_size("bytes") == 256
+
+
+def test_padding_keeps_one_row_per_sample_with_masks_and_ignored_labels(corpus):
+    tmp_path, _ = corpus
+    write_jsonl(tmp_path / "short" / "rows.jsonl", ["ab", "hello world", "x" * 50, "", "zz"] * 4)
+    dm = data(tmp_path, files=str(tmp_path / "short" / "*.jsonl"), packing=False, block_size=8, val_percent=20)
+    rows = [dm.train_dataset()[i] for i in range(3)]
+    assert all(len(r["input_ids"]) <= 8 for r in rows)
+    batch = dm.collate()(rows)
+    lengths = [len(r["input_ids"]) for r in rows]
+    assert batch["input_ids"].shape == (3, max(lengths))
+    assert batch["attention_mask"].sum(1).tolist() == lengths
+    assert (batch["labels"][batch["attention_mask"] == 0] == -100).all()
+    assert set(dm.example_batch()) == {"input_ids", "attention_mask", "labels"}
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv", "text"])
+def test_parquet_csv_and_plain_text_read_the_same_way(tmp_path, fmt):
+    texts = ["first document\n" * 20, "second one\n" * 20, "third\n" * 30] * 4
+    folder = tmp_path / "d"
+    folder.mkdir()
+    if fmt == "text":
+        for i, t in enumerate(texts):
+            (folder / f"{i:02d}.txt").write_text(t)
+        kwargs = {"files": str(folder / "*.txt")}
+    else:
+        import pandas as pd
+
+        frame = pd.DataFrame({"body": texts})
+        path = folder / f"rows.{fmt}"
+        frame.to_parquet(path) if fmt == "parquet" else frame.to_csv(path, index=False)
+        kwargs = {"files": str(folder / "rows.*"), "text_field": "body"}
+    dm = TextFiles(cache_dir=str(tmp_path / "cache"), block_size=16, val_percent=25, **kwargs)
+    assert dm.format == fmt
+    total = len(dm.train_dataset()) + len(dm.val_dataset())
+    assert total >= sum(len(t) for t in texts) // 16 - 2 * len(texts)  # each shard's tail is dropped at most
+
+
+def test_preprocessing_is_cached_for_the_next_process(corpus):
+    tmp_path, _ = corpus
+    first = data(tmp_path, block_size=32)
+    first.prepare_data()
+    files = {f["filename"] for f in first.train_dataset().table.cache_files}
+    assert files and all(str(tmp_path / "cache") in f for f in files)
+    again = data(tmp_path, block_size=32)
+    again.prepare_data()
+    assert {f["filename"] for f in again.train_dataset().table.cache_files} == files  # read, not remade
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"files": "/nowhere/*.jsonl"}, r"data.files: the pattern '/nowhere/\*.jsonl' matches no file"),
+    ({"text_field": "body"}, r"data.text_field='body': the data.files files have no such column \(they have text, id\)"),
+    ({"format": "xml"}, "data.format='xml': choose one of csv, json, parquet, text"),
+    ({"text_unit": "word"}, "data.text_unit='word': choose one of document, paragraph, line"),
+    ({"tokenizer": "/nowhere/tok"}, r"data.tokenizer='/nowhere/tok': no such tokenizer.json"),
+    ({"block_size": 100000}, "makes no sample of data.block_size=100000 tokens"),
+])
+def test_bad_data_settings_are_refused_by_key(corpus, kwargs, message):
+    tmp_path, _ = corpus
+    with pytest.raises(ConfigError, match=message):
+        data(tmp_path, **kwargs).prepare_data()
+
+
+def test_one_document_is_too_few_to_hold_out_validation(tmp_path):
+    (tmp_path / "one.txt").write_text("only one file of text\n" * 50)
+    with pytest.raises(ConfigError, match=r"1 row\(s\) of text .* too few .*data.text_unit=paragraph or line"):
+        TextFiles(files=str(tmp_path / "one.txt"), cache_dir=str(tmp_path / "cache")).prepare_data()
+    lines = TextFiles(files=str(tmp_path / "one.txt"), text_unit="line", block_size=8, cache_dir=str(tmp_path / "c2"))
+    assert len(lines.train_dataset()) > len(lines.val_dataset()) > 0

@@ -1,0 +1,106 @@
+"""Hugging Face causal LMs (framework/models/huggingface.py): random init the same in every build,
+pretrained directories loaded whole or into shards, never a download, export to from_pretrained."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from framework.checkpoint.weights import initial_weights
+from framework.config.meta_build import meta_device
+from framework.errors import CheckpointError, ConfigError
+from framework.models.huggingface import causal_lm, save_for_hub
+from framework.strategy.meta_init import build_on_meta, replay
+
+pytest.importorskip("transformers")
+
+GPT2 = {"model_type": "gpt2", "vocab_size": 256, "n_positions": 32, "n_embd": 32, "n_layer": 2, "n_head": 2}
+
+
+def test_a_meta_build_replays_to_the_weights_of_an_ordinary_build():
+    """transformers skips its initialisation on the meta device; the framework has it recorded, so
+    fsdp's shards hold exactly what a single-device run with the same seed starts from."""
+    torch.manual_seed(3)
+    ordinary = causal_lm(config=GPT2).state_dict()
+    after_ordinary = torch.rand(1)
+    torch.manual_seed(3)
+    model, log = build_on_meta(lambda: causal_lm(config=GPT2))
+    assert log.problem is None and all(p.is_meta for p in model.parameters())
+    replayed = {}
+    replay(log, replayed.__setitem__)
+    assert torch.equal(torch.rand(1), after_ordinary)  # the same random numbers were drawn
+    for name, value in replayed.items():
+        assert torch.equal(value, ordinary[name]), name
+    assert set(ordinary) - set(replayed) == {"lm_head.weight"}  # tied to the embedding
+    std = ordinary["transformer.h.0.attn.c_proj.weight"].std().item()
+    assert abs(std - 0.02 / 2) < 0.002  # GPT-2's scaled residual init ran (0.02 / sqrt(2 * n_layer))
+
+
+def test_pretrained_loads_whole_and_in_a_sharded_build_names_its_files(tmp_path):
+    torch.manual_seed(0)
+    saved = causal_lm(config=GPT2)
+    saved.save_pretrained(tmp_path / "pre")
+    loaded = causal_lm(pretrained=str(tmp_path / "pre"))
+    for name, value in saved.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], value), name
+    with meta_device():  # the pre-launch check and fsdp: structure only, weights named
+        meta = causal_lm(pretrained=str(tmp_path / "pre"))
+    assert all(p.is_meta for p in meta.parameters())
+    assert [p.rsplit("/", 1)[-1] for p in meta.pretrained_weights] == ["model.safetensors"]
+    state = initial_weights(meta, meta.pretrained_weights)
+    assert torch.equal(state["lm_head.weight"], saved.transformer.wte.weight)  # stored once, tied
+    assert torch.equal(state["transformer.h.1.mlp.c_fc.weight"], saved.transformer.h[1].mlp.c_fc.weight)
+
+
+def test_initial_weights_match_a_bare_backbone_checkpoint_and_refuse_a_foreign_one(tmp_path):
+    """GPT-2's original files name `h.0...`, not `transformer.h.0...`: matched either way."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    model = causal_lm(config=GPT2)
+    bare = {k.removeprefix("transformer."): v.clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    save_file(bare, str(tmp_path / "bare.safetensors"))
+    state = initial_weights(model, [str(tmp_path / "bare.safetensors")])
+    assert torch.equal(state["transformer.wpe.weight"], model.transformer.wpe.weight)
+    save_file({"something.else": torch.zeros(2)}, str(tmp_path / "foreign.safetensors"))
+    with pytest.raises(CheckpointError, match="no weights for .* another architecture"):
+        initial_weights(model, [str(tmp_path / "foreign.safetensors")])
+
+
+def test_a_hub_name_not_on_disk_is_refused_without_a_download(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(ConfigError, match=r"model.pretrained='gpt2': no such directory, and not in the Hugging Face "
+                                          r"cache.*never downloads.*hf download gpt2"):
+        causal_lm(pretrained="gpt2")
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"config": {"n_layer": 2}}, "model.config.model_type is missing"),
+    ({"config": {"model_type": "gpt9"}}, "model.config.model_type='gpt9'"),
+    ({"config": GPT2, "dtype": "float8"}, "model.dtype='float8': choose one of float32, bfloat16, float16"),
+    ({"config_dir": "/nonexistent/dir", "pretrained": "/nonexistent/dir"}, "are both set"),
+])
+def test_bad_model_settings_are_refused_by_key(kwargs, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        causal_lm(**kwargs)
+
+
+def test_a_config_directory_is_that_architecture_with_overrides(tmp_path):
+    causal_lm(config=GPT2).config.save_pretrained(tmp_path / "arch")
+    model = causal_lm(config_dir=str(tmp_path / "arch"), config={"n_layer": 1})
+    assert len(model.transformer.h) == 1 and model.config.n_embd == 32
+    (tmp_path / "nocfg").mkdir()
+    with pytest.raises(ConfigError, match="has no config.json"):
+        causal_lm(config_dir=str(tmp_path / "nocfg"))
+
+
+def test_save_for_hub_writes_what_from_pretrained_loads(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(1)
+    model = causal_lm(config=GPT2)
+    save_for_hub(model.state_dict(), {"_target_": "framework.models.huggingface.causal_lm", "config": GPT2},
+                 tmp_path / "out")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    assert loaded.lm_head.weight is loaded.transformer.wte.weight
+    for name, value in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], value), name
