@@ -32,7 +32,7 @@ CASES = [
     (TRAIN + ["trainer.preemption_signals=SIGTERM"], "is not a ListConfig, list or tuple. Give a value of the key's type"),
     (TRAIN + ["optimizer.lr=fast"], "optimizer.lr='fast': must be a number"),
     (TRAIN + ["+model.foo=1"], "model.foo: 'framework.models.gpt.GPT' takes no argument 'foo'. It takes: vocab_size"),
-    (TRAIN + ["model._target_=framework.models.gpt.GTP"], "no such importable callable; check the spelling"),
+    (TRAIN + ["model._target_=framework.models.gpt.GTP"], "the module 'framework.models.gpt' has no 'GTP'. Did you mean GPT?"),
     # values out of range
     (TRAIN + ["trainer.max_steps=0"], "trainer.max_steps=0: must be a positive integer or null"),
     (TRAIN + ["trainer.max_steps=null"], "trainer.max_steps and trainer.max_epochs are both null"),

@@ -4,8 +4,8 @@ It talks to the strategy alone for anything device-, precision- or process-speci
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch

@@ -73,12 +73,14 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        t = idx.shape[1]
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (B, T, vocab). `attention_mask` (padded dict batches) needs no use: attention is
+        causal and padding ends a row, so no real token attends to it (its labels are -100)."""
+        t = input_ids.shape[1]
         if t > self.block_size:
             raise ValueError(f"sequence of {t} tokens exceeds model.block_size={self.block_size}")
-        pos = torch.arange(t, device=idx.device)
-        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
+        pos = torch.arange(t, device=input_ids.device)
+        x = self.drop(self.tok_emb(input_ids) + self.pos_emb(pos))
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x))

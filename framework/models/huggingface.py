@@ -19,7 +19,6 @@ import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn

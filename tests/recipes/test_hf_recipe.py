@@ -1,5 +1,5 @@
 """Bring your own model and data, as a user does it: the built-in Hugging Face recipe under the
-sharding strategies, and a user's 8-line recipe training a pretrained GPT-2 directory on their
+sharding strategies, and a user's 9-line recipe training a pretrained GPT-2 directory on their
 JSON lines with their tokenizer at fsdp, exported back to a from_pretrained directory."""
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from torch.nn import functional as F
 from framework.errors import ConfigError
 from framework.tasks.language_modeling import LanguageModeling
 from tests.conftest import assert_resume_is_exact, run_inprocess
-from tests.helpers.text_data import write_jsonl, stdlib_documents
+from tests.helpers.text_data import stdlib_documents, write_jsonl
 
 torch.manual_seed(0)
 EMBED = torch.nn.Embedding(16, 16)
