@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import pkgutil
 import typing
 from fnmatch import fnmatch
 from typing import Any, Iterator
@@ -49,8 +50,12 @@ def import_target(path: str, key: str):
         for attr in parts[cut:]:
             if not hasattr(obj, attr):
                 names = [n for n in dir(obj) if not n.startswith("_")]
-                raise ConfigError(f"{key}._target_={path}: the module '{owner}' has no '{attr}'."
-                                  f"{did_you_mean(attr, names)} Check the spelling.")
+                if hasattr(obj, "__path__"):  # a package: its submodules count as names too
+                    names += [m.name for m in pkgutil.iter_modules(obj.__path__)]
+                    what = f"the package '{owner}' has no module or name '{attr}'"
+                else:
+                    what = f"the module '{owner}' has no '{attr}'"
+                raise ConfigError(f"{key}._target_={path}: {what}.{did_you_mean(attr, names)} Check the spelling.")
             obj, owner = getattr(obj, attr), f"{owner}.{attr}"
         return obj
     raise ConfigError(f"{key}._target_={path}: no module '{parts[0]}' can be imported (checked: "

@@ -1,6 +1,8 @@
 """Signature-based checks of `_target_` nodes: every problem is reported with its key."""
 from __future__ import annotations
 
+import re
+
 import pytest
 from omegaconf import OmegaConf
 
@@ -48,9 +50,15 @@ def test_required_argument_missing_unless_partial():
         check({"task": {"_target_": "framework.tasks.classification.Classification", "label_smoothing": None}})
 
 
-def test_unimportable_target():
-    with pytest.raises(ConfigError, match=r"model\._target_=framework\.models\.nope\.X: no such importable"):
-        check({"model": {"_target_": "framework.models.nope.X"}})
+@pytest.mark.parametrize("target,message", [
+    ("framework.models.gtp.GPT", "the package 'framework.models' has no module or name 'gtp'. Did you mean gpt?"),
+    ("framework.models.gpt.GTP", "the module 'framework.models.gpt' has no 'GTP'. Did you mean GPT?"),
+    ("my_models.Net", "no module 'my_models' can be imported .* beside the recipe"),
+])
+def test_an_unimportable_target_says_whether_the_module_or_the_name_is_missing(target, message, monkeypatch):
+    monkeypatch.setenv("FRAMEWORK_TRUST_ALLOW", "my_models.")  # trusted, so the import is what fails
+    with pytest.raises(ConfigError, match=rf"model\._target_={re.escape(target)}: {message}"):
+        check({"model": {"_target_": target}})
 
 
 def test_every_problem_is_listed_not_just_the_first():
