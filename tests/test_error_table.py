@@ -32,6 +32,11 @@ CASES = [
     (TRAIN + ["trainer.preemption_signals=SIGTERM"], "is not a ListConfig, list or tuple. Give a value of the key's type"),
     (TRAIN + ["optimizer.lr=fast"], "optimizer.lr='fast': must be a number"),
     (TRAIN + ["+model.foo=1"], "model.foo: 'framework.models.gpt.GPT' takes no argument 'foo'. It takes: vocab_size"),
+    (TRAIN + ["strategy=fsdp", "devices=2", "strategy.wrap_modules=[Blok]"],
+     "strategy.wrap_modules=['Blok']: the model has no module of class Blok. Did you mean Block?"),
+    (TRAIN + ["model=hf_causal_lm", "model.config=null", "model.pretrained=no-such-org/no-such-model"],
+     "no such directory, and not in the Hugging Face cache. The framework never downloads during a run"),
+    (TRAIN + ["data=text_files", "data.files=nowhere/*.txt"], "data.files: the pattern 'nowhere/*.txt' matches no file"),
     (TRAIN + ["model._target_=framework.models.gpt.GTP"], "the module 'framework.models.gpt' has no 'GTP'. Did you mean GPT?"),
     # values out of range
     (TRAIN + ["trainer.max_steps=0"], "trainer.max_steps=0: must be a positive integer or null"),

@@ -104,3 +104,18 @@ def test_save_for_hub_writes_what_from_pretrained_loads(tmp_path):
     assert loaded.lm_head.weight is loaded.transformer.wte.weight
     for name, value in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], value), name
+
+
+def test_hugging_face_libraries_are_imported_only_when_chosen():
+    import subprocess
+    import sys
+
+    heavy = "('transformers', 'datasets', 'tokenizers')"
+    code = ("import sys; from framework.cli import main; rc = main(['plan', {}]); "
+            f"print('RC', rc, [m for m in {heavy} if m in sys.modules])")
+    default = subprocess.run([sys.executable, "-c", code.format("'trainer.max_steps=1'")], capture_output=True,
+                             text=True, timeout=120)
+    assert "RC 0 []" in default.stdout, default.stdout + default.stderr
+    chosen = subprocess.run([sys.executable, "-c", code.format("'model=hf_causal_lm', 'strategy=fsdp', 'devices=2'")],
+                            capture_output=True, text=True, timeout=120)
+    assert "RC 0 ['transformers'" in chosen.stdout and "GPT2LMHeadModel" in chosen.stdout, chosen.stdout + chosen.stderr
