@@ -36,6 +36,9 @@ CASES = [
      "strategy.wrap_modules=['Blok']: the model has no module of class Blok. Did you mean Block?"),
     (TRAIN + ["model=hf_causal_lm", "model.config=null", "model.pretrained=no-such-org/no-such-model"],
      "no such directory, and not in the Hugging Face cache. The framework never downloads during a run"),
+    (TRAIN + ["model=hf_causal_lm", "model.config={model_type:llama,hidden_size:64}"],
+     "model.config.hidden_size: no such key (from the value given to model.config, which is merged into its existing "
+     "keys). Add it with +model.config.hidden_size=..., or replace the whole node: ~model.config +model.config={...}"),
     (TRAIN + ["data=text_files", "data.files=nowhere/*.txt"], "data.files: the pattern 'nowhere/*.txt' matches no file"),
     (TRAIN + ["model._target_=framework.models.gpt.GTP"], "the module 'framework.models.gpt' has no 'GTP'. Did you mean GPT?"),
     # values out of range

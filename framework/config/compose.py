@@ -47,6 +47,14 @@ def friendly_message(err: Exception, search_dirs: list[Path], cfg_keys=None) -> 
     if missing_config:
         return f"no recipe named {missing_config.group(1)!r} in the config directory; check the name and --config-dir."
     unknown = re.search(r"Could not override '([\w.]+)'", text)
+    causes = [err.__cause__, getattr(err.__cause__, "__cause__", None)]
+    nested = re.search(r"full_key: ([\w.]+)", " ".join(str(c) for c in causes if c is not None))
+    if unknown and nested and nested.group(1) != unknown.group(1):
+        # a dict value (key={a: 1, b: 2}) merges into the existing node: name the key it lacks
+        key = nested.group(1)
+        return (f"{key}: no such key (from the value given to {unknown.group(1)}, which is merged into its "
+                f"existing keys). Add it with +{key}=..., or replace the whole node: ~{unknown.group(1)} "
+                f"+{unknown.group(1)}={{...}}.")
     if unknown:
         key = unknown.group(1)
         parent, _, leaf = key.rpartition(".")
