@@ -139,6 +139,24 @@ def causal_lm(config: dict | None = None, config_dir: str | None = None, pretrai
     return model
 
 
+def from_pretrained(model_class: str, pretrained_model_name_or_path: str, **kwargs) -> nn.Module:
+    """What a recipe's `_target_: transformers.<Class>.from_pretrained` runs (framework/config/build.py
+    routes it here): the same call, offline, from a local directory (or the local cache); in a
+    sharded build the structure from its config.json, its weight files named for the trainer."""
+    transformers = _transformers()
+    cls = getattr(transformers, model_class.rsplit(".", 1)[-1], None)
+    if cls is None:
+        raise ConfigError(f"model._target_={model_class}.from_pretrained: transformers has no {model_class}.")
+    directory = local_directory(pretrained_model_name_or_path, "model.pretrained_model_name_or_path")
+    if not in_sharded_build():
+        return cls.from_pretrained(directory, local_files_only=True, **kwargs)
+    config = kwargs.pop("config", None) or transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
+    build = getattr(cls, "from_config", None) or cls._from_config
+    model = build(config, **{k: v for k, v in kwargs.items() if k in ("dtype", "attn_implementation")})
+    model.pretrained_weights = [str(p) for p in weight_files(directory)]
+    return model
+
+
 def _from_config(auto, cfg, dtype: torch.dtype, initialise: bool) -> nn.Module:
     context = contextlib.nullcontext()
     if initialise and torch.empty(0).device.type == "meta":

@@ -119,3 +119,23 @@ def test_hugging_face_libraries_are_imported_only_when_chosen():
     chosen = subprocess.run([sys.executable, "-c", code.format("'model=hf_causal_lm', 'strategy=fsdp', 'devices=2'")],
                             capture_output=True, text=True, timeout=120)
     assert "RC 0 ['transformers'" in chosen.stdout and "GPT2LMHeadModel" in chosen.stdout, chosen.stdout + chosen.stderr
+
+
+def test_a_transformers_from_pretrained_target_loads_offline_and_passes_the_meta_check(tmp_path, monkeypatch):
+    """`_target_: transformers.AutoModelForCausalLM.from_pretrained` (trusted by the user) works as
+    written: transformers itself refuses the meta device, so the framework's loader takes it."""
+    from framework.config.build import build
+
+    monkeypatch.setenv("FRAMEWORK_TRUST_ALLOW", "transformers.")
+    torch.manual_seed(2)
+    saved = causal_lm(config=GPT2)
+    saved.save_pretrained(tmp_path / "pre")
+    node = {"_target_": "transformers.AutoModelForCausalLM.from_pretrained",
+            "pretrained_model_name_or_path": str(tmp_path / "pre")}
+    whole = build(node, "model")
+    assert torch.equal(whole.transformer.h[1].attn.c_attn.weight, saved.transformer.h[1].attn.c_attn.weight)
+    with meta_device():
+        meta = build(node, "model")
+    assert all(p.is_meta for p in meta.parameters()) and meta.pretrained_weights[0].endswith("model.safetensors")
+    with pytest.raises(ConfigError, match="not in the Hugging Face cache"):
+        build({**node, "pretrained_model_name_or_path": "no-such-org/no-such-model"}, "model")
