@@ -12,6 +12,7 @@ class ExitCode(IntEnum):
     OK = 0
     FAILED = 1  # a worker crashed or a framework bug: the report shows the traceback
     USER_ERROR = 2  # a bad config, file or combination: one paragraph, nothing written
+    STORAGE = 74  # EX_IOERR: storage failed while saving (disk full); earlier checkpoints kept; resume=auto continues
     PREEMPTED = 75  # EX_TEMPFAIL: stopped by a signal after saving; resume=auto continues
 
 
@@ -31,6 +32,11 @@ class CheckpointError(UserError):
     """A checkpoint that is missing, incomplete, corrupt or unsafe to load."""
 
 
+class StorageError(CheckpointError):
+    """Storage failed under a running job (the disk filled up while a checkpoint was written):
+    the partial checkpoint is removed, the complete ones are kept, resume=auto continues."""
+
+
 def did_you_mean(word: str, choices, cutoff: float = 0.5) -> str:
     """' Did you mean X?' for the closest of `choices`, or '' (for every unknown-name message)."""
     from difflib import get_close_matches
@@ -45,7 +51,8 @@ def wants_traceback(debug: bool = False) -> bool:
 
 def heading(err: BaseException) -> str:
     """The kind of error as the user reads it: 'configuration error', 'checkpoint error', 'error'."""
-    return {ConfigError: "configuration error", CheckpointError: "checkpoint error"}.get(type(err), "error")
+    return {ConfigError: "configuration error", CheckpointError: "checkpoint error",
+            StorageError: "storage error"}.get(type(err), "error")
 
 
 def report(err: BaseException, stream=None) -> None:

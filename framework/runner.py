@@ -19,7 +19,7 @@ from framework.config.loop_settings import loop_settings
 from framework.config.meta_build import meta_device
 from framework.config.targets import check_targets
 from framework.config.validate import check_values
-from framework.errors import ConfigError, ExitCode, RunExit, UserError, heading, report, wants_traceback
+from framework.errors import ConfigError, ExitCode, RunExit, StorageError, UserError, heading, report, wants_traceback
 from framework.launch.elastic import WorkerFailed
 from framework.launch.launcher import launch
 from framework.loop.preemption import Preempted
@@ -31,7 +31,8 @@ from framework.sweeps import SUMMARY_FILE, current_job, finished_objective, run_
 from framework.tasks.fit_check import check_fit
 
 # How each way a run can fail leaves the process (framework/errors.py documents the codes).
-EXIT_CODES = {UserError: ExitCode.USER_ERROR, WorkerFailed: ExitCode.FAILED, Preempted: ExitCode.PREEMPTED}
+EXIT_CODES = {StorageError: ExitCode.STORAGE, UserError: ExitCode.USER_ERROR, WorkerFailed: ExitCode.FAILED,
+              Preempted: ExitCode.PREEMPTED}
 _started = False
 
 
@@ -94,7 +95,7 @@ def _run_single(cfg: DictConfig, output_dir) -> float | None:
         if wants_traceback(bool(cfg.get("debug", False))):
             raise
         report(err)
-        raise RunExit(ExitCode.USER_ERROR) from None
+        raise RunExit(_exit_code(err)) from None
     except (WorkerFailed, Preempted) as err:
         print(_describe(err), file=sys.stderr, flush=True)
         raise RunExit(_exit_code(err)) from None

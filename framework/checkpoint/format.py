@@ -24,6 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from framework.checkpoint.storage import disk_full_error, free_bytes, is_disk_full
 from framework.checkpoint_io.dcp_reader import STATE_DIR
 from framework.errors import CheckpointError
 from framework.version import versions
@@ -67,26 +70,68 @@ def begin_checkpoint(strategy, root: Path, step: int, shared: dict[str, Any], pe
     io = strategy.checkpoint_io
     final = root / checkpoint_name(step)
     partial = root / f"{PARTIAL_PREFIX}{final.name}"
-    if strategy.is_global_zero:
-        if partial.exists():
-            shutil.rmtree(partial)
-        partial.mkdir(parents=True)
+    pending = PendingCheckpoint(partial, final, step, {"layout": SHARDED if sharded is not None else FULL, **meta})
+    failure = None
+    try:
+        if strategy.is_global_zero:
+            if partial.exists():
+                shutil.rmtree(partial)
+            partial.mkdir(parents=True)
+    except OSError as err:
+        failure = err
+    _stop_together_on_failure(strategy, pending, failure)  # doubles as the barrier before the writes
+    try:
+        if sharded is not None:
+            io.save_sharded(sharded, partial / STATE_DIR)
+        for name, obj in per_rank.items():
+            io.save(obj, partial / f"{name}_rank{strategy.global_rank}.pt")
+        if strategy.is_global_zero:
+            for name, obj in shared.items():
+                io.save(obj, partial / f"{name}.pt")
+    except Exception as err:
+        failure = err
+    _stop_together_on_failure(strategy, pending, failure)
+    return pending
+
+
+def _stop_together_on_failure(strategy, pending: PendingCheckpoint, failure: BaseException | None) -> None:
+    """Collective: whether any rank's write failed. If one did, every rank stops here (none is left
+    waiting at the next barrier), the partial directory is removed so it holds no space, and the
+    complete checkpoints are untouched. A full disk gets its own message (framework/checkpoint/storage.py)."""
+    failed = failure is not None
+    if strategy.world_size > 1:
+        flag = torch.tensor(float(failed), device=strategy.root_device)
+        failed = strategy.reduce(flag, "max").item() > 0
+    if not failed:
+        return
+    strategy.checkpoint_io.discard()
+    free = free_bytes(pending.final.parent)  # before the partial checkpoint gives its space back
     strategy.barrier()
-    if sharded is not None:
-        io.save_sharded(sharded, partial / STATE_DIR)
-    for name, obj in per_rank.items():
-        io.save(obj, partial / f"{name}_rank{strategy.global_rank}.pt")
     if strategy.is_global_zero:
-        for name, obj in shared.items():
-            io.save(obj, partial / f"{name}.pt")
-    return PendingCheckpoint(partial, final, step, {"layout": SHARDED if sharded is not None else FULL, **meta})
+        shutil.rmtree(pending.partial, ignore_errors=True)
+    strategy.barrier()
+    name, root = pending.final.name, pending.final.parent
+    if failure is not None and is_disk_full(failure):
+        complete, _ = list_checkpoints(root)
+        raise disk_full_error(root, name, complete[-1].path if complete else None, free) from failure
+    if failure is None:
+        failure = CheckpointError(f"writing checkpoint {name} failed on another process (its message says why); the "
+                                  "partial checkpoint was removed and the complete ones are kept.")
+    if isinstance(failure, Exception) and not isinstance(failure, CheckpointError):
+        raise CheckpointError(f"writing checkpoint {name} to {root} failed: {type(failure).__name__}: {failure}. "
+                              "The partial checkpoint was removed and the complete ones are kept.") from failure
+    raise failure
 
 
 def finalize_checkpoint(strategy, pending: PendingCheckpoint) -> Path:
     """Collective: wait for every rank's writes, then write meta.json (with every file's size)
     and rename the directory into place. Returns the final directory."""
-    strategy.checkpoint_io.wait()
-    strategy.barrier()
+    failure = None
+    try:
+        strategy.checkpoint_io.wait()
+    except Exception as err:  # a background writer's error, raised here on the rank that had it
+        failure = err
+    _stop_together_on_failure(strategy, pending, failure)  # doubles as the barrier after the writes
     partial, final = pending.partial, pending.final
     if strategy.is_global_zero:
         files = {p.relative_to(partial).as_posix(): p.stat().st_size for p in sorted(partial.rglob("*")) if p.is_file()}

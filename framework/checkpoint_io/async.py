@@ -63,7 +63,9 @@ class AsyncCheckpointIO(TorchCheckpointIO):
         self._queue.put((snapshot(obj), path))
 
     def pending(self) -> bool:
-        self._raise_error()
+        with self._lock:
+            if self._error is not None:
+                return False  # finished, with the error `wait` raises
         return self._queue.unfinished_tasks > 0
 
     def wait(self) -> None:

@@ -48,12 +48,21 @@ class CheckpointIO(ABC):
     def wait(self) -> None:
         """Block until every pending write is durable; raise the first error a write hit."""
 
+    def discard(self) -> None:
+        """After a failed checkpoint: let the writes still pending finish or fail, and forget
+        their errors (the checkpoint they belonged to is being removed)."""
+        try:
+            self.wait()
+        except Exception:  # noqa: BLE001 - already reported through the first error
+            pass
+
     def close(self) -> None:
         """Wait for pending writes, then free what the writer keeps between saves (buffers, threads)."""
         self.wait()
 
     def pending(self) -> bool:
-        """Whether a write is still in progress (raises a write's error if one failed)."""
+        """Whether a write is still in progress. A failed write counts as finished: `wait` raises
+        its error, on every rank together (framework/checkpoint/format.py)."""
         return False
 
     def __repr__(self) -> str:

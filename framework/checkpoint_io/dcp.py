@@ -104,10 +104,7 @@ class DCPCheckpointIO(TorchCheckpointIO):
     def pending(self) -> bool:
         if self._future is None:
             return False
-        if not self._future.done():
-            return True
-        self.wait()  # raises the write's error, if any
-        return False
+        return not self._future.done()  # a failed write is done: `wait` raises its error
 
     def wait(self) -> None:
         future, self._future = self._future, None
