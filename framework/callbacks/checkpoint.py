@@ -19,7 +19,7 @@ class ModelCheckpoint(Callback):
                  keep_last_k: NonNegativeInt = 2, monitor: str | None = "val/loss",
                  mode: Literal["min", "max"] = "min", best_k: NonNegativeInt = 1):
         """every_n_steps: save every N optimizer steps (null: only at the end); save_last: save when
-        training ends; keep_last_k: newest checkpoints kept; monitor: metric that ranks checkpoints
+        training ends; keep_last_k: newest checkpoints kept (the newest complete one always is); monitor: metric that ranks checkpoints
         (null: rank none); mode: min or max is better; best_k: best checkpoints kept."""
         self.every_n_steps = every_n_steps
         self.save_last = save_last
@@ -56,9 +56,14 @@ class ModelCheckpoint(Callback):
         scored = [c for c in complete if self._score(c.meta) is not None]
         scored.sort(key=lambda c: self._score(c.meta), reverse=self.mode == "max")
         keep |= {c.path for c in scored[: self.best_k]}
+        if complete:  # whatever the settings, the newest complete checkpoint stays: a run can always resume
+            keep.add(complete[-1].path)
         removed = [c.path for c in complete if c.path not in keep]
         for path in removed:
-            shutil.rmtree(path)
+            try:
+                shutil.rmtree(path)
+            except FileNotFoundError:  # removed meanwhile by someone else: what pruning wanted anyway
+                pass
         return removed
 
     def best(self, root):
