@@ -19,6 +19,7 @@ from framework.config.loop_settings import loop_settings
 from framework.config.meta_build import meta_device
 from framework.config.targets import check_targets
 from framework.config.validate import check_values
+from framework.console import human_bytes
 from framework.errors import ConfigError, ExitCode, RunExit, StorageError, UserError, heading, report, wants_traceback
 from framework.launch.elastic import WorkerFailed
 from framework.launch.launcher import launch
@@ -27,6 +28,7 @@ from framework.plotting.at_end import run_figures
 from framework.plugins import Plugins, build_plugins
 from framework.reproduce import write_recipe
 from framework.strategy.activation_checkpointing import checkpoint_units
+from framework.strategy.memory import model_stats
 from framework.sweeps import SUMMARY_FILE, current_job, finished_objective, run_overrides, write_summary
 from framework.tasks.fit_check import check_fit
 
@@ -223,6 +225,18 @@ def compatibility_plan(plugins: Plugins, resolved: DictConfig, devices: int) -> 
                 devices, resolved.num_nodes, loop_settings(resolved))
 
 
+def memory_advice(prepared: Prepared) -> str:
+    """What `framework plan` estimated per rank for this run, and what needs less."""
+    stats, _ = model_stats(prepared.resolved, prepared.plugins, prepared.model)
+    estimate = prepared.plugins.strategy.estimate_memory(stats, prepared.world_size)
+    per_rank = estimate.device + estimate.host + prepared.activation_bytes
+    return (f"framework plan estimated {human_bytes(per_rank)} per rank ({prepared.plugins.strategy.name}: "
+            f"{estimate.formula} for the model states, plus one micro-batch's activations). To need less: a sharding "
+            "strategy (strategy=fsdp or deepspeed_stage_3), CPU offload (fsdp_cpu_offload, deepspeed_stage_3_offload), "
+            "trainer.activation_checkpointing=true, a smaller data.batch_size (trainer.accumulate keeps the batch), or "
+            "fewer processes per node (devices=...).")
+
+
 def _train(cfg: DictConfig, output_dir) -> float | None:
     prepared = prepare(cfg)
     for warning in prepared.warnings:
@@ -240,7 +254,12 @@ def _train(cfg: DictConfig, output_dir) -> float | None:
         write_recipe(config, output_dir / "recipe.yaml")
     # 3. launch and 4. fit
     started_at = time.time()
-    result = launch(config, output_dir, plugins, prepared.world_size)
+    try:
+        result = launch(config, output_dir, plugins, prepared.world_size)
+    except WorkerFailed as err:
+        if getattr(err, "out_of_memory", False):
+            err.args = (f"{err}\n{memory_advice(prepared)}",)
+        raise
     if result.preempted is not None:
         line = cluster.on_preempted() if writer else None  # e.g. requeue the SLURM job
         if line:

@@ -10,45 +10,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import torch
 from omegaconf import DictConfig
 
 from framework.config.compose import compose
 from framework.config.groups import PLUGIN_GROUPS
+from framework.console import human_bytes
 from framework.errors import ExitCode, UserError, report
 from framework.paths import conf_dir, find_recipe
 from framework.runner import prepare
-from framework.strategy.memory import ModelStats
-from framework.strategy.units import choose_units
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def optimizer_states(cfg: DictConfig) -> int:
-    """State tensors per parameter for the configured optimizer (Adam-family 2, SGD 0 or 1)."""
-    target = str(cfg.optimizer.get("_target_", ""))
-    if "SGD" in target:
-        return 1 if cfg.optimizer.get("momentum", 0) else 0
-    return 2  # Adam, AdamW, and a safe upper bound for the rest
-
-
-def model_stats(cfg: DictConfig, plugins, model):
-    """Trainable parameters, the largest unit gathered at once (by the units the strategy would
-    shard: the same rule as the run, framework/strategy/units.py), and the byte sizes that the
-    strategies' memory formulas need, for the model built on the meta device."""
-    params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    units = plugins.strategy.units(model) if hasattr(plugins.strategy, "units") else choose_units(model)
-    precision = plugins.precision
-    param_bytes = torch.empty((), dtype=precision.param_dtype).element_size()
-    mixed_half = precision.param_dtype == torch.float32 and precision.compute_dtype in (torch.float16, torch.bfloat16)
-    stats = ModelStats(params, units.largest or params, param_bytes, mixed_half, optimizer_states(cfg))
-    return stats, units
+from framework.strategy.memory import model_stats
 
 
 def ranks_per_node(devices: int, num_nodes: int) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 from framework.config.signals import signal_number
 from framework.config.trust import ENV_ALLOW, user_allowed
 from framework.errors import UserError
+from framework.launch.oom import OomWatch
 from framework.loop.preemption import Preempted
 from framework.loop.state import FitResult
 from framework.trainer import train_worker
@@ -71,11 +72,12 @@ def launch_local_workers(config: dict, output_dir: Path, plugins, nproc: int) ->
         local_addr=plugins.cluster.main_address,
     )
     forwarder = SignalForwarder(config["trainer"].get("preemption_signals", []), failure_dir)
+    oom_watch = OomWatch()
     try:
         results = elastic_launch(launch_config, worker_entry)(config, str(output_dir), threads, str(failure_dir),
                                                               user_allowed())
     except ChildFailedError as err:
-        raise WorkerFailed(err, failure_dir) from None
+        raise WorkerFailed(err, failure_dir, oom_watch.kills(), oom_watch.limit) from None
     except SignalException as err:
         # The agent got the signal itself (SIGTERM): it passed it on to the workers and waited
         # for them, and they saved a checkpoint at their next step boundary.
@@ -122,7 +124,7 @@ class WorkerFailed(RuntimeError):
     the likely cause and is shown first. Then the Python errors, earliest first with its
     traceback; the later ones are usually consequences (a collective that lost its peer)."""
 
-    def __init__(self, err, failure_dir: Path):
+    def __init__(self, err, failure_dir: Path, oom_kills: int = 0, memory_limit: int | None = None):
         records = [json.loads(p.read_text()) for p in failure_dir.glob("rank*.json")]
         last_attempt = max((r["attempt"] for r in records), default=0)  # earlier attempts were restarted
         records = sorted((r for r in records if r["attempt"] == last_attempt), key=lambda r: r["time_ns"])
@@ -132,8 +134,14 @@ class WorkerFailed(RuntimeError):
         abrupt = sorted(started - recorded)
         killed = [r for r in abrupt if codes.get(r) is not None]  # deaths the agent itself saw
         unknown = [r for r in abrupt if codes.get(r) is None]  # probably stopped by the agent afterwards
-        lines = [f"worker rank {r} died abruptly (exit code {codes[r]}): killed by a signal, the out-of-memory "
-                 "killer, or a crash in native code" for r in killed]
+        # SIGKILLed ranks while the memory cgroup counted OOM kills: the kernel's out-of-memory killer
+        oom = [r for r in killed if codes[r] == -signal.SIGKILL] if oom_kills else []
+        self.out_of_memory = bool(oom)
+        limit = f", memory limit {memory_limit / 2**30:.2f} GiB" if memory_limit else ""
+        lines = [f"worker rank {r} was killed: out of memory (the kernel's out-of-memory killer, counted by this "
+                 f"job's memory cgroup{limit})" for r in oom]
+        lines += [f"worker rank {r} died abruptly (exit code {codes[r]}): killed by a signal, the out-of-memory "
+                  "killer, or a crash in native code" for r in killed if r not in oom]
         for i, record in enumerate(records):
             if i == 0 and not lines:
                 lines.append(f"worker rank {record['rank']} failed first: {record['error']}")

@@ -9,6 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+from omegaconf import DictConfig
+
+from framework.strategy.units import choose_units
+
 
 @dataclass(frozen=True)
 class ModelStats:
@@ -94,3 +99,24 @@ def zero(stats: ModelStats, world_size: int, stage: int, offload_optimizer: bool
         if stage < 3 and replicated_part == 0:
             formula = "0"
     return MemoryEstimate(device, host, formula)
+
+
+def optimizer_states(cfg: DictConfig) -> int:
+    """State tensors per parameter for the configured optimizer (Adam-family 2, SGD 0 or 1)."""
+    target = str(cfg.optimizer.get("_target_", ""))
+    if "SGD" in target:
+        return 1 if cfg.optimizer.get("momentum", 0) else 0
+    return 2  # Adam, AdamW, and a safe upper bound for the rest
+
+
+def model_stats(cfg: DictConfig, plugins, model):
+    """Trainable parameters, the largest unit gathered at once (by the units the strategy would
+    shard: the same rule as the run, framework/strategy/units.py), and the byte sizes that the
+    strategies' memory formulas need, for the model built on the meta device."""
+    params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    units = plugins.strategy.units(model) if hasattr(plugins.strategy, "units") else choose_units(model)
+    precision = plugins.precision
+    param_bytes = torch.empty((), dtype=precision.param_dtype).element_size()
+    mixed_half = precision.param_dtype == torch.float32 and precision.compute_dtype in (torch.float16, torch.bfloat16)
+    stats = ModelStats(params, units.largest or params, param_bytes, mixed_half, optimizer_states(cfg))
+    return stats, units

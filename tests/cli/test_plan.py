@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from framework.cli.plan import model_stats, plan
+from framework.cli.plan import plan
 from framework.runner import prepare
-from framework.strategy.memory import ModelStats, fully_sharded, optimizer_sharded, replicated, zero
+from framework.strategy.memory import ModelStats, fully_sharded, model_stats, optimizer_sharded, replicated, zero
 from tests.cli.helpers import framework_cmd
 from tests.conftest import compose_cfg
 
