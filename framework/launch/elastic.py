@@ -45,9 +45,52 @@ def worker_entry(config: dict, output_dir: str, threads: int, failure_dir: str, 
         rank = int(os.environ.get("RANK", 0))
         attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         record = {"rank": rank, "attempt": attempt, "time_ns": time.time_ns(),
-                  "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
+                  "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc(),
+                  "timed_out": is_collective_timeout(err), "where": framework_frame(err),
+                  "stopped": stopped_ranks(Path(failure_dir), rank)}
         (Path(failure_dir) / f"rank{rank}-attempt{attempt}.json").write_text(json.dumps(record))
+        for peer in record["stopped"]:  # let a stopped peer take the agent's SIGTERM now, not after 30 s
+            _continue(Path(failure_dir), peer)
         raise
+
+
+TIMEOUT_TEXTS = ("Timed out waiting", "timed out", "Timeout", "Watchdog caught collective operation timeout")
+
+
+def is_collective_timeout(err: BaseException) -> bool:
+    """A collective (or the store behind it) gave up waiting for a peer: strategy.timeout_s passed."""
+    return isinstance(err, (RuntimeError, TimeoutError)) and any(t in str(err) for t in TIMEOUT_TEXTS)
+
+
+def framework_frame(err: BaseException) -> str:
+    """The innermost frame of the framework's own code where `err` was raised: what it was doing."""
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if f"{os.sep}framework{os.sep}" in f.filename]
+    named = [f"{f.name} (framework/{f.filename.split(f'{os.sep}framework{os.sep}')[-1]}:{f.lineno})"
+             for f in frames[-2:]]
+    return ", called from ".join(reversed(named))
+
+
+def stopped_ranks(failure_dir: Path, me: int) -> list[int]:
+    """Local ranks whose process is stopped (SIGSTOP, a debugger): state T or t in /proc."""
+    stopped = []
+    for pid_file in failure_dir.glob("pid*"):
+        rank = int(pid_file.name[3:])
+        if rank == me:
+            continue
+        try:
+            state = Path(f"/proc/{int(pid_file.read_text())}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, ValueError, IndexError):
+            continue
+        if state in ("T", "t"):
+            stopped.append(rank)
+    return sorted(stopped)
+
+
+def _continue(failure_dir: Path, rank: int) -> None:
+    try:
+        os.kill(int((failure_dir / f"pid{rank}").read_text()), signal.SIGCONT)
+    except (OSError, ValueError):
+        pass
 
 
 def launch_local_workers(config: dict, output_dir: Path, plugins, nproc: int) -> FitResult:
@@ -142,6 +185,10 @@ class WorkerFailed(RuntimeError):
                  f"job's memory cgroup{limit})" for r in oom]
         lines += [f"worker rank {r} died abruptly (exit code {codes[r]}): killed by a signal, the out-of-memory "
                   "killer, or a crash in native code" for r in killed if r not in oom]
+        if records and records[0].get("timed_out") and not lines:  # a peer stopped answering
+            lines.append(self._hung(records[0], unknown))
+            lines += [f"worker rank {r['rank']} gave up: {r['error'].splitlines()[0]}" for r in records]
+            records, unknown = [], []
         for i, record in enumerate(records):
             if i == 0 and not lines:
                 lines.append(f"worker rank {record['rank']} failed first: {record['error']}")
@@ -153,6 +200,21 @@ class WorkerFailed(RuntimeError):
         if not lines:
             lines = [f"worker rank {rank} exited with code {code}" for rank, code in sorted(codes.items())]
         super().__init__("\n".join(lines))
+
+
+    @staticmethod
+    def _hung(first: dict, silent: list[int]) -> str:
+        """A collective timed out: name the rank(s) that stopped answering, and where."""
+        stopped = first.get("stopped") or []
+        suspects = stopped or silent
+        who = ", ".join(map(str, suspects)) or "another rank"
+        why = ("its process is stopped (SIGSTOP or a debugger)" if stopped else
+               "it raised no error of its own: stopped, hung or far slower than the others")
+        where = f" in {first['where']}" if first.get("where") else ""
+        return (f"worker rank {who} stopped answering ({why}): rank {first['rank']} waited for it{where} until "
+                f"strategy.timeout_s ran out, then the group was torn down. Raise strategy.timeout_s for slow steps "
+                f"(a long checkpoint, a first compile); with trainer.max_restarts>0 the group restarts from the "
+                f"newest checkpoint.")
 
 
 def _remove_tree(path: Path) -> None:
