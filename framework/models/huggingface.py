@@ -64,7 +64,7 @@ def local_directory(name: str, key: str) -> Path:
                       "directory) and give the directory.")
 
 
-def hf_config(config: dict | None = None, config_dir: str | None = None, pretrained: str | None = None, **_):
+def hf_config(config: dict | None = None, config_dir: str | None = None, pretrained: str | None = None):
     """The model's `transformers` config object, from the same arguments as `causal_lm` (also used
     by `framework convert --to hf`, without building the model)."""
     transformers = _transformers()
