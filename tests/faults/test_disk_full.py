@@ -11,6 +11,7 @@ import pytest
 from framework.checkpoint.format import check_files, list_checkpoints, read_meta
 from framework.errors import ExitCode
 from tests.conftest import DIGITS, assert_state_equal, load_model_state, load_optimizer_state, run_train
+from tests.helpers.tmpfs import tmpfs
 
 RUN = [*DIGITS, "trainer.max_steps=10", "trainer.val_every=100", "callbacks.checkpoint.every_n_steps=2",
        "callbacks.checkpoint.keep_last_k=10"]
@@ -19,15 +20,8 @@ RUN = [*DIGITS, "trainer.max_steps=10", "trainer.val_every=100", "callbacks.chec
 @pytest.fixture
 def small_disk(tmp_path):
     """A 1 MiB tmpfs: the run's files and two checkpoints fit, the third does not."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True, text=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here (needs root): {made.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "disk", "size=1m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
 @pytest.mark.slow

@@ -2,26 +2,17 @@
 refused before training: exit 2, one paragraph, no traceback, nothing written."""
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
 from framework.errors import ExitCode
 from tests.conftest import DIGITS, run_train
+from tests.helpers.tmpfs import tmpfs
 
 
 @pytest.fixture
 def read_only_disk(tmp_path):
-    mount = tmp_path / "ro"
-    mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mount)], capture_output=True,
-                          text=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a read-only tmpfs here (needs root): {made.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "ro", "ro,size=1m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
 @pytest.mark.slow
