@@ -54,7 +54,8 @@ def worker_entry(config: dict, output_dir: str, threads: int, failure_dir: str, 
         raise
 
 
-TIMEOUT_TEXTS = ("Timed out waiting", "timed out", "Timeout", "Watchdog caught collective operation timeout")
+# gloo, the c10d store, and NCCL's watchdog, when a peer never arrives
+TIMEOUT_TEXTS = ("Timed out waiting", "Timed out after", "Socket Timeout", "Watchdog caught collective operation timeout")
 
 
 def is_collective_timeout(err: BaseException) -> bool:
