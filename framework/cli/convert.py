@@ -9,7 +9,7 @@ from pathlib import Path
 from framework.checkpoint.convert import export_weights, import_deepspeed, read_model_state
 from framework.config.resolvers import BYTES
 from framework.errors import ConfigError, ExitCode, UserError, report
-from framework.models.huggingface import is_hub_model, save_for_hub
+from framework.models.hf_causal_lm import is_hub_model, save_for_hub
 
 
 def parser() -> argparse.ArgumentParser:

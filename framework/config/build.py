@@ -32,14 +32,14 @@ def build(node: Any, key: str, **kwargs) -> Any:
 
 def _offline_pretrained(node: DictConfig) -> DictConfig:
     """A `transformers.<Class>.from_pretrained` target (already trusted) goes through the framework's
-    loader (framework/models/huggingface.py): offline, local directories only, and under a sharded
+    loader (framework/models/hf_causal_lm.py): offline, local directories only, and under a sharded
     build or the pre-launch check the structure without the weights, which are then read into
     shards (transformers' own from_pretrained refuses the meta device)."""
     target = str(node.get("_target_", ""))
     if not (target.startswith("transformers.") and target.endswith(".from_pretrained")):
         return node
     rewritten = OmegaConf.to_container(node, resolve=False)
-    rewritten.update({"_target_": "framework.models.huggingface.from_pretrained", "model_class": target.rsplit(".", 1)[0]})
+    rewritten.update({"_target_": "framework.models.hf_causal_lm.from_pretrained", "model_class": target.rsplit(".", 1)[0]})
     return OmegaConf.create(rewritten)
 
 

@@ -54,7 +54,7 @@ _building_without_weights = 0
 def sharded_build():
     """Marks a model build whose weights come later (the meta device, DeepSpeed's partitioned
     init): a model that would read pretrained weights in its constructor reads only their shapes,
-    and names its weight files instead (framework/models/huggingface.py)."""
+    and names its weight files instead (framework/models/hf_causal_lm.py)."""
     global _building_without_weights
     _building_without_weights += 1
     try:

@@ -56,7 +56,7 @@ def test_a_pretrained_model_on_your_jsonl_with_your_tokenizer_at_fsdp_then_expor
     from transformers import AutoModelForCausalLM
 
     from framework.data.text_files import TextFiles
-    from framework.models.huggingface import causal_lm
+    from framework.models.hf_causal_lm import causal_lm
     from framework.tasks.language_modeling import LanguageModeling
 
     texts = stdlib_documents(30, max_chars=2000)

@@ -1,4 +1,4 @@
-"""Hugging Face causal LMs (framework/models/huggingface.py): random init the same in every build,
+"""Hugging Face causal LMs (framework/models/hf_causal_lm.py): random init the same in every build,
 pretrained directories loaded whole or into shards, never a download, export to from_pretrained."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from framework.checkpoint.weights import initial_weights
 from framework.config.meta_build import meta_device
 from framework.errors import CheckpointError, ConfigError
-from framework.models.huggingface import causal_lm, save_for_hub
+from framework.models.hf_causal_lm import causal_lm, save_for_hub
 from framework.strategy.meta_init import build_on_meta, replay
 
 pytest.importorskip("transformers")
@@ -98,7 +98,7 @@ def test_save_for_hub_writes_what_from_pretrained_loads(tmp_path):
 
     torch.manual_seed(1)
     model = causal_lm(config=GPT2)
-    save_for_hub(model.state_dict(), {"_target_": "framework.models.huggingface.causal_lm", "config": GPT2},
+    save_for_hub(model.state_dict(), {"_target_": "framework.models.hf_causal_lm.causal_lm", "config": GPT2},
                  tmp_path / "out")
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
     assert loaded.lm_head.weight is loaded.transformer.wte.weight
