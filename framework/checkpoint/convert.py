@@ -31,6 +31,20 @@ def read_model_state(checkpoint: Path) -> tuple[dict, dict]:
     return meta, TorchCheckpointIO().load(checkpoint / "model.pt")
 
 
+def stored_once(state: dict) -> tuple[dict, dict[str, str]]:
+    """safetensors refuses tensors that share memory (tied weights): (each tensor once, contiguous;
+    {the other names of a shared tensor: the name it is stored under})."""
+    first: dict[int, str] = {}
+    unique = {}
+    for name, tensor in state.items():
+        key = tensor.untyped_storage().data_ptr()
+        if key in first and tensor.numel():
+            continue
+        first[key] = name
+        unique[name] = tensor.detach().contiguous()
+    return unique, {n: first[t.untyped_storage().data_ptr()] for n, t in state.items() if n not in unique}
+
+
 def export_weights(checkpoint: Path, out: Path, to: str = "torch") -> Path:
     """Write the model weights of `checkpoint` (a checkpoint directory of this framework) as a
     plain state_dict: `torch` (torch.save, loads with weights_only) or `safetensors`."""
@@ -43,18 +57,8 @@ def export_weights(checkpoint: Path, out: Path, to: str = "torch") -> Path:
             from safetensors.torch import save_file
         except ImportError as err:
             raise ConfigError("--to safetensors needs the safetensors package: pip install safetensors") from err
-        # safetensors refuses tensors that share memory (tied weights): store each once, contiguous
-        seen: dict[int, str] = {}
-        unique = {}
-        for name, tensor in state.items():
-            key = tensor.untyped_storage().data_ptr()
-            if key in seen:
-                continue
-            seen[key] = name
-            unique[name] = tensor.contiguous()
-        save_file(unique, str(out), metadata={"framework_step": str(meta["step"]),
-                                               "tied": json.dumps({n: seen[t.untyped_storage().data_ptr()]
-                                                                   for n, t in state.items() if n not in unique})})
+        unique, tied = stored_once(state)
+        save_file(unique, str(out), metadata={"framework_step": str(meta["step"]), "tied": json.dumps(tied)})
     else:
         raise ConfigError(f"--to {to}: choose one of {', '.join(FORMATS)}.")
     return out

@@ -11,6 +11,7 @@ padding) when padded; framework/tasks/language_modeling.py reads them.
 """
 from __future__ import annotations
 
+import functools
 import glob
 import os
 import zlib
@@ -81,6 +82,11 @@ class Tokenizer:
         return [e.ids for e in self._tokenizer.encode_batch(texts, add_special_tokens=False)]
 
 
+@functools.lru_cache(maxsize=4)
+def loaded_tokenizer(spec: str) -> Tokenizer:
+    return Tokenizer(spec)
+
+
 class _Tokenise:
     """The map function that tokenises a batch of rows (a class, so `datasets` hashes it for its cache)."""
 
@@ -88,7 +94,7 @@ class _Tokenise:
         self.tokenizer, self.field, self.add_eos = tokenizer, field, add_eos
 
     def __call__(self, rows):
-        tok = Tokenizer(self.tokenizer)
+        tok = loaded_tokenizer(self.tokenizer)  # once per process, not once per batch of rows
         texts = [t if isinstance(t, str) else "" for t in rows[self.field]]
         ids = tok.encode(texts)
         if self.add_eos and tok.eos_id is not None:
@@ -176,7 +182,7 @@ class TextFiles(DataModule):
         self.text_field = text_field
         self.text_unit = text_unit
         self.val_percent = val_percent
-        self.tokenizer = Tokenizer(tokenizer)
+        self.tokenizer = loaded_tokenizer(str(tokenizer))
         self.block_size = block_size
         self.packing = packing
         self.add_eos = add_eos

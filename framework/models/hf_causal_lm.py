@@ -123,17 +123,20 @@ def causal_lm(config: dict | None = None, config_dir: str | None = None, pretrai
     if dtype is not None and dtype not in DTYPES:
         raise ConfigError(f"model.dtype={dtype!r}: choose one of {', '.join(DTYPES)} or null.")
     torch_dtype = DTYPES.get(dtype or "float32")
-    cfg = hf_config(config, config_dir, pretrained)
+    if config_dir and pretrained:
+        raise ConfigError("model.config_dir and model.pretrained are both set: give one (model.config may still "
+                          "override fields).")
+    directory = local_directory(pretrained, "model.pretrained") if pretrained else None  # looked up once
+    cfg = hf_config(config, config_dir, str(directory) if directory else None)
     if attn_implementation:
         cfg._attn_implementation = attn_implementation
     auto = transformers.AutoModelForCausalLM
-    if pretrained and not in_sharded_build():
-        model = auto.from_pretrained(local_directory(pretrained, "model.pretrained"), config=cfg,
-                                     dtype=torch_dtype, local_files_only=True)
+    if directory and not in_sharded_build():
+        model = auto.from_pretrained(directory, config=cfg, dtype=torch_dtype, local_files_only=True)
     else:
-        model = _from_config(auto, cfg, torch_dtype, initialise=not pretrained)
-        if pretrained:  # loaded into the shards after sharding (see the module docstring)
-            model.pretrained_weights = [str(p) for p in weight_files(local_directory(pretrained, "model.pretrained"))]
+        model = _from_config(auto, cfg, torch_dtype, initialise=not directory)
+        if directory:  # loaded into the shards after sharding (see the module docstring)
+            model.pretrained_weights = [str(p) for p in weight_files(directory)]
     if gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return model
@@ -211,21 +214,16 @@ def save_for_hub(state: dict[str, torch.Tensor], model_node: dict, out: Path) ->
     checkpoint's model state and its recorded `model` config."""
     from safetensors.torch import save_file
 
+    from framework.checkpoint.convert import stored_once
+
     args = {k: v for k, v in model_node.items() if k in ("config", "config_dir", "pretrained")}
     cfg = hf_config(**args)
     if model_node.get("dtype"):
         cfg.dtype = model_node["dtype"]
     cfg.architectures = [_model_class(cfg).__name__]
-    tied = set()
-    if getattr(cfg, "tie_word_embeddings", False):
-        tied = {name for name in state if name.endswith("lm_head.weight")}
-    unique, seen = {}, set()
-    for name, tensor in state.items():
-        ptr = tensor.untyped_storage().data_ptr()
-        if name in tied or ptr in seen and tensor.numel():
-            continue
-        seen.add(ptr)
-        unique[name] = tensor.detach().contiguous()
+    if getattr(cfg, "tie_word_embeddings", False):  # a checkpoint read from shards shares no memory
+        state = {name: tensor for name, tensor in state.items() if not name.endswith("lm_head.weight")}
+    unique, _ = stored_once(state)
     out.mkdir(parents=True, exist_ok=True)
     cfg.save_pretrained(out)
     save_file(unique, str(out / "model.safetensors"), metadata={"format": "pt"})
