@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from framework.checkpoint.convert import stored_once
 from framework.config.meta_build import in_sharded_build
 from framework.errors import ConfigError
 
@@ -213,8 +214,6 @@ def save_for_hub(state: dict[str, torch.Tensor], model_node: dict, out: Path) ->
     model.safetensors (tied weights stored once, as transformers writes them), from a framework
     checkpoint's model state and its recorded `model` config."""
     from safetensors.torch import save_file
-
-    from framework.checkpoint.convert import stored_once
 
     args = {k: v for k, v in model_node.items() if k in ("config", "config_dir", "pretrained")}
     cfg = hf_config(**args)
