@@ -199,6 +199,7 @@ def prepare(cfg: DictConfig, strict: bool = True) -> Prepared:
         if not prepared.refusals:  # the engine behind the strategy judges its own settings last
             prepared.plugins.strategy.configure_loop(plan.loop)
             if prepared.model is not None:
+                problems.extend(prepared.plugins.precision.model_problems(prepared.model))
                 problems.extend(prepared.plugins.strategy.model_problems(prepared.model))
             problems.extend(prepared.plugins.strategy.config_problems())
     return prepared.raise_problems() if strict else prepared

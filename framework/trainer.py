@@ -113,7 +113,8 @@ def _fit(cfg, config: dict, plugins, output_dir: Path) -> FitResult:
     optimizer_factory = guarded(build(cfg.optimizer, "optimizer"), "optimizer")
     strategy.configure_loop(loop_settings(cfg))
     talk = strategy.is_global_zero
-    with announce_if_slow(f"building the model ({cfg.model._target_.rsplit('.', 1)[-1]})", talk):
+    model_name = cfg.model._target_.rsplit(".", 1)[-1]
+    with announce_if_slow(f"building the model ({model_name})", talk, why=strategy.setup_note):
         model = strategy.build_model(lambda: build(cfg.model, "model"))
     if not task.automatic_optimization:  # one optimizer per named group of the task
         optimizer_factory = optimizer_set_factory(task, model, optimizer_factory)

@@ -10,7 +10,8 @@ import pytest
 import framework.testing as contract
 
 ACCELERATORS = ["cpu.CPUAccelerator", "cuda.CUDAAccelerator", "mps.MPSAccelerator"]
-PRECISIONS = ["fp32.FP32Precision", "fp64.FP64Precision", "bf16_mixed.BF16MixedPrecision",
+PRECISIONS = ["fp32.FP32Precision", "fp64.FP64Precision", "bf16_mixed.BF16MixedPrecision", "bnb_int8.BnbInt8Precision",
+              "bnb_nf4.BnbNF4Precision", "bnb_nf4_dq.BnbNF4DoubleQuantPrecision", "bnb_fp4.BnbFP4Precision",
               "fp16_mixed.FP16MixedPrecision", "bf16_true.BF16TruePrecision", "fp16_true.FP16TruePrecision"]
 CHECKPOINT_IOS = ["torch.TorchCheckpointIO", "async.AsyncCheckpointIO", "dcp.DCPCheckpointIO"]
 STRATEGIES = ["single_device.SingleDeviceStrategy", "ddp.DDPStrategy", "ddp_spawn.DDPSpawnStrategy",

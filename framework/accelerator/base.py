@@ -46,9 +46,9 @@ class Accelerator(ABC):
     def device_for(self, local_rank: int) -> torch.device:
         """The device the process with this local rank computes on."""
 
-    def setup_host_memory(self, sharded: bool) -> None:
-        """Called once per process before the model is built; `sharded`: the strategy shards the
-        model's states to save memory. The CPU, whose device memory is host memory, returns
+    def setup_host_memory(self, low_memory: bool) -> None:
+        """Called once per process before the model is built; `low_memory`: the strategy shards the
+        model's states, or the precision quantizes it, to save memory. The CPU, whose device memory is host memory, returns
         freed buffers to the OS there (framework/accelerator/cpu.py); others need nothing."""
 
     def setup_device(self, device: torch.device) -> None:

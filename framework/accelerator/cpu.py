@@ -35,7 +35,8 @@ class CPUAccelerator(Accelerator):
         mmap threshold fixed at 1 MiB). Sharding frees and reallocates buffers of many sizes, which
         glibc's adaptive threshold otherwise keeps in the heap: measured on a 85M GPT, fsdp's peak
         per rank 0.94 GiB instead of 2.1 GiB and growing, for about 15% slower steps. null: on for
-        strategies that shard (fsdp, DeepSpeed, ddp_sharded), off otherwise."""
+        strategies that shard (fsdp, DeepSpeed, ddp_sharded) and quantized precisions (bnb_*),
+        off otherwise."""
         self._max = max_processes
         self.return_freed_memory = return_freed_memory
 
@@ -54,8 +55,8 @@ class CPUAccelerator(Accelerator):
     def auto_devices(self) -> int:
         return 1
 
-    def setup_host_memory(self, sharded: bool) -> None:
-        wanted = sharded if self.return_freed_memory is None else self.return_freed_memory
+    def setup_host_memory(self, low_memory: bool) -> None:
+        wanted = low_memory if self.return_freed_memory is None else self.return_freed_memory
         if wanted:
             set_mmap_threshold(MMAP_THRESHOLD_BYTES)
 

@@ -17,18 +17,23 @@ from framework.checkpoint.format import (
 from framework.checkpoint_io.dcp_reader import STATE_DIR, read_full
 from framework.checkpoint_io.torch import TorchCheckpointIO
 from framework.errors import CheckpointError, ConfigError
+from framework.precision.quantized_layers import dequantize_weights, quantized_weight_keys
 
 FORMATS = ("torch", "safetensors")
 
 
 def read_model_state(checkpoint: Path) -> tuple[dict, dict]:
-    """(meta.json, the full model state_dict) of a checkpoint directory, sharded or not."""
+    """(meta.json, the full model state_dict) of a checkpoint directory, sharded or not; the weights
+    of a quantized run (precision=bnb_*) dequantized to float32 (out, in), as plain weights are."""
     meta = read_meta(checkpoint)
     if is_sharded(meta):  # checkpoint_io=dcp: gather the shards of every rank into full tensors
         check_files(checkpoint, meta, sharded_files(meta))
-        return meta, read_full(checkpoint / STATE_DIR, ("model",))["model"]
-    check_files(checkpoint, meta, ["model.pt"])
-    return meta, TorchCheckpointIO().load(checkpoint / "model.pt")
+        state = read_full(checkpoint / STATE_DIR, ("model",))["model"]
+    else:
+        check_files(checkpoint, meta, ["model.pt"])
+        state = TorchCheckpointIO().load(checkpoint / "model.pt")
+    quantized = quantized_weight_keys(state)
+    return meta, dequantize_weights(state, quantized) if quantized else state
 
 
 def stored_once(state: dict) -> tuple[dict, dict[str, str]]:

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from framework.errors import CheckpointError
+from framework.precision.quantized_layers import dequantize_weights, quantized_weight_keys
 
 SAFETENSORS = (".safetensors",)
 TORCH_FILES = (".pt", ".pth", ".bin")
@@ -108,3 +109,27 @@ def _optional_buffer(model: torch.nn.Module, name: str) -> bool:
     owner, _, leaf = name.rpartition(".")
     module = model.get_submodule(owner)
     return leaf in getattr(module, "_non_persistent_buffers_set", set())
+
+
+def fit_quantization(model: torch.nn.Module, state: dict) -> dict:
+    """`state` for `model` when a quantized precision (precision=bnb_*) saved it and `model`'s layers
+    are not quantized (another precision, or a layer now in skip_modules): those weights
+    dequantized to float32, the values the quantized run computed with. Quantized layers load the
+    stored form themselves (bit-exact), so their weights are left as they are."""
+    keys = quantized_weight_keys(state)
+    if not keys:
+        return state
+    modules = dict(model.named_modules())
+    plain = {key: kind for key, kind in keys.items()
+             if not hasattr(modules.get(key[: -len(".weight")]), "dequantized_weight")}
+    if not plain:
+        return state
+    return dequantize_weights(state, plain)
+
+
+def load_error_summary(err: Exception, limit: int = 400) -> str:
+    """torch's load_state_dict error in one line: its header and the first missing / unexpected /
+    mismatched entries (the full text lists every key, one paragraph per module)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    summary = " ".join(lines[:3]) if lines else type(err).__name__
+    return summary if len(summary) <= limit else summary[: limit - 3] + "..."

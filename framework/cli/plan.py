@@ -53,6 +53,11 @@ def plan(cfg: DictConfig, out=None) -> int:
     print(f"  {type(model).__name__}: {stats.params:,} trainable parameters; largest unit gathered at once: "
           f"{stats.largest_unit:,}", file=out)
     print(f"  units: {units.describe()}", file=out)
+    frozen_params, frozen_bytes = plugins.precision.frozen_weights(model)
+    if frozen_params:
+        quantized, kept = plugins.precision.plan_layers(model)
+        print(f"  precision={plugins.precision.name}: {len(quantized)} linear layers quantized, {frozen_params:,} weights "
+              f"frozen in {human_bytes(frozen_bytes)}" + (f"; kept: {', '.join(kept)}" if kept else ""), file=out)
     estimate = plugins.strategy.estimate_memory(stats, world)
     print("memory per rank: model states (weights, gradients, optimizer state) and activations", file=out)
     line = f"  {plugins.strategy.name}: {estimate.formula} = {human_bytes(estimate.device)} on {plugins.accelerator.name}"

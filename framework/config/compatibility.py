@@ -7,6 +7,7 @@ decides compatibility; add a row here rather than an `if` elsewhere.
 from __future__ import annotations
 
 import ctypes.util
+import importlib.util
 import sys
 from dataclasses import dataclass, field
 from typing import Callable
@@ -65,6 +66,16 @@ def _flag(p: Plan, name: str, default):
 def _max_processes(p: Plan) -> int:
     accelerator = p.accelerator
     return accelerator.max_processes() if hasattr(accelerator, "max_processes") else accelerator.max_devices()
+
+
+def _missing_package(p: Plan) -> str | None:
+    """The Python package the precision needs (quantized precisions: bitsandbytes), if missing."""
+    package = getattr(p.precision, "python_package", None)
+    return package if package and importlib.util.find_spec(package) is None else None
+
+
+def _quantized(p: Plan) -> bool:
+    return getattr(p.precision, "python_package", None) == "bitsandbytes"
 
 
 def _missing_libraries(p: Plan) -> list[str]:
@@ -165,6 +176,22 @@ RULES: list[Rule] = [
         lambda p: p.loop.manual_optimization and p.loop.accumulate > 1,
         lambda p: f"trainer.accumulate={p.loop.accumulate} with a task that steps its optimizers itself: the task "
         "decides when to step (accumulate inside its training_step); set trainer.accumulate=1.",
+    ),
+    Rule(
+        lambda p: _missing_package(p) is not None,
+        lambda p: f"precision={_prec(p)} needs the {_missing_package(p)} package, which is not installed; "
+        "pip install 'framework[quant]' (or choose another precision).",
+    ),
+    Rule(
+        lambda p: _quantized(p) and p.strategy.shards_states,
+        lambda p: f"precision={_prec(p)} with strategy={_strat(p)}: the quantized layers' frozen weights are "
+        "packed bytes with statistics beside them, which this strategy's sharding (flattening parameters into "
+        "shards) would split; use strategy=ddp (each rank keeps the small quantized model) or single_device.",
+    ),
+    Rule(
+        lambda p: _quantized(p) and _acc(p) not in ("cpu", "cuda"),
+        lambda p: f"precision={_prec(p)} on accelerator={_acc(p)}: bitsandbytes' quantized layers run on CPU and "
+        "CUDA here; use accelerator=cpu or cuda, or precision=bf16.",
     ),
     Rule(
         lambda p: _acc(p) == "mps" and p.names["precision"] == "64",

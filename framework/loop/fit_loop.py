@@ -12,7 +12,7 @@ import torch
 
 from framework.checkpoint.format import begin_checkpoint, finalize_checkpoint, is_sharded, load_checkpoint_files
 from framework.checkpoint.rng import rng_state, set_rng_state
-from framework.checkpoint.weights import is_weights_file, read_weights
+from framework.checkpoint.weights import fit_quantization, is_weights_file, load_error_summary, read_weights
 from framework.checkpoint_io.dcp_reader import STATE_DIR
 from framework.console import announce_if_slow
 from framework.data.loaders import batches_yielded, skip_to
@@ -300,13 +300,18 @@ class FitLoop:
         self.say(f"saved checkpoint {path}")
         self._hook("on_checkpoint_saved", path)
 
+    def _fit(self, state: dict) -> dict:
+        """A saved model state made to fit this model's layers (a quantized run's weights for
+        unquantized layers: framework/checkpoint/weights.py)."""
+        return fit_quantization(self.strategy.unwrap(self.model), state)
+
     def restore(self, path: Path) -> None:
         strategy = self.strategy
         if is_weights_file(Path(path)):  # plain weights: mapped, each rank copying its own part
             try:
-                strategy.load_model_state_dict(self.model, read_weights(Path(path)))
+                strategy.load_model_state_dict(self.model, self._fit(read_weights(Path(path))))
             except (RuntimeError, KeyError, ValueError) as err:
-                raise CheckpointError(f"{path} does not fit this model ({str(err).splitlines()[0]}).") from err
+                raise CheckpointError(f"{path} does not fit this model ({load_error_summary(err)}).") from err
             self.say(f"initialised the weights from {path} (weights only: a fresh optimizer, step 0)")
             return
         meta, objects = load_checkpoint_files(strategy.checkpoint_io, Path(path), strategy.global_rank)
@@ -314,14 +319,14 @@ class FitLoop:
             if is_sharded(meta):  # a DCP directory, resharded to this strategy and world size
                 strategy.load_sharded_state_dict(self.model, self.optimizer, Path(path) / STATE_DIR)
             elif "optimizer" not in objects:
-                strategy.load_model_state_dict(self.model, objects["model"])
+                strategy.load_model_state_dict(self.model, self._fit(objects["model"]))
                 self.say(f"initialised the weights from {path} (weights only: a fresh optimizer, step 0)")
                 return
             else:
-                strategy.load_model_state_dict(self.model, objects["model"])
+                strategy.load_model_state_dict(self.model, self._fit(objects["model"]))
                 strategy.load_optimizer_state_dict(self.model, self.optimizer, objects["optimizer"])
         except (RuntimeError, KeyError, ValueError) as err:
-            raise CheckpointError(f"{path} does not fit this model/optimizer ({str(err).splitlines()[0]}); "
+            raise CheckpointError(f"{path} does not fit this model/optimizer ({load_error_summary(err)}); "
                                   "it was saved from a different config (see its meta.json).") from err
         loop = objects["loop"]
         self.state.load_state_dict(loop["state"])

@@ -8,4 +8,10 @@
 | bf16.yaml       | bf16_mixed.py  | bf16 autocast, float32 weights                |
 | 16_true.yaml    | fp16_true.py   | the whole model and inputs cast to fp16       |
 | bf16_true.yaml  | bf16_true.py   | the whole model and inputs cast to bf16       |
+| bnb_int8.yaml   | bnb_int8.py    | linear layers frozen in int8 (bitsandbytes)   |
+| bnb_nf4.yaml    | bnb_nf4.py     | linear layers frozen in 4-bit nf4             |
+| bnb_nf4_dq.yaml | bnb_nf4_dq.py  | nf4 with double-quantized block scales        |
+| bnb_fp4.yaml    | bnb_fp4.py     | linear layers frozen in 4-bit fp4             |
+
+The four quantized ones share quantized.py (which layers, checkpoints) and quantized_layers.py.
 """

@@ -21,7 +21,8 @@ def cast_floating(data: Any, dtype: torch.dtype) -> Any:
 class Precision:
     """Full float32 precision; subclasses change dtypes, autocast and loss scaling.
 
-    Method surface, in the order the strategy calls it: `setup(device_type)`, `convert_module`,
+    Method surface, in the order the strategy calls it: before launch `model_problems(meta_model)`
+    and `frozen_weights(meta_model)`; `setup(device_type)`, `convert_module`,
     per micro-batch `convert_input` and `forward_context`, `backward`; per optimizer step
     `clip_gradients` (unscales first when scaling), `optimizer_step` (False when the step was
     skipped); `state_dict` / `load_state_dict` for checkpoints.
@@ -32,12 +33,26 @@ class Precision:
     param_dtype: torch.dtype = torch.float32
     #: dtype autocast computes in, if any
     compute_dtype: torch.dtype = torch.float32
+    #: what `convert_module` did to the model, said once at start (quantized precisions)
+    conversion_note: str = ""
+    #: chosen to save memory (quantized precisions): the accelerator then favours low memory over
+    #: speed where it has a choice, as for sharding strategies (framework/accelerator/cpu.py)
+    saves_memory: bool = False
 
     def __init__(self):
         self.device_type = "cpu"
 
     def setup(self, device_type: str) -> None:
         self.device_type = device_type
+
+    def model_problems(self, model: torch.nn.Module) -> list[str]:
+        """Problems with this precision's settings for this model (built on the meta device),
+        checked before launch; one message per problem."""
+        return []
+
+    def frozen_weights(self, model: torch.nn.Module) -> tuple[int, int]:
+        """(parameters `convert_module` freezes, their bytes afterwards), for `framework plan`."""
+        return 0, 0
 
     def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
         return module

@@ -107,7 +107,7 @@ class Strategy:
     def setup_environment(self) -> None:
         self.root_device = self.accelerator.device_for(self.local_rank)
         self.accelerator.setup_device(self.root_device)
-        self.accelerator.setup_host_memory(self.shards_states)
+        self.accelerator.setup_host_memory(self.shards_states or self.precision.saves_memory)
         self.precision.setup(self.root_device.type)
 
     @property
@@ -143,12 +143,20 @@ class Strategy:
         return choose_units(model)
 
     def setup(self, model: torch.nn.Module, optimizer_factory: Callable[..., torch.optim.Optimizer]):
-        model = self.precision.convert_module(model)
+        model = self.convert_precision(model)
         self.apply_activation_checkpointing(model)
         if not is_meta(model):  # a model still on the meta device is placed when materialised
             model = model.to(self.root_device)
         model = self.wrap_model(model)
         return model, optimizer_factory(model.parameters())
+
+    def convert_precision(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The precision's module conversion (casts, quantized layers), said once when it did more
+        than cast."""
+        model = self.precision.convert_module(model)
+        if self.precision.conversion_note and self.is_global_zero:
+            print(self.precision.conversion_note, flush=True)
+        return model
 
     def apply_activation_checkpointing(self, model: torch.nn.Module) -> None:
         """With `trainer.activation_checkpointing`, checkpoint every unit (before wrapping)."""
@@ -288,10 +296,19 @@ class Strategy:
         return get_model_state_dict(model, options=self._state_dict_options())
 
     def load_model_state_dict(self, model: torch.nn.Module, state: dict) -> None:
+        self._set_model_state(model, state, self._state_dict_options(loading=True))
+
+    def _set_model_state(self, model: torch.nn.Module, state: dict, options) -> None:
+        """A whole replica per rank (ddp) loads through the module's own loader, which also takes
+        the state a module keeps beside its parameters (a quantized layer's statistics: DCP maps
+        only parameter and buffer names through the wrapper); sharded models through DCP."""
+        if not self.shards_states:
+            self.unwrap(model).load_state_dict(state)
+            return
         from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
         # DCP rewrites the dict it is given (key prefixes, DTensors): hand it a copy of the structure
-        set_model_state_dict(model, copy_structure(state), options=self._state_dict_options(loading=True))
+        set_model_state_dict(model, copy_structure(state), options=options)
 
     def optimizer_state_dict(self, model, optimizer: torch.optim.Optimizer) -> dict:
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
@@ -337,7 +354,6 @@ class Strategy:
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             get_model_state_dict,
-            set_model_state_dict,
             set_optimizer_state_dict,
         )
 
@@ -347,7 +363,7 @@ class Strategy:
         else:  # shaped like this rank's shards; DCP fills it in place
             template = self.sharded_state_dict(model, optimizer)
         sharded.load_into(template, state_dir)
-        set_model_state_dict(model, template["model"], options=options)
+        self._set_model_state(model, template["model"], options)
         if optimizer is not None:
             set_optimizer_state_dict(model, optimizer, template["optimizer"], options=options)
 

@@ -46,7 +46,7 @@ class DDPShardedStrategy(ParallelStrategy):
         from fairscale.nn.data_parallel import ShardedDataParallel
         from fairscale.optim import OSS
 
-        model = self.precision.convert_module(model).to(self.root_device)
+        model = self.convert_precision(model).to(self.root_device)
         self.apply_activation_checkpointing(model)
         # OSS builds one optimizer per shard from a class and its defaults; read both off the
         # configured optimizer by building it once over a placeholder parameter.

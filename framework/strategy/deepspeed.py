@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -149,9 +150,11 @@ class DeepSpeedStrategy(ParallelStrategy):
     def config_problems(self) -> list[str]:
         """The merged config through DeepSpeed's own config models, when the user added raw keys
         (`strategy.config`): a bad value is refused before any process starts. Without raw keys
-        the generated config is known to be valid, and deepspeed is not imported."""
+        the generated config is known to be valid, and deepspeed is not imported. NVMe offload:
+        a folder that cannot be written."""
+        problems = self._nvme_path_problems()
         if not self.raw_config:
-            return []
+            return problems
         self._choose_deepspeed_accelerator()
         from deepspeed.runtime.config import DeepSpeedConfig
         from pydantic import ValidationError
@@ -160,11 +163,25 @@ class DeepSpeedStrategy(ParallelStrategy):
             DeepSpeedConfig(self.deepspeed_config())
         except ValidationError as err:
             section = CONFIG_SECTIONS.get(err.title, err.title)
-            return [f"strategy.config.{section}.{'.'.join(map(str, e['loc']))}={e.get('input')!r}: DeepSpeed refuses "
-                    f"it: {e['msg']}. Fix or remove the key under strategy.config." for e in err.errors()]
+            return problems + [
+                f"strategy.config.{section}.{'.'.join(map(str, e['loc']))}={e.get('input')!r}: DeepSpeed refuses "
+                f"it: {e['msg']}. Fix or remove the key under strategy.config." for e in err.errors()]
         except (ValueError, AssertionError, KeyError, TypeError) as err:
-            return [f"strategy.config: DeepSpeed refuses the merged config: {err}. Fix or remove the keys under "
-                    "strategy.config."]
+            return problems + [f"strategy.config: DeepSpeed refuses the merged config: {err}. Fix or remove the "
+                               "keys under strategy.config."]
+        return problems
+
+    def _nvme_path_problems(self) -> list[str]:
+        """NVMe offload swaps into `nvme_path` (DeepSpeed creates the folder): it must be a writable
+        folder, or creatable under a writable one."""
+        if "nvme" not in (self.offload_optimizer, self.offload_parameters):
+            return []
+        path = Path(self.nvme_path).expanduser()
+        existing = next(p for p in [path, *path.parents] if p.exists())
+        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+            what = "is not a writable folder" if existing == path else f"cannot be created ({existing} is not writable)"
+            return [f"strategy.nvme_path={self.nvme_path}: {what}; set strategy.nvme_path to a folder on a fast local "
+                    "disk (e.g. strategy.nvme_path=/tmp/nvme)."]
         return []
 
     # ---- model and optimizer ------------------------------------------------------------

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from omegaconf import DictConfig
 
+from framework.console import human_bytes
 from framework.strategy.units import choose_units
 
 
@@ -27,6 +28,8 @@ class ModelStats:
     """Compute in 16 bits over float32 weights (precision=16 / bf16)."""
     optimizer_states: int = 2
     """Optimizer state tensors per parameter (Adam 2, SGD with momentum 1, plain SGD 0)."""
+    frozen_bytes: int = 0
+    """Bytes of weights that never train (a quantized precision's frozen layers), held whole by every rank."""
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,8 @@ def _coefficient(value: float) -> str:
 def replicated(stats: ModelStats) -> MemoryEstimate:
     """Every rank holds everything: weights + gradients + optimizer state (DDP, single device)."""
     per_param = stats.param_bytes * (2 + stats.optimizer_states)
-    return MemoryEstimate(per_param * stats.params, formula=f"{_coefficient(per_param)}Ψ")
+    frozen = f" + {human_bytes(stats.frozen_bytes)} frozen" if stats.frozen_bytes else ""
+    return MemoryEstimate(per_param * stats.params + stats.frozen_bytes, formula=f"{_coefficient(per_param)}Ψ{frozen}")
 
 
 def fully_sharded(stats: ModelStats, world_size: int, offload: bool = False) -> MemoryEstimate:
@@ -113,10 +117,11 @@ def model_stats(cfg: DictConfig, plugins, model):
     """Trainable parameters, the largest unit gathered at once (by the units the strategy would
     shard: the same rule as the run, framework/strategy/units.py), and the byte sizes that the
     strategies' memory formulas need, for the model built on the meta device."""
-    params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    units = plugins.strategy.units(model) if hasattr(plugins.strategy, "units") else choose_units(model)
     precision = plugins.precision
+    frozen_params, frozen_bytes = precision.frozen_weights(model)
+    params = sum(p.numel() for p in model.parameters() if p.requires_grad) - frozen_params
+    units = plugins.strategy.units(model) if hasattr(plugins.strategy, "units") else choose_units(model)
     param_bytes = torch.empty((), dtype=precision.param_dtype).element_size()
     mixed_half = precision.param_dtype == torch.float32 and precision.compute_dtype in (torch.float16, torch.bfloat16)
-    stats = ModelStats(params, units.largest or params, param_bytes, mixed_half, optimizer_states(cfg))
+    stats = ModelStats(params, units.largest or params, param_bytes, mixed_half, optimizer_states(cfg), frozen_bytes)
     return stats, units

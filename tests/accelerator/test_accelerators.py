@@ -60,11 +60,11 @@ def test_cpu_returns_freed_memory_for_sharding_strategies(monkeypatch):
 
     calls = []
     monkeypatch.setattr(cpu, "set_mmap_threshold", calls.append)
-    CPUAccelerator().setup_host_memory(sharded=False)
-    CPUAccelerator(return_freed_memory=False).setup_host_memory(sharded=True)
+    CPUAccelerator().setup_host_memory(low_memory=False)
+    CPUAccelerator(return_freed_memory=False).setup_host_memory(low_memory=True)
     assert calls == []
-    CPUAccelerator().setup_host_memory(sharded=True)
-    CPUAccelerator(return_freed_memory=True).setup_host_memory(sharded=False)
+    CPUAccelerator().setup_host_memory(low_memory=True)
+    CPUAccelerator(return_freed_memory=True).setup_host_memory(low_memory=False)
     assert calls == [cpu.MMAP_THRESHOLD_BYTES] * 2
     from framework.strategy.ddp import DDPStrategy
     from framework.strategy.fsdp import FSDPStrategy

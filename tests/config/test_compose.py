@@ -28,7 +28,8 @@ def test_every_design_option_ships():
         "strategy": {"auto", "single_device", "ddp", "ddp_spawn", "fsdp", "fsdp_cpu_offload", "deepspeed_stage_1",
                      "deepspeed_stage_2", "deepspeed_stage_2_offload", "deepspeed_stage_3", "deepspeed_stage_3_offload",
                      "deepspeed_stage_3_offload_nvme", "ddp_sharded", "fairscale_fsdp"},
-        "precision": {"32", "64", "16", "bf16", "16_true", "bf16_true"},
+        "precision": {"32", "64", "16", "bf16", "16_true", "bf16_true",
+                      "bnb_int8", "bnb_nf4", "bnb_nf4_dq", "bnb_fp4"},
         "checkpoint_io": {"torch"},
         "cluster": {"auto", "local"},
     }
@@ -63,7 +64,7 @@ def test_config_and_code_trees_mirror():
                          "16_true": "fp16_true", "bf16_true": "bf16_true"}
     for group in ("accelerator", "strategy", "precision", "checkpoint_io", "cluster"):
         for f in (CONF / group).glob("*.yaml"):
-            module = precision_modules[f.stem] if group == "precision" else f.stem
+            module = precision_modules.get(f.stem, f.stem) if group == "precision" else f.stem
             target = compose_cfg([f"{group}={f.stem}"])[group]._target_
             assert target.startswith(f"framework.{group}.{module}."), (f, target)
 
