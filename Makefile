@@ -8,14 +8,20 @@ TORCH_VERSION ?= 2.13.0
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup train test bench clean
+.PHONY: setup train test test-xla gpu-check bench clean
+
+# $(call install_venv,DIR,TORCH,PACKAGE): a virtual environment with torch installed first (TORCH:
+# pip arguments), then the framework (PACKAGE: pip arguments after -e).
+define install_venv
+	$(PYTHON) -m venv $(1)
+	$(1)/bin/pip install -q --upgrade pip
+	$(1)/bin/pip install -q $(2)
+	$(1)/bin/pip install -q -e $(3)
+	touch $(1)/bin/.installed
+endef
 
 $(BIN)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==$(TORCH_VERSION)
-	$(BIN)/pip install -q -e ".[dev]"
-	touch $@
+	$(call install_venv,$(VENV),torch==$(TORCH_VERSION),".[dev]")
 
 setup: $(BIN)/.installed
 
@@ -25,6 +31,32 @@ train: setup
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The XLA family (accelerator=xla, strategy=single_xla/xla_spmd/xla_fsdp, checkpoint_io=xla,
+# cluster=xla) on the CPU through PJRT. torch-xla 2.9.0 needs torch 2.9.0 exactly, so it has an
+# environment of its own (about 7 GB: that torch build carries CUDA libraries).
+XLA_VENV ?= .venv-xla
+XLA_BIN := $(XLA_VENV)/bin
+XLA_TORCH_VERSION ?= 2.9.0
+
+$(XLA_BIN)/.installed: pyproject.toml
+	$(call install_venv,$(XLA_VENV),torch==$(XLA_TORCH_VERSION) torch-xla==$(XLA_TORCH_VERSION),".[xla-test]")
+
+test-xla: $(XLA_BIN)/.installed
+	PJRT_DEVICE=CPU $(XLA_BIN)/python -m pytest tests/xla $(PYTEST_ARGS)
+
+# The GPU check (not part of `make test`): every strategy x precision x checkpoint_io that makes
+# sense on CUDA, at 1 GPU and at all of them, losses compared with the CPU's; writes
+# benchmarks/results/gpu_check.md. Its environment takes torch from PyPI (a CUDA build); point
+# GPU_PYTHON at a Python that already has a CUDA torch to skip the install.
+GPU_VENV ?= .venv-gpu
+GPU_PYTHON ?= $(GPU_VENV)/bin/python
+
+$(GPU_VENV)/bin/.installed: pyproject.toml
+	$(call install_venv,$(GPU_VENV),--index-url https://pypi.org/simple torch==$(TORCH_VERSION),".[dev]")
+
+gpu-check: $(if $(filter $(GPU_VENV)/bin/python,$(GPU_PYTHON)),$(GPU_VENV)/bin/.installed)
+	$(GPU_PYTHON) benchmarks/gpu_check.py $(ARGS)
+
 # Side-by-side measurements (not tests); results and how to read them: benchmarks/README.md.
 # They run in their own environment, which also holds PyTorch Lightning (compared against, never
 # a dependency of the framework).
@@ -33,11 +65,7 @@ BENCH_BIN := $(BENCH_VENV)/bin
 LIGHTNING_VERSION ?= 2.6.6
 
 $(BENCH_BIN)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(BENCH_VENV)
-	$(BENCH_BIN)/pip install -q --upgrade pip
-	$(BENCH_BIN)/pip install -q torch==$(TORCH_VERSION)
-	$(BENCH_BIN)/pip install -q -e ".[dev]" "lightning==$(LIGHTNING_VERSION)"
-	touch $@
+	$(call install_venv,$(BENCH_VENV),torch==$(TORCH_VERSION),".[dev]" "lightning==$(LIGHTNING_VERSION)")
 
 bench: $(BENCH_BIN)/.installed
 	$(BENCH_BIN)/python benchmarks/overhead.py
@@ -47,4 +75,4 @@ bench: $(BENCH_BIN)/.installed
 	$(BENCH_BIN)/python benchmarks/checkpoint_io.py
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) outputs multirun .pytest_cache
+	rm -rf $(VENV) $(BENCH_VENV) $(XLA_VENV) $(GPU_VENV) outputs multirun .pytest_cache

@@ -153,7 +153,8 @@ class Prepared:
 
     @property
     def world_size(self) -> int:
-        return self.devices * self.resolved.num_nodes
+        """Processes in the whole job (one per device, or one per node under SPMD)."""
+        return self.plugins.strategy.processes_per_node(self.devices) * self.resolved.num_nodes
 
     def raise_problems(self) -> "Prepared":
         if self.problems:

@@ -38,3 +38,13 @@ class CUDAAccelerator(Accelerator):
 
     def supports_bf16(self) -> bool:
         return self.is_available() and torch.cuda.is_bf16_supported()
+
+    def fp8_support(self) -> str | None:
+        """fp8 tensor cores: compute capability 8.9 (Ada) and later (Hopper 9.0, Blackwell 10.0)."""
+        if not self.is_available():
+            return "torch sees no CUDA GPU"
+        major, minor = torch.cuda.get_device_capability(0)
+        if (major, minor) < (8, 9):
+            return (f"{torch.cuda.get_device_name(0)} has compute capability {major}.{minor}; fp8 needs 8.9 or later "
+                    "(L4, L40, RTX 40xx, H100, H200, B200)")
+        return None

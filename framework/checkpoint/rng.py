@@ -2,9 +2,21 @@
 from __future__ import annotations
 
 import random
+import sys
 
 import numpy as np
 import torch
+
+
+def _xla():
+    """torch_xla's xla_model once an XLA runtime runs in this process (its device RNG is a seed
+    of its own, which torch.manual_seed does not touch), else None."""
+    if "torch_xla" not in sys.modules:
+        return None
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+
+    return xm if torch_xla._XLAC._xla_runtime_is_initialized() else None
 
 
 def rng_state() -> dict:
@@ -18,6 +30,8 @@ def rng_state() -> dict:
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
+    if (xm := _xla()) is not None:
+        state["xla"] = int(xm.get_rng_state())  # an unsigned 64-bit seed: a plain int, not an int64 tensor
     return state
 
 
@@ -30,9 +44,13 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+    if "xla" in state and (xm := _xla()) is not None:
+        xm.set_rng_state(int(state["xla"]))
 
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+    if (xm := _xla()) is not None:
+        xm.set_rng_state(seed)

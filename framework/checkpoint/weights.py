@@ -111,20 +111,24 @@ def _optional_buffer(model: torch.nn.Module, name: str) -> bool:
     return leaf in getattr(module, "_non_persistent_buffers_set", set())
 
 
-def fit_quantization(model: torch.nn.Module, state: dict) -> dict:
-    """`state` for `model` when a quantized precision (precision=bnb_*) saved it and `model`'s layers
-    are not quantized (another precision, or a layer now in skip_modules): those weights
-    dequantized to float32, the values the quantized run computed with. Quantized layers load the
-    stored form themselves (bit-exact), so their weights are left as they are."""
+def fit_saved_state(model: torch.nn.Module, state: dict) -> dict:
+    """A saved model state made to fit `model`'s layers when another precision saved it:
+    - weights of a quantized run (precision=bnb_*) for layers that are not quantized here (another
+      precision, or a layer now in skip_modules) dequantized to float32, the values the quantized
+      run computed with; quantized layers load the stored form themselves (bit-exact);
+    - TransformerEngine's fp8 scaling state (`<layer>._extra_state`, precision=te_fp8) dropped
+      for a model whose layers have none."""
+    extra = [k for k in state if k.endswith("_extra_state")]
+    if extra:
+        own = set(model.state_dict())
+        state = {k: v for k, v in state.items() if k in own or k not in extra}
     keys = quantized_weight_keys(state)
     if not keys:
         return state
     modules = dict(model.named_modules())
     plain = {key: kind for key, kind in keys.items()
              if not hasattr(modules.get(key[: -len(".weight")]), "dequantized_weight")}
-    if not plain:
-        return state
-    return dequantize_weights(state, plain)
+    return dequantize_weights(state, plain) if plain else state
 
 
 def load_error_summary(err: Exception, limit: int = 400) -> str:

@@ -38,7 +38,8 @@ def plan(cfg: DictConfig, out=None) -> int:
     if any(problem not in prepared.refusals for problem in prepared.problems):
         prepared.raise_problems()  # a plan is shown for a refused combination only, not for a broken config
     resolved, plugins, devices, model = prepared.resolved, prepared.plugins, prepared.devices, prepared.model
-    world = devices * resolved.num_nodes
+    per_node = plugins.strategy.processes_per_node(devices)
+    world = per_node * resolved.num_nodes
     print("plugins", file=out)
     width = max(len(str(getattr(getattr(plugins, g), "name", "?"))) for g in PLUGIN_GROUPS) + 2
     for group in PLUGIN_GROUPS:
@@ -46,8 +47,12 @@ def plan(cfg: DictConfig, out=None) -> int:
         name = str(getattr(plugin, "name", "?"))
         print(f"  {group:<15}{name:<{width}}{type(plugin).__module__}.{type(plugin).__name__}", file=out)
     print("world", file=out)
-    print(f"  {world} process(es) = devices {devices} x num_nodes {resolved.num_nodes}; "
-          f"{ranks_per_node(devices, resolved.num_nodes)}", file=out)
+    if plugins.strategy.spmd:
+        print(f"  {world} process(es), one per node, each driving {devices} device(s) (SPMD); "
+              f"{ranks_per_node(1, resolved.num_nodes)}", file=out)
+    else:
+        print(f"  {world} process(es) = devices {devices} x num_nodes {resolved.num_nodes}; "
+              f"{ranks_per_node(devices, resolved.num_nodes)}", file=out)
     stats, units = model_stats(resolved, plugins, model)
     print("model", file=out)
     print(f"  {type(model).__name__}: {stats.params:,} trainable parameters; largest unit gathered at once: "
@@ -56,8 +61,9 @@ def plan(cfg: DictConfig, out=None) -> int:
     frozen_params, frozen_bytes = plugins.precision.frozen_weights(model)
     if frozen_params:
         quantized, kept = plugins.precision.plan_layers(model)
-        print(f"  precision={plugins.precision.name}: {len(quantized)} linear layers quantized, {frozen_params:,} weights "
-              f"frozen in {human_bytes(frozen_bytes)}" + (f"; kept: {', '.join(kept)}" if kept else ""), file=out)
+        print(f"  precision={plugins.precision.name}: {len(quantized)} linear layers quantized, {frozen_params:,} "
+              f"weights frozen in {human_bytes(frozen_bytes)}" + (f"; kept: {', '.join(kept)}" if kept else ""),
+              file=out)
     estimate = plugins.strategy.estimate_memory(stats, world)
     print("memory per rank: model states (weights, gradients, optimizer state) and activations", file=out)
     line = f"  {plugins.strategy.name}: {estimate.formula} = {human_bytes(estimate.device)} on {plugins.accelerator.name}"

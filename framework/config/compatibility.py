@@ -30,7 +30,10 @@ class Plan:
 
     @property
     def world_size(self) -> int:
-        return self.devices * self.num_nodes
+        """Processes in the whole job (one per device, or one per node under SPMD)."""
+        per_node = self.strategy.processes_per_node(self.devices) if hasattr(self.strategy, "processes_per_node") \
+            else self.devices
+        return per_node * self.num_nodes
 
     @property
     def names(self) -> dict:
@@ -74,6 +77,10 @@ def _missing_package(p: Plan) -> str | None:
     return package if package and importlib.util.find_spec(package) is None else None
 
 
+def _xla_accelerator(p: Plan) -> bool:
+    return _acc(p) in ("xla", "tpu")
+
+
 def _quantized(p: Plan) -> bool:
     return getattr(p.precision, "python_package", None) == "bitsandbytes"
 
@@ -103,7 +110,31 @@ RULES: list[Rule] = [
         level="warn",
     ),
     Rule(
-        lambda p: p.world_size > 1 and not p.strategy.multi_process,
+        lambda p: _xla_accelerator(p) and not _flag(p, "xla", False),
+        lambda p: f"accelerator={_acc(p)} with strategy={_strat(p)}: XLA devices are driven by the XLA strategies; "
+        "use strategy=single_xla (one device), xla_spmd (data parallel over devices) or xla_fsdp (sharded).",
+    ),
+    Rule(
+        lambda p: _flag(p, "xla", False) and not _xla_accelerator(p),
+        lambda p: f"strategy={_strat(p)} with accelerator={_acc(p)}: an XLA strategy needs accelerator=xla (the TPU, "
+        "or XLA on the CPU) or tpu; for this device use strategy=single_device, ddp or fsdp.",
+    ),
+    Rule(
+        lambda p: _flag(p, "xla", False) and not p.strategy.spmd and p.devices > 1,
+        lambda p: f"strategy={_strat(p)} drives one XLA device, but devices={p.devices}; use strategy=xla_spmd "
+        "(data parallel) or xla_fsdp (sharded) for several, or devices=1.",
+    ),
+    Rule(
+        lambda p: _xla_accelerator(p) and _prec(p) in ("16", "16_true"),
+        lambda p: f"precision={_prec(p)} on accelerator={_acc(p)}: XLA here has no float16 loss scaling and TPUs "
+        "compute in bfloat16; use precision=bf16 (autocast on the XLA device) or bf16_true.",
+    ),
+    Rule(
+        lambda p: _acc(p) == "tpu" and _prec(p) == "64",
+        lambda p: "precision=64 with accelerator=tpu: TPUs have no float64; use precision=32.",
+    ),
+    Rule(
+        lambda p: p.world_size > 1 and not p.strategy.multi_process and not _flag(p, "xla", False),
         lambda p: f"strategy={p.names['strategy']} runs one process, but devices={p.devices} x "
         f"num_nodes={p.num_nodes} asks for {p.world_size}; use devices=1 num_nodes=1, or a "
         "multi-process strategy.",
@@ -180,7 +211,19 @@ RULES: list[Rule] = [
     Rule(
         lambda p: _missing_package(p) is not None,
         lambda p: f"precision={_prec(p)} needs the {_missing_package(p)} package, which is not installed; "
-        "pip install 'framework[quant]' (or choose another precision).",
+        f"{getattr(p.precision, 'install_hint', 'pip install ' + str(_missing_package(p)))} (or choose another "
+        "precision).",
+    ),
+    Rule(
+        lambda p: _prec(p) == "te_fp8" and p.accelerator.fp8_support() is not None,
+        lambda p: f"precision=te_fp8 on accelerator={_acc(p)}: {p.accelerator.fp8_support()}. TransformerEngine's "
+        "fp8 needs accelerator=cuda on a GPU of compute capability 8.9 or later; use precision=bf16 here.",
+    ),
+    Rule(
+        lambda p: _prec(p) == "te_fp8" and _strat(p) not in ("single_device", "ddp", "ddp_spawn", "fsdp"),
+        lambda p: f"precision=te_fp8 with strategy={_strat(p)}: only single_device, ddp, ddp_spawn and fsdp are "
+        "wired to TransformerEngine's layers here (DeepSpeed and fairscale manage precision themselves); use one "
+        "of those.",
     ),
     Rule(
         lambda p: _quantized(p) and p.strategy.shards_states,

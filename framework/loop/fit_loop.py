@@ -12,7 +12,7 @@ import torch
 
 from framework.checkpoint.format import begin_checkpoint, finalize_checkpoint, is_sharded, load_checkpoint_files
 from framework.checkpoint.rng import rng_state, set_rng_state
-from framework.checkpoint.weights import fit_quantization, is_weights_file, load_error_summary, read_weights
+from framework.checkpoint.weights import fit_saved_state, is_weights_file, load_error_summary, read_weights
 from framework.checkpoint_io.dcp_reader import STATE_DIR
 from framework.console import announce_if_slow
 from framework.data.loaders import batches_yielded, skip_to
@@ -303,7 +303,7 @@ class FitLoop:
     def _fit(self, state: dict) -> dict:
         """A saved model state made to fit this model's layers (a quantized run's weights for
         unquantized layers: framework/checkpoint/weights.py)."""
-        return fit_quantization(self.strategy.unwrap(self.model), state)
+        return fit_saved_state(self.strategy.unwrap(self.model), state)
 
     def restore(self, path: Path) -> None:
         strategy = self.strategy

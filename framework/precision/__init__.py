@@ -12,6 +12,7 @@
 | bnb_nf4.yaml    | bnb_nf4.py     | linear layers frozen in 4-bit nf4             |
 | bnb_nf4_dq.yaml | bnb_nf4_dq.py  | nf4 with double-quantized block scales        |
 | bnb_fp4.yaml    | bnb_fp4.py     | linear layers frozen in 4-bit fp4             |
+| te_fp8.yaml     | te_fp8.py      | fp8 matmuls through TransformerEngine (GPU)   |
 
 The four quantized ones share quantized.py (which layers, checkpoints) and quantized_layers.py.
 """

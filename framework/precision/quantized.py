@@ -55,6 +55,7 @@ class QuantizedPrecision(Precision):
     bits_per_weight: float = 4.5
     #: the Python package these precisions need (the compatibility table checks it is installed)
     python_package = "bitsandbytes"
+    install_hint = "pip install 'framework[quant]'"
     #: the float32 model is built, then quantized layer by layer: the freed float weights go back to
     #: the OS (measured on an 85M GPT: training peak 0.22x of precision=32's instead of 0.31x for nf4)
     saves_memory = True

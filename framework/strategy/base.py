@@ -84,6 +84,10 @@ class Strategy:
     supports_clip_grad_value: bool = True
     #: native libraries this configuration needs (ctypes names, e.g. "aio" for NVMe offload)
     native_libraries: tuple[str, ...] = ()
+    #: one process drives all of a node's devices (XLA SPMD): `devices` starts no processes
+    spmd: bool = False
+    #: devices per node (the `devices` key), told by `configure_devices` when the plugins are built
+    devices: int = 1
 
     def __init__(
         self,
@@ -98,6 +102,14 @@ class Strategy:
         self.cluster = cluster or LocalEnvironment()
         self.root_device = torch.device("cpu")
         self.loop_settings = LoopSettings()
+
+    def configure_devices(self, devices: int) -> None:
+        """Told once, when the plugins are built: how many devices per node (`devices`)."""
+        self.devices = devices
+
+    def processes_per_node(self, devices: int) -> int:
+        """Processes a node runs for `devices` devices: one each, or one for all (SPMD)."""
+        return 1 if self.spmd else devices
 
     def configure_loop(self, settings: LoopSettings) -> None:
         """Told once, before `setup`, how the loop will accumulate and clip."""

@@ -81,3 +81,19 @@ def test_every_refusal_is_listed_together(monkeypatch):
 
 def test_rules_live_in_one_table():
     assert len(RULES) >= 7 and all(r.level in ("refuse", "warn") for r in RULES)
+
+
+def test_nvme_offload_refused_without_libaio(monkeypatch):
+    """What a machine without libaio sees (this one may have it: tests/strategy/test_nvme_offload.py)."""
+    import ctypes.util
+
+    from framework.strategy.deepspeed_stage_3_offload_nvme import DeepSpeedStage3OffloadNvmeStrategy
+
+    real = ctypes.util.find_library
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None if name == "aio" else real(name))
+    nvme = Plan(CPUAccelerator(), DeepSpeedStage3OffloadNvmeStrategy(), BF16MixedPrecision(), TorchCheckpointIO(),
+                LocalEnvironment(), 2, 1)
+    with pytest.raises(ConfigError, match=r"strategy=deepspeed_stage_3_offload_nvme: NVMe offload needs the libaio "
+                                          r"library, which is not installed \(Debian/Ubuntu: apt-get install "
+                                          r"libaio-dev\); use strategy=deepspeed_stage_3_offload"):
+        check_compatibility(nvme)

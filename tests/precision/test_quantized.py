@@ -9,7 +9,7 @@ import csv
 import pytest
 import torch
 
-from framework.checkpoint.weights import fit_quantization
+from framework.checkpoint.weights import fit_saved_state
 from framework.config.compatibility import judge
 from framework.models.gpt import GPT
 from framework.precision.bnb_fp4 import BnbFP4Precision
@@ -117,7 +117,7 @@ def test_a_quantized_checkpoint_loads_dequantized_into_an_unquantized_model(cls)
     model, _ = quantized(cls)
     state = model.state_dict()
     plain = gpt(seed=5)
-    fitted = fit_quantization(plain, state)
+    fitted = fit_saved_state(plain, state)
     plain.load_state_dict(fitted)
     for name in LINEARS:
         assert torch.equal(plain.get_submodule(name).weight, model.get_submodule(name).dequantized_weight())
@@ -132,7 +132,7 @@ def test_a_quantized_checkpoint_loads_dequantized_into_an_unquantized_model(cls)
         for key, value in again.state_dict().items():
             assert torch.equal(value, state[key]), key
     # a quantized model is left to load the stored form itself
-    assert fit_quantization(model, state) is state
+    assert fit_saved_state(model, state) is state
 
 
 def test_skip_modules_by_last_name_and_glob():
@@ -165,7 +165,7 @@ def test_hugging_face_conv1d_is_quantized_transposed():
     state = converted.state_dict()
     assert state["0.weight_transposed"].item() and "1.weight_transposed" not in state  # (GELU)
     plain = torch.nn.Sequential(Conv1D(48, 32), torch.nn.GELU(), Conv1D(32, 48))
-    plain.load_state_dict(fit_quantization(plain, state))
+    plain.load_state_dict(fit_saved_state(plain, state))
     assert torch.equal(plain[0].weight, converted[0].dequantized_weight().t())
 
 

@@ -1,0 +1,90 @@
+"""`strategy=single_xla`: one process on one XLA device (accelerator=xla or tpu).
+
+XLA records operations lazily and compiles each step's graph; `torch_xla.sync()` after every
+optimizer step cuts the graph there (the same graph every step, compiled once). Checkpoints hold
+plain CPU tensors keyed by parameter name, so they move to and from every other strategy.
+"""
+from __future__ import annotations
+
+import torch
+
+from framework.strategy.base import Strategy
+from framework.strategy.named_state import load_optimizer_state_by_name, optimizer_state_by_name
+
+
+def to_cpu(data):
+    """Every tensor of a nested state on the CPU (XLA tensors are fetched from the device)."""
+    if isinstance(data, torch.Tensor):
+        return data.detach().cpu() if data.device.type != "cpu" else data
+    if isinstance(data, dict):
+        return {k: to_cpu(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return type(data)(to_cpu(v) for v in data)
+    return data
+
+
+def tied_parameters(model: torch.nn.Module) -> list[list[str]]:
+    """Names of each parameter registered under several names (a head tied to its embedding)."""
+    names: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    return [group for group in names.values() if len(group) > 1]
+
+
+def retie(model: torch.nn.Module, groups: list[list[str]]) -> None:
+    """Register the first parameter of each group under its other names again: moving a module to
+    an XLA device gives each name a tensor of its own, which would untie them."""
+    for first, *others in groups:
+        param = model.get_parameter(first)
+        for name in others:
+            owner, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(owner), leaf, param)
+
+
+class SingleXLAStrategy(Strategy):
+    """One XLA device. The base of the SPMD strategies (framework/strategy/xla_spmd.py)."""
+
+    name = "single_xla"
+    multi_process = False
+    #: an XLA strategy: the compatibility table pairs it with the XLA accelerators only
+    xla = True
+    #: checkpoints are gathered whole on the CPU (DCP writes them as one process)
+    supports_sharded_state = False
+    setup_note = "XLA compiles the step's graph the first time it runs"
+
+    def setup_environment(self) -> None:
+        self.accelerator.configure_runtime(self.devices)
+        self._before_runtime()
+        super().setup_environment()
+
+    def _before_runtime(self) -> None:
+        """What must happen before the first XLA tensor exists (SPMD mode)."""
+
+    def setup(self, model, optimizer_factory):
+        tied = tied_parameters(model)
+        model = self.convert_precision(model)
+        self.apply_activation_checkpointing(model)
+        model = model.to(self.root_device)
+        retie(model, tied)
+        model = self.wrap_model(model)
+        return model, optimizer_factory(model.parameters())
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        import torch_xla
+
+        stepped = self.precision.optimizer_step(optimizer)
+        torch_xla.sync()  # one graph per step: forward, backward and update
+        return stepped
+
+    # Portable state: CPU tensors by parameter name, as single_device writes them.
+    def model_state_dict(self, model) -> dict:
+        return to_cpu(self.unwrap(model).state_dict())
+
+    def load_model_state_dict(self, model, state: dict) -> None:
+        self.unwrap(model).load_state_dict(state)  # copied into the device tensors, keeping their sharding
+
+    def optimizer_state_dict(self, model, optimizer) -> dict:
+        return to_cpu(optimizer_state_by_name(self.unwrap(model), optimizer))
+
+    def load_optimizer_state_dict(self, model, optimizer, state: dict) -> None:
+        load_optimizer_state_by_name(self.unwrap(model), optimizer, state)  # torch moves it to each parameter's device

@@ -1,0 +1,35 @@
+"""benchmarks/gpu_check.py (`make gpu-check`) checked on the CPU, so the script is ready the day a
+GPU is lent: a row that trains, a refused one with its reason, a resume compared bit for bit, and
+the refusal to run without CUDA."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
+
+
+def test_the_gpu_check_runs_its_rows_on_the_cpu(tmp_path):
+    table = tmp_path / "table.md"
+    result = subprocess.run([sys.executable, str(SCRIPT), "--accelerator", "cpu", "--rows",
+                             "single_device/32/torch,single_device/te_fp8/torch,ddp/32/dcp", "--out", str(table)],
+                            capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = {tuple(c.strip() for c in line.split("|")[1:5]): [c.strip() for c in line.split("|")[5:-1]]
+            for line in table.read_text().splitlines()[4:]}
+    note, outcome, last, diff, _, why = rows[("single_device", "32", "torch", "1")]
+    assert outcome == "ok" and float(diff) == 0.0  # the CPU against itself
+    assert rows[("single_device", "te_fp8", "torch", "1")][1] == "refused"
+    assert "transformer_engine" in rows[("single_device", "te_fp8", "torch", "1")][5]
+    note, outcome, last, diff, _, why = rows[("ddp", "32", "dcp", "2")]
+    assert outcome == "ok, resume exact" and float(diff) < 1e-5  # ddp on 2 = single_device on the global batch
+
+
+def test_without_cuda_it_says_so():
+    result = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "run it on a machine with NVIDIA GPUs" in result.stderr
