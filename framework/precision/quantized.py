@@ -3,6 +3,10 @@ linear layers become bitsandbytes layers with frozen, quantized weights; everyth
 embeddings, norms, skipped layers) stays float32 and trains. For fine-tuning the rest of a model
 (or adapters a model adds) in a fraction of the memory.
 
+The strategy builds the model on the meta device and quantizes each chosen layer as soon as its
+weights are made (framework/strategy/quantized_build.py): the float32 model never exists whole,
+and the weights are those of an ordinary build with the same seed.
+
 Which layers: every `torch.nn.Linear` (and Hugging Face's `Conv1D`, transposed) except those named
 in `skip_modules` and those whose weight is tied to another module (a language model's head tied
 to its embedding: quantizing it would untie them). Checkpoints hold the quantized form and load
@@ -56,8 +60,8 @@ class QuantizedPrecision(Precision):
     #: the Python package these precisions need (the compatibility table checks it is installed)
     python_package = "bitsandbytes"
     install_hint = "pip install 'framework[quant]'"
-    #: the float32 model is built, then quantized layer by layer: the freed float weights go back to
-    #: the OS (measured on an 85M GPT: training peak 0.22x of precision=32's instead of 0.31x for nf4)
+    #: freed float weights (a float layer once quantized, temporaries) go back to the OS (measured on
+    #: an 85M GPT: training peak 0.22x of precision=32's instead of 0.31x for nf4)
     saves_memory = True
 
     def __init__(self, compute_dtype: str = "bf16", skip_modules: list[str] | None = None, block_size: int = 64):
@@ -118,16 +122,25 @@ class QuantizedPrecision(Precision):
         return count, int(count * self.bits_per_weight / 8)
 
     # ---- conversion ----------------------------------------------------------------------
-    def _quantized_layer(self, module: torch.nn.Module) -> torch.nn.Module:
+    #: the strategy builds the model with the chosen layers quantized as they are made
+    #: (framework/strategy/quantized_build.py), so the float32 model never exists whole
+    quantizes_while_building = True
+
+    def quantized_layer(self, module: torch.nn.Module) -> torch.nn.Module:
+        """The quantized layer for one float linear layer (its weights quantized, bias copied)."""
         n_in, n_out, transposed = _shape(module)
         bias = module.bias is not None
         device = module.weight.device
-        if self.quantization == "int8":
-            layer = layer_classes()["int8"](n_in, n_out, bias=bias, has_fp16_weights=False, device=device)
-        else:
-            layer = layer_classes()["4bit"](n_in, n_out, bias=bias, compute_dtype=self.compute_dtype,
-                                            compress_statistics=self.double_quant, quant_type=self.quantization,
-                                            device=device)
+        # the layer's own constructor initialises a float weight it never keeps: its random numbers
+        # must not shift the run's RNG stream (the model's weights, dropout masks after set-up)
+        with torch.random.fork_rng(devices=[]):
+            if self.quantization == "int8":
+                layer = layer_classes()["int8"](n_in, n_out, bias=bias, has_fp16_weights=False, device=device)
+            else:
+                layer = layer_classes()["4bit"](n_in, n_out, bias=bias, compute_dtype=self.compute_dtype,
+                                                compress_statistics=self.double_quant, quant_type=self.quantization,
+                                                device=device)
+        if self.quantization != "int8":
             layer.weight.blocksize = self.block_size
         layer.transposed_source = transposed
         weight = module.weight.detach()
@@ -140,16 +153,15 @@ class QuantizedPrecision(Precision):
     def convert_module(self, model: torch.nn.Module) -> torch.nn.Module:
         chosen, kept = self.plan_layers(model)
         modules = dict(model.named_modules())
-        frozen = 0
         for name in chosen:  # one layer at a time: its float weight is freed as the next one is made
             parent_name, _, child = name.rpartition(".")
-            layer = self._quantized_layer(modules[name])
-            frozen += layer.in_features * layer.out_features
-            setattr(modules[parent_name] if parent_name else model, child, layer)
+            setattr(modules[parent_name] if parent_name else model, child, self.quantized_layer(modules[name]))
+        quantized = [m for m in model.modules() if hasattr(m, "dequantized_weight")]  # here or while building
+        frozen = sum(layer.in_features * layer.out_features for layer in quantized)
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         bits = "int8" if self.quantization == "int8" else f"4-bit {self.quantization}" + (
             " (double quantization)" if self.double_quant else "")
-        self.conversion_note = (f"precision={self.name}: {len(chosen)} linear layers quantized to {bits}, "
+        self.conversion_note = (f"precision={self.name}: {len(quantized)} linear layers quantized to {bits}, "
                                 f"{frozen / 1e6:.2f}M weights frozen; {trainable / 1e6:.2f}M parameters train"
                                 + (f"; kept unquantized: {', '.join(kept)}" if kept else ""))
         return model

@@ -20,6 +20,7 @@ from framework.precision.base import Precision
 from framework.precision.fp32 import FP32Precision
 from framework.strategy.activation_checkpointing import checkpoint_units
 from framework.strategy.memory import replicated
+from framework.strategy.quantized_build import build_quantized
 from framework.strategy.sampler import ShardSampler
 from framework.strategy.units import Units, choose_units
 
@@ -145,7 +146,11 @@ class Strategy:
     # ---- model and optimizer -----------------------------------------------------------
     def build_model(self, factory: Callable[[], torch.nn.Module]) -> torch.nn.Module:
         """Build the model for `setup` (after `configure_loop`). The base class builds it whole;
-        sharding strategies build it so that no rank holds all of it (framework/strategy/meta_init.py)."""
+        sharding strategies build it so that no rank holds all of it (framework/strategy/meta_init.py);
+        under a quantized precision its layers are quantized as they are made
+        (framework/strategy/quantized_build.py)."""
+        if getattr(self.precision, "quantizes_while_building", False):
+            return build_quantized(factory, self.precision)
         return factory()
 
     def units(self, model: torch.nn.Module) -> Units:

@@ -10,6 +10,7 @@ import torch
 
 from framework.strategy.base import Strategy
 from framework.strategy.named_state import load_optimizer_state_by_name, optimizer_state_by_name
+from framework.strategy.tied import retie, tied_parameters
 
 
 def to_cpu(data):
@@ -21,24 +22,6 @@ def to_cpu(data):
     if isinstance(data, (list, tuple)):
         return type(data)(to_cpu(v) for v in data)
     return data
-
-
-def tied_parameters(model: torch.nn.Module) -> list[list[str]]:
-    """Names of each parameter registered under several names (a head tied to its embedding)."""
-    names: dict[int, list[str]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(param), []).append(name)
-    return [group for group in names.values() if len(group) > 1]
-
-
-def retie(model: torch.nn.Module, groups: list[list[str]]) -> None:
-    """Register the first parameter of each group under its other names again: moving a module to
-    an XLA device gives each name a tensor of its own, which would untie them."""
-    for first, *others in groups:
-        param = model.get_parameter(first)
-        for name in others:
-            owner, _, leaf = name.rpartition(".")
-            setattr(model.get_submodule(owner), leaf, param)
 
 
 class SingleXLAStrategy(Strategy):

@@ -79,6 +79,53 @@ def test_linear_layers_frozen_and_quantized_the_rest_trains_in_float32(cls):
     assert all(modules[n].bias.dtype == torch.float32 for n in LINEARS)  # not cast under the optimizer
 
 
+@pytest.mark.parametrize("cls", [BnbInt8Precision, BnbNF4DoubleQuantPrecision], ids=lambda c: c.name)
+def test_quantized_from_birth_is_bit_identical_to_quantizing_an_ordinary_build(cls):
+    """The strategy builds on the meta device and quantizes each layer as it is made (the float32
+    model never exists whole): the same weights as an ordinary build quantized afterwards, and the
+    RNG in the state an unquantized build leaves it in."""
+    from framework.strategy.single_device import SingleDeviceStrategy
+
+    torch.manual_seed(0)
+    expected, _ = quantized(cls, seed=0)
+    torch.manual_seed(0)
+    gpt(seed=0)
+    after_plain_build = torch.rand(4)
+    precision = cls()
+    strategy = SingleDeviceStrategy(precision=precision)
+    torch.manual_seed(0)
+    built = strategy.build_model(lambda: GPT(n_layer=2, n_embd=64, n_head=2, block_size=16))
+    assert torch.equal(torch.rand(4), after_plain_build)
+    assert {n for n, m in built.named_modules() if hasattr(m, "dequantized_weight")} == LINEARS  # before setup
+    model, _ = strategy.setup(built, lambda params: torch.optim.SGD(params, lr=0.1))
+    assert model.head.weight is model.tok_emb.weight
+    assert f"{cls.name}: 8 linear layers quantized" in precision.conversion_note
+    for key, value in expected.state_dict().items():
+        assert torch.equal(model.state_dict()[key], value), key
+
+
+class _RandomInit(torch.nn.Module):
+    """A constructor the meta device cannot record (torch.randn): built whole, then quantized."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(64, 64)
+        self.scale = torch.nn.Parameter(torch.randn(64))
+
+
+def test_a_model_that_cannot_be_built_on_meta_is_built_whole_then_quantized():
+    from framework.strategy.single_device import SingleDeviceStrategy
+
+    torch.manual_seed(0)
+    expected = BnbNF4Precision().convert_module(_RandomInit())
+    strategy = SingleDeviceStrategy(precision=BnbNF4Precision())
+    torch.manual_seed(0)
+    model, _ = strategy.setup(strategy.build_model(_RandomInit), lambda params: torch.optim.SGD(params, lr=0.1))
+    assert hasattr(model.proj, "dequantized_weight")
+    for key, value in expected.state_dict().items():
+        assert torch.equal(model.state_dict()[key], value), key
+
+
 @pytest.mark.parametrize("cls", ALL, ids=lambda c: c.name)
 def test_checkpoint_holds_the_quantized_form_and_loads_it_bit_exact(cls):
     model, _ = quantized(cls, seed=0)
