@@ -232,6 +232,13 @@ RULES: list[Rule] = [
         "shards) would split; use strategy=ddp (each rank keeps the small quantized model) or single_device.",
     ),
     Rule(
+        lambda p: _quantized(p) and getattr(p.precision, "compute_dtype_name", "") == "fp16"
+        and not p.accelerator.fast_fp16(),
+        lambda p: f"precision={_prec(p)} with precision.compute_dtype=fp16 on accelerator={_acc(p)}: this device has "
+        "no fp16 hardware, so the quantized layers will compute many times slower than with compute_dtype=bf16.",
+        level="warn",
+    ),
+    Rule(
         lambda p: _quantized(p) and _acc(p) not in ("cpu", "cuda"),
         lambda p: f"precision={_prec(p)} on accelerator={_acc(p)}: bitsandbytes' quantized layers run on CPU and "
         "CUDA here; use accelerator=cpu or cuda, or precision=bf16.",

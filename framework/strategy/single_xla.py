@@ -8,20 +8,10 @@ from __future__ import annotations
 
 import torch
 
+from framework.checkpoint_io.xla import to_cpu
 from framework.strategy.base import Strategy
 from framework.strategy.named_state import load_optimizer_state_by_name, optimizer_state_by_name
 from framework.strategy.tied import retie, tied_parameters
-
-
-def to_cpu(data):
-    """Every tensor of a nested state on the CPU (XLA tensors are fetched from the device)."""
-    if isinstance(data, torch.Tensor):
-        return data.detach().cpu() if data.device.type != "cpu" else data
-    if isinstance(data, dict):
-        return {k: to_cpu(v) for k, v in data.items()}
-    if isinstance(data, (list, tuple)):
-        return type(data)(to_cpu(v) for v in data)
-    return data
 
 
 class SingleXLAStrategy(Strategy):

@@ -259,6 +259,17 @@ def test_refused_with_sharding_strategies(strategy):
                and "use strategy=ddp" in p for p in problems), problems
 
 
+def test_fp16_compute_warned_where_the_device_has_no_fp16():
+    prepared = prepare(compose_cfg([*TINY_GPT, "precision=bnb_nf4", "precision.compute_dtype=fp16"]), strict=False)
+    fp16 = [w for w in prepared.warnings if "compute_dtype=fp16" in w]
+    if prepared.plugins.accelerator.fast_fp16():
+        assert fp16 == []
+    else:
+        assert fp16 == ["precision=bnb_nf4 with precision.compute_dtype=fp16 on accelerator=cpu: this device has no "
+                        "fp16 hardware, so the quantized layers will compute many times slower than with "
+                        "compute_dtype=bf16."]
+
+
 def test_refused_without_bitsandbytes(monkeypatch):
     import importlib.util
 
