@@ -42,11 +42,12 @@ TRANSPOSED = "weight_transposed"
 
 
 class _QuantizedLayer:
-    """What both layer kinds share: loading the weight in either form (`_load_weight`), and the
-    orientation of their source: a layer made from a module that stores its weight (in, out)
-    (Hugging Face's Conv1D) says so in its state dict (`<layer>.weight_transposed`), so that its
-    weights dequantize back to the orientation of the module they came from (framework convert,
-    another precision's model)."""
+    """What both layer kinds share: loading the weight in either form (each kind's
+    `_load_weight(state_dict, key, error_msgs)` loads `key`, quantized or float, popping what it
+    used, and says whether the weight was there), and the orientation of their source: a layer
+    made from a module that stores its weight (in, out) (Hugging Face's Conv1D) says so in its
+    state dict (`<layer>.weight_transposed`), so that its weights dequantize back to the
+    orientation of the module they came from (framework convert, another precision's model)."""
 
     transposed_source = False
 
@@ -58,11 +59,6 @@ class _QuantizedLayer:
         super()._save_to_state_dict(destination, prefix, keep_vars)
         if self.transposed_source:
             destination[prefix + TRANSPOSED] = self.weight_transposed
-
-    def _load_weight(self, state_dict: dict, key: str, error_msgs: list) -> bool:
-        """Load `key` (quantized form or float) from `state_dict`, popping what it used; whether
-        the weight was there."""
-        raise NotImplementedError
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
