@@ -23,6 +23,35 @@ def set_mmap_threshold(size: int) -> bool:
         return False
 
 
+MADV_DONTNEED = 4  # madvise advice (sys/mman.h): drop the pages; the next touch maps zero-filled ones
+
+
+def discard_pages(tensor: torch.Tensor) -> None:
+    """Zero a contiguous CPU tensor and give its memory back to the OS until it is written again:
+    the whole pages inside it are dropped with madvise(MADV_DONTNEED) (private anonymous memory,
+    as malloc's is, reads as zeros afterwards and is mapped back a page at a time as it is
+    written), the partial pages at its ends are zeroed. Where madvise is not there (not Linux, not
+    glibc) or fails, the tensor is zeroed in place and stays resident."""
+    start, nbytes = tensor.data_ptr(), tensor.numel() * tensor.element_size()
+    page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+    first, last = -(-start // page) * page, (start + nbytes) // page * page
+    flat = tensor.view(-1)
+    if last - first < page or not _madvise_dontneed(first, last - first):
+        flat.zero_()
+        return
+    flat[:(first - start) // tensor.element_size()].zero_()
+    flat[(last - start) // tensor.element_size():].zero_()
+
+
+def _madvise_dontneed(address: int, length: int) -> bool:
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return False
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc.madvise(address, length, MADV_DONTNEED) == 0
+
+
 class CPUAccelerator(Accelerator):
     """Train on the CPU. Several CPU "devices" are several processes sharing the cores."""
 

@@ -16,6 +16,7 @@ import torch
 
 from framework.config.meta_build import sharded_build
 from framework.errors import ConfigError
+from framework.strategy.deepspeed_grad_buffer import release_gradient_buffer
 from framework.strategy.deepspeed_master_weights import shared_master_partitions
 from framework.strategy.deepspeed_sizes import zero_sizes
 from framework.strategy.memory import zero
@@ -222,6 +223,8 @@ class DeepSpeedStrategy(ParallelStrategy):
             with shared:
                 engine, _, _, _ = deepspeed.initialize(model=model, optimizer=base, config=config)
         self.engine = engine
+        if self.stage == 3:
+            release_gradient_buffer(engine.optimizer)  # made with zeros: not needed before the first backward
         return engine, base  # schedulers and LR monitors act on the torch optimizer's param_groups
 
     def teardown(self) -> None:
@@ -245,6 +248,8 @@ class DeepSpeedStrategy(ParallelStrategy):
 
     def optimizer_step(self, optimizer) -> bool:
         self.engine.step()
+        if self.stage == 3:
+            release_gradient_buffer(self.engine.optimizer)  # until the next backward (on the CPU)
         return bool(getattr(self.engine, "_step_applied", True))
 
     def zero_grad(self, optimizer) -> None:

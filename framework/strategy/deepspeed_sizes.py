@@ -4,7 +4,7 @@ DeepSpeed's defaults are sized for models of billions of parameters: 5e8-element
 all-gather buckets (a 1 GB buffer in bf16 for a 100M model), and ZeRO-3's
 `stage3_max_live_parameters` / `stage3_max_reuse_distance` of 1e9, which keep every parameter of
 a smaller model gathered, so ZeRO-3 saves nothing. Here (h: the model's hidden size; U: the
-most parameters one sharding unit gathers, framework/strategy/units.py):
+most parameters one sharding unit gathers, framework/strategy/units.py, at least h*h):
 
     reduce_bucket_size, allgather_bucket_size   h*h          (Hugging Face's "auto" value)
     stage3_prefetch_bucket_size                 0.9*h*h      (Hugging Face's "auto" value)
@@ -12,6 +12,11 @@ most parameters one sharding unit gathers, framework/strategy/units.py):
                                                               and norms stay gathered)
     stage3_max_live_parameters                  2*U          (the unit computing and the next)
     stage3_max_reuse_distance                   2*U
+    sub_group_size                              U            (ZeRO-3 steps its optimizer one sub group
+                                                              of partitions at a time and flattens
+                                                              that group's gradients into a copy:
+                                                              DeepSpeed's 1e9 makes the copy a whole
+                                                              extra gradient partition at every step)
 
 Keys under `strategy.config.zero_optimization` always win.
 """
@@ -45,6 +50,6 @@ def zero_sizes(model: nn.Module, stage: int) -> dict:
     if stage == 3:
         if h:
             sizes.update(stage3_prefetch_bucket_size=int(0.9 * h * h), stage3_param_persistence_threshold=10 * h)
-        live = 2 * max(choose_units(model).largest, h * h if h else 1)
-        sizes.update(stage3_max_live_parameters=live, stage3_max_reuse_distance=live)
+        unit = max(choose_units(model).largest, h * h if h else 1)
+        sizes.update(stage3_max_live_parameters=2 * unit, stage3_max_reuse_distance=2 * unit, sub_group_size=unit)
     return sizes

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
+import pytest
 import torch
 
 from framework.accelerator.auto import auto_accelerator
@@ -69,3 +71,28 @@ def test_cpu_returns_freed_memory_for_sharding_strategies(monkeypatch):
     from framework.strategy.ddp import DDPStrategy
     from framework.strategy.fsdp import FSDPStrategy
     assert FSDPStrategy.shards_states and not DDPStrategy.shards_states
+
+
+def test_discard_pages_zeroes_a_tensor_and_gives_its_memory_back():
+    """ZeRO-3's gradient buffer between steps (framework/strategy/deepspeed_grad_buffer.py): the
+    tensor and its views stay valid and read zeros; its pages leave the resident set until written."""
+    import sys
+
+    from framework.accelerator.cpu import discard_pages
+
+    def resident_mib() -> float:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("madvise(MADV_DONTNEED) is Linux's")
+    buffer = torch.randn(16 * 2**20)  # 64 MiB, resident
+    view = buffer[12345:12345 + 1000]
+    before = resident_mib()
+    discard_pages(buffer)
+    assert before - resident_mib() > 60
+    assert buffer.abs().sum().item() == 0 and view.abs().sum().item() == 0
+    view.fill_(2.0)  # written again: only what is written comes back
+    assert buffer.sum().item() == 2000.0 and resident_mib() < before - 60
+    small = torch.randn(100)  # smaller than a page: zeroed in place
+    discard_pages(small)
+    assert small.abs().sum().item() == 0

@@ -56,6 +56,7 @@ def test_zero_sizes_follow_the_model_and_raw_keys_win():
     assert zero["allgather_bucket_size"] == 64 * 64 and zero["stage3_prefetch_bucket_size"] == int(0.9 * 64 * 64)
     assert zero["stage3_param_persistence_threshold"] == 640
     assert zero["stage3_max_live_parameters"] == zero["stage3_max_reuse_distance"] == 2 * unit
+    assert zero["sub_group_size"] == unit  # the optimizer step's flattened gradient copy: one unit's worth
     stage2 = DeepSpeedStage2OffloadStrategy()
     stage2.configure_loop(LoopSettings())
     assert not any(k.startswith("stage3_") for k in stage2.deepspeed_config(model)["zero_optimization"])
