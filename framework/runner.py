@@ -211,14 +211,19 @@ def build_components(cfg: DictConfig, plugins: Plugins | None = None) -> tuple[o
     so an argument their constructors refuse is reported before anything is written, and pass one
     batch through them (framework/tasks/fit_check.py); returns the meta model (its size is what
     `framework plan` reports) and the activation bytes of one micro-batch (with the strategy's
-    units checkpointed when trainer.activation_checkpointing is on)."""
+    units checkpointed when trainer.activation_checkpointing is on: their inputs, and one unit's
+    activations, live again while backward recomputes it)."""
     with meta_device():
         model = build(cfg.model, "model")
     data = build(cfg.data, "data")
     task = build(cfg.task, "task")
-    if plugins is not None and cfg.trainer.get("activation_checkpointing"):
-        checkpoint_units(plugins.strategy.units(model))
-    return model, check_fit(model, data, task, int(cfg.data.get("batch_size", 2) or 2))
+    batch_size = int(cfg.data.get("batch_size", 2) or 2)
+    if plugins is None or not cfg.trainer.get("activation_checkpointing"):
+        return model, check_fit(model, data, task, batch_size)
+    whole = check_fit(model, data, task, batch_size)
+    count = checkpoint_units(plugins.strategy.units(model))
+    kept = check_fit(model, data, task, batch_size)
+    return model, kept + (max(whole - kept, 0) // count if count else 0)
 
 
 def compatibility_plan(plugins: Plugins, resolved: DictConfig, devices: int) -> Plan:

@@ -60,13 +60,19 @@ def reset_peak_resident() -> bool:
 
 
 class MemoryMonitor(Callback):
-    """Per rank: the resident memory before the model was built (baseline: torch, the data), the
+    """Per rank: the resident memory before the model was built (baseline: torch with the compiler
+    stack its optimizers import, and the data), the
     peak while setting up (building and wrapping/sharding the model), and the peak while training
     (the high-water mark is reset once set-up is done, where the OS allows). Logs
     `memory/train_peak_rss_mb` (largest over ranks; `memory/cuda_peak_mb` on CUDA) every log
     interval; rank zero writes everything to `<run dir>/memory.json` at the end."""
 
     def __init__(self):
+        # every torch optimizer imports torch._dynamo (~70 MiB resident) when it is made; the
+        # launching process has already imported it (the pre-launch check makes one), a fresh
+        # worker has not: import it here so that a baseline means the same in every process
+        import torch._dynamo  # noqa: F401
+
         self.baseline = resident_bytes()  # built before the model
         self.setup_peak = 0
         self.reset_ok = False

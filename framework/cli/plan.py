@@ -73,8 +73,8 @@ def plan(cfg: DictConfig, out=None) -> int:
     activations = prepared.activation_bytes
     if activations:
         batch = resolved.data.get("batch_size")
-        note = (", units checkpointed (recomputed in backward)" if resolved.trainer.activation_checkpointing
-                else "")
+        note = (", units checkpointed (their inputs, and one unit recomputed in backward)"
+                if resolved.trainer.activation_checkpointing else "")
         print(f"  activations: {human_bytes(activations)} for one micro-batch of {batch}, measured on the meta device"
               f" in the model's dtype{note}", file=out)
     print(f"  total per rank: {human_bytes(estimate.device + activations)} on {plugins.accelerator.name}", file=out)

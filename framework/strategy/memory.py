@@ -77,8 +77,11 @@ def zero(stats: ModelStats, world_size: int, stage: int, offload_optimizer: bool
     """DeepSpeed ZeRO: each rank keeps the module's weights (2 bytes in mixed half precision, 4 in
     float32), a float32 master copy of its partition (4; stages 1 and 2 make one in float32
     training too, stage 3 then uses the weight partition itself: deepspeed_master_weights.py),
-    the float32 gradient partition (4) and Adam state (8 for two states)."""
+    the float32 gradient partition (4) and Adam state (8 for two states). Stage 3 also holds the
+    largest unit gathered, its weights and gradients in the module's dtype (DeepSpeed's own
+    estimator's 4L in half precision; 8L in float32)."""
     w = 2 if stats.mixed_half else 4
+    live = 2 * w  # bytes per parameter of the gathered unit: weights and gradients
     master = 0 if stage == 3 and w == 4 and not offload_optimizer else 4
     grad32 = 4
     states = 4 * stats.optimizer_states
@@ -92,14 +95,14 @@ def zero(stats: ModelStats, world_size: int, stage: int, offload_optimizer: bool
         formula = f"{_coefficient(w)}Ψ + {_coefficient(sharded)}Ψ/N"
     else:
         replicated_part, sharded = 0, w + master + states + grad32
-        formula = f"4L + {_coefficient(sharded)}Ψ/N"
-    device = replicated_part * psi + sharded * psi / n + (4 * stats.largest_unit if stage == 3 else 0)
+        formula = f"{live}L + {_coefficient(sharded)}Ψ/N"
+    device = replicated_part * psi + sharded * psi / n + (live * stats.largest_unit if stage == 3 else 0)
     host = 0.0
     if offload_optimizer and stage >= 1:
         keep = w if stage == 3 and not offload_parameters else 0  # the weight shard stays unless offloaded too
         host = (sharded - keep) * psi / n
         device -= host
-        formula = (f"{_coefficient(replicated_part)}Ψ" if stage < 3 else "4L") + (f" + {_coefficient(keep)}Ψ/N" if keep else "")
+        formula = (f"{_coefficient(replicated_part)}Ψ" if stage < 3 else f"{live}L") + (f" + {_coefficient(keep)}Ψ/N" if keep else "")
         if stage < 3 and replicated_part == 0:
             formula = "0"
     return MemoryEstimate(device, host, formula)

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from framework.cli.plan import plan
+from framework.config.build import build
 from framework.runner import prepare
 from framework.strategy.memory import ModelStats, fully_sharded, model_stats, optimizer_sharded, replicated, zero
 from tests.cli.helpers import framework_cmd
@@ -18,8 +19,8 @@ MiB = 1024 * 1024
 
 
 def test_formulas_match_the_facts_table():
-    """shared/FACTS.md: DDP 16Ψ; ZeRO-2 2Ψ + 18Ψ/N; ZeRO-2 offload 2Ψ; ZeRO-3 4L + 18Ψ/N;
-    ZeRO-3 optimizer offload 4L + 2Ψ/N; ZeRO-3 both offloaded 4L; FSDP2 16Ψ/N + gathered units."""
+    """shared/FACTS.md: DDP 16Ψ; ZeRO-2 2Ψ + 18Ψ/N; ZeRO-2 offload 2Ψ; ZeRO-3 4L + 18Ψ/N
+    (8L in float32); ZeRO-3 optimizer offload 4L + 2Ψ/N; ZeRO-3 both offloaded 4L; FSDP2 16Ψ/N + gathered units."""
     psi, layer, n = 1_000_000, 10_000, 4
     fp32 = ModelStats(psi, layer)
     bf16 = ModelStats(psi, layer, mixed_half=True)
@@ -35,7 +36,7 @@ def test_formulas_match_the_facts_table():
     assert optimizer_sharded(fp32, n).device == 4 * psi + 12 * psi / n
     # float32 ZeRO-3: the weight partition is the master one (4) + gradients 4 + Adam 8; with the
     # optimizer offloaded, DeepSpeed keeps a float32 copy on the host beside the device weights
-    assert zero(fp32, n, 3, False, False).device == 4 * layer + 16 * psi / n
+    assert zero(fp32, n, 3, False, False).device == 8 * layer + 16 * psi / n  # the gathered unit in float32
     assert zero(fp32, n, 3, True, False).host == 16 * psi / n
     # ZeRO-2 in float32 still copies the partition: replicated weights 4 + (4 + 4 + 4 + 8) / N
     assert zero(fp32, n, 2, False, False).device == 4 * psi + 20 * psi / n
@@ -88,3 +89,19 @@ def test_plan_is_fast_and_imports_no_heavy_plugin():
     assert "RC 0 False False" in result.stdout, result.stdout + result.stderr
     match = re.search(r"GPT: ([\d,]+) trainable parameters", result.stdout)
     assert match and int(match.group(1).replace(",", "")) > 100_000
+
+
+def test_checkpointed_activations_count_the_inputs_kept_and_one_unit_recomputed():
+    """With trainer.activation_checkpointing the forward keeps only each unit's input; backward
+    then recomputes one unit at a time, whose activations are live again: the estimate adds one
+    unit's share (GPT: 4 identical blocks)."""
+    from framework.tasks.fit_check import check_fit
+
+    overrides = ["strategy=fsdp", "devices=2", "model.n_layer=4", "model.n_embd=64", "model.n_head=4"]
+    whole = prepare(compose_cfg(overrides)).activation_bytes
+    prepared = prepare(compose_cfg([*overrides, "trainer.activation_checkpointing=true"]))
+    cfg = prepared.resolved
+    # the prepared meta model has its units checkpointed: measured again, the inputs kept alone
+    kept = check_fit(prepared.model, build(cfg.data, "data"), build(cfg.task, "task"), int(cfg.data.batch_size))
+    assert 0 < kept < whole / 4
+    assert prepared.activation_bytes == kept + (whole - kept) // 4
