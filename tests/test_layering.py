@@ -17,7 +17,7 @@ PACKAGE = ROOT / "framework"
 # Floor of every module, by the longest matching name prefix; a module imports only from its
 # own floor or below. Keep in step with docs/architecture.md.
 FLOORS = {
-    "framework.errors": 0, "framework.version": 0, "framework.console": 0,
+    "framework.errors": 0, "framework.version": 0, "framework.console": 0, "framework.tensors": 0,
     "framework.config": 1, "framework.paths": 1, "framework.registry": 1,
     "framework.accelerator": 2, "framework.precision": 2, "framework.checkpoint_io": 2,
     "framework.cluster": 2, "framework.strategy": 2, "framework.plugins": 2,

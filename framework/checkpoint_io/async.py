@@ -5,21 +5,14 @@ import queue
 import threading
 from typing import Any
 
-import torch
-
 from framework.checkpoint_io.torch import TorchCheckpointIO
 from framework.errors import CheckpointError
+from framework.tensors import map_tensors
 
 
 def snapshot(obj: Any) -> Any:
     """A deep copy of every tensor (moved to CPU memory), so training can change the live ones."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: snapshot(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(snapshot(v) for v in obj)
-    return obj
+    return map_tensors(obj, lambda t: t.detach().to("cpu", copy=True))
 
 
 class AsyncCheckpointIO(TorchCheckpointIO):

@@ -6,20 +6,13 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import torch
-
 from framework.checkpoint_io.torch import TorchCheckpointIO
+from framework.tensors import map_tensors
 
 
 def to_cpu(data):
     """Every tensor of a nested state on the CPU (XLA tensors are fetched from the device)."""
-    if isinstance(data, torch.Tensor):
-        return data.detach().cpu() if data.device.type != "cpu" else data
-    if isinstance(data, dict):
-        return {k: to_cpu(v) for k, v in data.items()}
-    if isinstance(data, (list, tuple)):
-        return type(data)(to_cpu(v) for v in data)
-    return data
+    return map_tensors(data, lambda t: t.detach().cpu() if t.device.type != "cpu" else t)
 
 
 class XLACheckpointIO(TorchCheckpointIO):

@@ -6,16 +6,12 @@ from typing import Any, ContextManager, Iterable
 
 import torch
 
+from framework.tensors import map_tensors
+
 
 def cast_floating(data: Any, dtype: torch.dtype) -> Any:
     """`data` with every floating-point tensor cast to `dtype` (nested tuples, lists, dicts)."""
-    if isinstance(data, torch.Tensor):
-        return data.to(dtype) if data.is_floating_point() else data
-    if isinstance(data, dict):
-        return {k: cast_floating(v, dtype) for k, v in data.items()}
-    if isinstance(data, (list, tuple)):
-        return type(data)(cast_floating(v, dtype) for v in data)
-    return data
+    return map_tensors(data, lambda t: t.to(dtype) if t.is_floating_point() else t)
 
 
 class Precision:

@@ -22,7 +22,9 @@ from framework.strategy.activation_checkpointing import checkpoint_units
 from framework.strategy.memory import replicated
 from framework.strategy.quantized_build import build_quantized
 from framework.strategy.sampler import ShardSampler
+from framework.strategy.tied import retie, tied_parameters
 from framework.strategy.units import Units, choose_units
+from framework.tensors import map_tensors
 
 _REDUCE_OPS = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}
 
@@ -32,13 +34,7 @@ def is_meta(model: torch.nn.Module) -> bool:
 
 
 def move_to_device(data: Any, device: torch.device) -> Any:
-    if isinstance(data, torch.Tensor):
-        return data.to(device, non_blocking=True)
-    if isinstance(data, dict):
-        return {k: move_to_device(v, device) for k, v in data.items()}
-    if isinstance(data, (list, tuple)):
-        return type(data)(move_to_device(v, device) for v in data)
-    return data
+    return map_tensors(data, lambda t: t.to(device, non_blocking=True))
 
 
 class Strategy:
@@ -162,10 +158,21 @@ class Strategy:
     def setup(self, model: torch.nn.Module, optimizer_factory: Callable[..., torch.optim.Optimizer]):
         model = self.convert_precision(model)
         self.apply_activation_checkpointing(model)
-        if not is_meta(model):  # a model still on the meta device is placed when materialised
-            model = model.to(self.root_device)
+        model = self.place_model(model)
         model = self.wrap_model(model)
         return model, optimizer_factory(model.parameters())
+
+    def place_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The model on this rank's device, tied parameters still tied (a move that copies per
+        name, as XLA's does, would give a head tied to its embedding a tensor of its own; where
+        `.to` keeps them tied this re-registers the same parameter). A model still on the meta
+        device is placed when materialised."""
+        if is_meta(model):
+            return model
+        tied = tied_parameters(model)
+        model = model.to(self.root_device)
+        retie(model, tied)
+        return model
 
     def convert_precision(self, model: torch.nn.Module) -> torch.nn.Module:
         """The precision's module conversion (casts, quantized layers), said once when it did more

@@ -11,7 +11,6 @@ import torch
 from framework.checkpoint_io.xla import to_cpu
 from framework.strategy.base import Strategy
 from framework.strategy.named_state import load_optimizer_state_by_name, optimizer_state_by_name
-from framework.strategy.tied import retie, tied_parameters
 
 
 class SingleXLAStrategy(Strategy):
@@ -32,15 +31,6 @@ class SingleXLAStrategy(Strategy):
 
     def _before_runtime(self) -> None:
         """What must happen before the first XLA tensor exists (SPMD mode)."""
-
-    def setup(self, model, optimizer_factory):
-        tied = tied_parameters(model)
-        model = self.convert_precision(model)
-        self.apply_activation_checkpointing(model)
-        model = model.to(self.root_device)
-        retie(model, tied)
-        model = self.wrap_model(model)
-        return model, optimizer_factory(model.parameters())
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
         import torch_xla

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from framework.strategy.single_xla import SingleXLAStrategy
+from framework.tensors import map_tensors
 
 
 class XLASPMDStrategy(SingleXLAStrategy):
@@ -56,14 +57,6 @@ class XLASPMDStrategy(SingleXLAStrategy):
         return tensor
 
     def batch_to_device(self, batch: Any) -> Any:
-        return _map_tensors(super().batch_to_device(batch), self._split)
+        return map_tensors(super().batch_to_device(batch), self._split)
 
 
-def _map_tensors(data: Any, fn) -> Any:
-    if isinstance(data, torch.Tensor):
-        return fn(data)
-    if isinstance(data, dict):
-        return {k: _map_tensors(v, fn) for k, v in data.items()}
-    if isinstance(data, (list, tuple)):
-        return type(data)(_map_tensors(v, fn) for v in data)
-    return data

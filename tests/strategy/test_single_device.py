@@ -21,6 +21,28 @@ def test_setup_converts_places_and_builds_the_optimizer_over_the_result():
     assert x.dtype == torch.bfloat16 and y.dtype == torch.int64
 
 
+def test_placing_a_model_keeps_tied_parameters_tied(monkeypatch):
+    """A device move that copies per name (XLA's) would give a head tied to its embedding a
+    tensor of its own; `place_model` registers the first one under every name again."""
+    from framework.models.gpt import GPT
+
+    model = GPT(n_layer=1, n_embd=32, n_head=2)
+    assert model.head.weight is model.tok_emb.weight
+    real_to = nn.Module.to
+
+    def untying_to(self, *args, **kwargs):
+        moved = real_to(self, *args, **kwargs)
+        moved.head.weight = nn.Parameter(moved.head.weight.detach().clone())  # what XLA's move does
+        return moved
+
+    monkeypatch.setattr(GPT, "to", untying_to)
+    strategy = SingleDeviceStrategy()
+    strategy.setup_environment()
+    model, optimizer = strategy.setup(model, lambda params: torch.optim.SGD(params, lr=0.1))
+    assert model.head.weight is model.tok_emb.weight
+    assert len(optimizer.param_groups[0]["params"]) == len(list(model.parameters()))
+
+
 def test_collectives_without_a_process_group():
     s = SingleDeviceStrategy()
     assert (s.world_size, s.global_rank, s.local_rank, s.is_global_zero) == (1, 0, 0, True)
