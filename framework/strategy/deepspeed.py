@@ -8,7 +8,7 @@ raw config asks for DeepSpeed's own optimizer. `deepspeed` is imported only when
 from __future__ import annotations
 
 import os
-from contextlib import nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,7 +16,7 @@ import torch
 
 from framework.config.meta_build import sharded_build
 from framework.errors import ConfigError
-from framework.strategy.deepspeed_grad_buffer import release_gradient_buffer
+from framework.strategy.deepspeed_grad_buffer import release_gradient_buffer, zeros_on_demand
 from framework.strategy.deepspeed_master_weights import shared_master_partitions
 from framework.strategy.deepspeed_sizes import zero_sizes
 from framework.strategy.memory import zero
@@ -209,10 +209,8 @@ class DeepSpeedStrategy(ParallelStrategy):
         model = model.to(self.root_device)
         self.apply_activation_checkpointing(model)
         config = self.deepspeed_config(model)
-        # ZeRO-3 in float32: the parameter partition is the master partition, not a copy of it
-        shared = shared_master_partitions() if self.stage == 3 else nullcontext()
         if "optimizer" in config:  # DeepSpeed's own (compiled) optimizer, asked for in the raw config
-            with shared:
+            with self._initializing():
                 engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                                                config=config)
             base = optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer
@@ -220,12 +218,22 @@ class DeepSpeedStrategy(ParallelStrategy):
             base = optimizer_factory(model.parameters())
             if self.fused_adam:
                 use_fused_adam(base)
-            with shared:
+            with self._initializing():
                 engine, _, _, _ = deepspeed.initialize(model=model, optimizer=base, config=config)
         self.engine = engine
-        if self.stage == 3:
-            release_gradient_buffer(engine.optimizer)  # made with zeros: not needed before the first backward
         return engine, base  # schedulers and LR monitors act on the torch optimizer's param_groups
+
+    @contextmanager
+    def _initializing(self):
+        """ZeRO-3's memory measures while deepspeed.initialize builds its optimizer: in float32 the
+        parameter partition is the master partition, not a copy of it; on the CPU its zero-filled
+        gradient buffers take memory only once written."""
+        with ExitStack() as stack:
+            if self.stage == 3:
+                stack.enter_context(shared_master_partitions())
+                if self.accelerator.name == "cpu":
+                    stack.enter_context(zeros_on_demand())
+            yield
 
     def teardown(self) -> None:
         import gc

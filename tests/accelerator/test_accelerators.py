@@ -96,3 +96,23 @@ def test_discard_pages_zeroes_a_tensor_and_gives_its_memory_back():
     small = torch.randn(100)  # smaller than a page: zeroed in place
     discard_pages(small)
     assert small.abs().sum().item() == 0
+
+
+def test_zeros_on_demand_are_zeros_that_cost_memory_only_once_written():
+    """While ZeRO-3 sets up on the CPU (framework/strategy/deepspeed_grad_buffer.py)."""
+    import sys
+
+    from framework.strategy.deepspeed_grad_buffer import zeros_on_demand
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("madvise(MADV_DONTNEED) is Linux's")
+    statm = Path("/proc/self/statm")
+    before = int(statm.read_text().split()[1])
+    with zeros_on_demand():
+        big = torch.zeros(16 * 2**20)  # 64 MiB
+        small = torch.zeros(3, 4, dtype=torch.float64, requires_grad=True)
+    grown_mib = (int(statm.read_text().split()[1]) - before) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    assert grown_mib < 8 and torch.zeros is not None
+    assert big.abs().sum().item() == 0 and big.shape == (16 * 2**20,)
+    assert small.dtype == torch.float64 and small.requires_grad and small.sum().item() == 0
+    assert torch.zeros(2).tolist() == [0.0, 0.0]  # torch's own again

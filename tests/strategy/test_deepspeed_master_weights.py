@@ -1,7 +1,8 @@
 """ZeRO-3's memory measures together: in float32 one copy of each rank's partition
-(framework/strategy/deepspeed_master_weights.py), the optimizer stepped in sub groups, and the
-gradient buffer given back after every step (framework/strategy/deepspeed_grad_buffer.py); it
-still trains exactly like torch's own optimizer on the unsharded model."""
+(framework/strategy/deepspeed_master_weights.py), the optimizer stepped in sub groups, its zero
+buffers made on demand and the gradient buffer given back after every step
+(framework/strategy/deepspeed_grad_buffer.py); it still trains exactly like torch's own optimizer
+on the unsharded model."""
 from __future__ import annotations
 
 import os
@@ -17,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = """
 import copy, json, torch, deepspeed
 from framework.models.mlp import MLP
-from framework.strategy.deepspeed_grad_buffer import release_gradient_buffer
+from framework.strategy.deepspeed_grad_buffer import release_gradient_buffer, zeros_on_demand
 from framework.strategy.deepspeed_master_weights import shared_master_partitions, shares_master_partitions
 deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
 torch.manual_seed(0)
@@ -26,7 +27,7 @@ reference = copy.deepcopy(model)
 ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2)
 config = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 3, "sub_group_size": 8000},
           "zero_allow_untested_optimizer": True, "zero_force_ds_cpu_optimizer": False}
-with shared_master_partitions():
+with shared_master_partitions(), zeros_on_demand():
     engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2),
                                       config=config)
 for step in range(3):
