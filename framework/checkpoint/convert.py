@@ -18,6 +18,7 @@ from framework.checkpoint_io.dcp_reader import STATE_DIR, read_full
 from framework.checkpoint_io.torch import TorchCheckpointIO
 from framework.errors import CheckpointError, ConfigError
 from framework.precision.quantized_layers import dequantize_weights, quantized_weight_keys
+from framework.strategy.deepspeed_import import deepspeed_package
 
 FORMATS = ("torch", "safetensors")
 
@@ -74,6 +75,7 @@ def import_deepspeed(ds_dir: Path, out: Path, tag: str | None = None) -> Path:
     this framework holding its exact fp32 weights (DeepSpeed's zero_to_fp32; optimizer state is
     not carried over, so a run started from it begins a fresh optimizer)."""
     try:
+        deepspeed_package()
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     except ImportError as err:
         raise ConfigError("importing a DeepSpeed checkpoint needs deepspeed: pip install 'framework[deepspeed]'") from err

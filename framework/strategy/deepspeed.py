@@ -17,6 +17,7 @@ import torch
 from framework.config.meta_build import sharded_build
 from framework.errors import ConfigError
 from framework.strategy.deepspeed_grad_buffer import release_gradient_buffer, zeros_on_demand
+from framework.strategy.deepspeed_import import deepspeed_package
 from framework.strategy.deepspeed_master_weights import shared_master_partitions
 from framework.strategy.deepspeed_sizes import zero_sizes
 from framework.strategy.memory import zero
@@ -112,7 +113,7 @@ class DeepSpeedStrategy(ParallelStrategy):
     def setup_environment(self) -> None:
         self._choose_deepspeed_accelerator()
         super().setup_environment()
-        import deepspeed
+        deepspeed = deepspeed_package()
 
         deepspeed.init_distributed(dist_backend=self.accelerator.distributed_backend, auto_mpi_discovery=False)
 
@@ -157,6 +158,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         if not self.raw_config:
             return problems
         self._choose_deepspeed_accelerator()
+        deepspeed_package()
         from deepspeed.runtime.config import DeepSpeedConfig
         from pydantic import ValidationError
 
@@ -192,7 +194,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         no rank ever holds the whole model and the weights are an ordinary build's."""
         if self.stage != 3 or not self.partitioned_init:
             return factory()
-        import deepspeed
+        deepspeed = deepspeed_package()
 
         # zero.Init replaces torch.Tensor.__new__; a first import of torch._dynamo inside it (a
         # model library's lazy imports: transformers) checks that signature and fails
@@ -204,7 +206,7 @@ class DeepSpeedStrategy(ParallelStrategy):
             return factory()
 
     def setup(self, model, optimizer_factory):
-        import deepspeed
+        deepspeed = deepspeed_package()
 
         model = model.to(self.root_device)
         self.apply_activation_checkpointing(model)
@@ -329,7 +331,7 @@ class DeepSpeedStrategy(ParallelStrategy):
     def _refresh_low_precision(self, param, value) -> None:
         """The module's own (bf16/fp16, possibly partitioned) copy of a parameter follows the
         fp32 master weights."""
-        import deepspeed
+        deepspeed = deepspeed_package()
 
         if hasattr(param, "ds_id"):
             with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
