@@ -17,7 +17,7 @@ import torch
 from framework.config.meta_build import sharded_build
 from framework.errors import ConfigError
 from framework.strategy.deepspeed_grad_buffer import release_gradient_buffer, zeros_on_demand
-from framework.strategy.deepspeed_import import deepspeed_package
+from framework.strategy.deepspeed_import import deepspeed_package, muon_left_uncompiled
 from framework.strategy.deepspeed_master_weights import shared_master_partitions
 from framework.strategy.deepspeed_sizes import zero_sizes
 from framework.strategy.memory import zero
@@ -220,6 +220,7 @@ class DeepSpeedStrategy(ParallelStrategy):
             base = optimizer_factory(model.parameters())
             if self.fused_adam:
                 use_fused_adam(base)
+            muon_left_uncompiled()  # a torch optimizer: DeepSpeed only checks that it is not its Muon
             with self._initializing():
                 engine, _, _, _ = deepspeed.initialize(model=model, optimizer=base, config=config)
         self.engine = engine
