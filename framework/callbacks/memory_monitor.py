@@ -68,9 +68,10 @@ class MemoryMonitor(Callback):
     interval; rank zero writes everything to `<run dir>/memory.json` at the end."""
 
     def __init__(self):
-        # every torch optimizer imports torch._dynamo (~70 MiB resident) when it is made; the
-        # launching process has already imported it (the pre-launch check makes one), a fresh
-        # worker has not: import it here so that a baseline means the same in every process
+        # every torch optimizer imports torch._dynamo (~70 MiB resident) when it is first used;
+        # the launching process has already imported it (the pre-launch check's forward on the
+        # meta device does), a fresh worker has not: import it here so that a baseline means the
+        # same in every process
         import torch._dynamo  # noqa: F401
 
         self.baseline = resident_bytes()  # built before the model
