@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
 import os
 import signal
 import tempfile
@@ -105,6 +106,10 @@ def launch_local_workers(config: dict, output_dir: Path, plugins, nproc: int) ->
     for name in ("torch.distributed.elastic", "torch.multiprocessing"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     threads = max(1, (os.cpu_count() or 1) // nproc)
+    if plugins.strategy.start_method == "forkserver":
+        # Workers forked from a server that imported torch and the framework share those pages
+        # (framework/launch/preload.py). Takes effect when the server starts: at the first launch.
+        multiprocessing.set_forkserver_preload(["__main__", "framework.launch.preload"])
     logs_dir = Path(tempfile.mkdtemp(prefix="elastic-", dir=output_dir))
     failure_dir = logs_dir / "failures"
     failure_dir.mkdir()

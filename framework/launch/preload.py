@@ -1,0 +1,18 @@
+"""What every local worker needs, imported once by the forkserver the workers are forked from
+(framework/launch/elastic.py). Each worker then starts with these modules already in memory and
+shares their pages with the forkserver and its siblings (copy-on-write) instead of importing its
+own copy: `import torch` alone is ~145 MiB of anonymous memory per process and torch._dynamo
+~70 MiB, so a 4-worker job is ~500 MiB smaller (benchmarks/README.md), and the workers skip
+those imports at start.
+
+Nothing imported here starts a device: CUDA must be initialised in the worker, never before a
+fork (torch then refuses it in the child)."""
+import torch  # noqa: F401
+
+import framework.launch.elastic  # noqa: F401  (the workers' entry: unpickling it imports the framework)
+
+try:
+    # A torch optimizer's first step imports it (sympy with it) in every worker.
+    import torch._dynamo  # noqa: F401
+except Exception:  # noqa: BLE001 - only a saving: a worker that needs it imports it and reports the error there
+    pass
