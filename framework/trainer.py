@@ -72,10 +72,8 @@ def prepare_data_once(datamodule, strategy) -> None:
             datamodule.prepare_data()
         except Exception as err:  # the others must not wait for a rank that has given up
             failure = err
-    if strategy.world_size > 1:  # doubles as the barrier
-        flag = torch.tensor(0.0 if failure is None else 1.0, device=strategy.root_device)
-        if strategy.reduce(flag, "max").item() > 0 and failure is None:
-            raise ConfigError("data: preparing the data failed on another process (its message says why).")
+    if strategy.any_rank(failure is not None) and failure is None:  # doubles as the barrier
+        raise ConfigError("data: preparing the data failed on another process (its message says why).")
     if failure is not None:
         raise failure
     if not first:

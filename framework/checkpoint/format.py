@@ -24,8 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from framework.checkpoint.storage import disk_full_error, free_bytes, is_disk_full
 from framework.checkpoint_io.dcp_reader import STATE_DIR
 from framework.errors import CheckpointError
@@ -98,11 +96,7 @@ def _stop_together_on_failure(strategy, pending: PendingCheckpoint, failure: Bas
     """Collective: whether any rank's write failed. If one did, every rank stops here (none is left
     waiting at the next barrier), the partial directory is removed so it holds no space, and the
     complete checkpoints are untouched. A full disk gets its own message (framework/checkpoint/storage.py)."""
-    failed = failure is not None
-    if strategy.world_size > 1:
-        flag = torch.tensor(float(failed), device=strategy.root_device)
-        failed = strategy.reduce(flag, "max").item() > 0
-    if not failed:
+    if not strategy.any_rank(failure is not None):
         return
     strategy.checkpoint_io.discard()
     free = free_bytes(pending.final.parent)  # before the partial checkpoint gives its space back

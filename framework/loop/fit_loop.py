@@ -189,10 +189,7 @@ class FitLoop:
         multi-process runs). The checkpoint is written here; the loop then ends."""
         if self.preemption is None or not self.preemption.watching:
             return  # no signals watched: no per-step collective either
-        flag = self.preemption.received is not None
-        if self.strategy.world_size > 1:
-            flag = self.strategy.reduce(torch.tensor(float(flag), device=self.strategy.root_device), "max").item() > 0
-        if flag:
+        if self.strategy.any_rank(self.preemption.received is not None):
             self.preempted_by = self.preemption.received or "a signal on another rank"
             self.say(f"{self.preempted_by} received: saving a checkpoint at step {self.state.step} and stopping")
             self.save_checkpoint()

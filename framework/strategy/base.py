@@ -289,6 +289,13 @@ class Strategy:
         dist.all_reduce(out, op=getattr(dist.ReduceOp, _REDUCE_OPS[op]))
         return out / self.world_size if op == "mean" else out
 
+    def any_rank(self, flag: bool) -> bool:
+        """Collective in a multi-process run: True on every rank when `flag` is True on any (how
+        ranks agree to stop together: a failure, a signal). Also a barrier."""
+        if self.world_size == 1:
+            return flag
+        return self.reduce(torch.tensor(float(flag), device=self.root_device), "max").item() > 0
+
     # ---- checkpoint state ---------------------------------------------------------------
     def model_problems(self, model: torch.nn.Module) -> list[str]:
         """Problems with this strategy's settings for this model (built on the meta device), e.g.

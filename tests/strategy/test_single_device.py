@@ -51,6 +51,7 @@ def test_collectives_without_a_process_group():
     for op in ("sum", "mean", "max", "min"):
         assert torch.equal(s.reduce(t, op), t)
     assert s.broadcast({"a": 1}) == {"a": 1}
+    assert (s.any_rank(True), s.any_rank(False)) == (True, False)
     s.barrier()
 
 
