@@ -263,7 +263,8 @@ class FitLoop:
             "precision": strategy.precision_state_dict(),
             "callbacks": {name: cb.state_dict() for name, cb in self.callbacks.items()},
             "train_window": {"loss": self._window["loss"].cpu(), "batches": self._window["batches"],
-                             "items": self._window["items"]},
+                             "items": self._window["items"],
+                             "values": {k: v.cpu() for k, v in self._window["values"].items()}},
         }}
         if strategy.writes_sharded_checkpoints:  # every rank writes its own part of one DCP directory
             shared, sharded = {}, strategy.sharded_state_dict(self.model, self.optimizer)
@@ -344,7 +345,8 @@ class FitLoop:
                 cb.load_state_dict(loop["callbacks"][name])
         window = loop["train_window"]
         self._window.update(loss=window["loss"].to(strategy.root_device), batches=window["batches"],
-                            items=window["items"])
+                            items=window["items"],  # values: a training_step's other outputs (older checkpoints lack them)
+                            values={k: v.to(strategy.root_device) for k, v in window.get("values", {}).items()})
         for logger in self.loggers:
             logger.truncate(self.state.step)
         self.say(f"resumed from {path} at step {self.state.step} (epoch {self.state.epoch})")
