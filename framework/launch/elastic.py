@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import signal
 import tempfile
@@ -110,6 +111,7 @@ def launch_local_workers(config: dict, output_dir: Path, plugins, nproc: int) ->
         # Workers forked from a server that imported torch and the framework share those pages
         # (framework/launch/preload.py). Takes effect when the server starts: at the first launch.
         multiprocessing.set_forkserver_preload(["__main__", "framework.launch.preload"])
+        multiprocessing.forkserver.ensure_running()  # its imports overlap the agent's rendezvous
     logs_dir = Path(tempfile.mkdtemp(prefix="elastic-", dir=output_dir))
     failure_dir = logs_dir / "failures"
     failure_dir.mkdir()
