@@ -2,8 +2,8 @@
 (framework/launch/elastic.py). Each worker then starts with these modules already in memory and
 shares their pages with the forkserver and its siblings (copy-on-write) instead of importing its
 own copy: `import torch` alone is ~145 MiB of anonymous memory per process and torch._dynamo
-~70 MiB, so a 4-worker job is ~500 MiB smaller (benchmarks/README.md), and the workers skip
-those imports at start.
+~70 MiB, so a 4-worker job's peak is 300-500 MiB lower (benchmarks/README.md), and the workers
+skip those imports at start.
 
 Nothing imported here starts a device: CUDA must be initialised in the worker, never before a
 fork (torch then refuses it in the child)."""
