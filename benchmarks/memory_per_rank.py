@@ -9,8 +9,9 @@ Parts (each writes benchmarks/results/memory_<part>.md):
   peak and the set-up peak above the rank's baseline (torch and the data loaded, before the model
   is built), next to `framework plan`'s estimate for the same run.
 - `cap`: the ~85M GPT at 2 processes with the whole job capped at 3300 MiB.
-- `largest`: the most layers (n_embd 768) that train 3 steps with the whole job capped at
-  N x 2.5 GiB, per strategy, at 2 and 4 processes.
+- `largest`: the most layers (n_embd 768) that train 5 steps with each worker process capped at
+  2.5 GiB (a cgroup of its own; pages it shares with the process it was forked from are not its
+  own), per strategy, at 2 and 4 processes; in steps of 8 layers, then 4 past the last that fits.
 
     .venv/bin/python benchmarks/memory_per_rank.py [peaks|cap|largest ...] [--strategies ddp,fsdp]
                                                          (as root; tens of minutes)
@@ -36,18 +37,19 @@ SIZES = {"85M": ["model.n_layer=12", "model.n_embd=768", "model.n_head=12"],
          "~100M": ["model.n_layer=14", "model.n_embd=768", "model.n_head=12"],
          "~400M": ["model.n_layer=32", "model.n_embd=1024", "model.n_head=16"]}
 RUN = ["model.block_size=128", "model.dropout=0.0", "data.batch_size=4", "data.val_batch_size=4",
-       "data.max_bytes=300000", "trainer.max_steps=3", "trainer.val_at_start=false", "trainer.val_every=1000",
+       "data.max_bytes=300000", "trainer.val_at_start=false", "trainer.val_every=1000",
        "trainer.val_batches=1", "trainer.log_every=1", "trainer.progress_bar=false", "logger=null",
        "callbacks=[memory_monitor]", "trainer.clip_grad_norm=null"]
 
 
-def train(workdir: Path, strategy: str, devices: int, model: list[str], extra=(), cap=None) -> dict:
+def train(workdir: Path, strategy: str, devices: int, model: list[str], extra=(), cap=None, worker_cap=None,
+          steps=3) -> dict:
     out = workdir / f"run{len(list(workdir.iterdir()))}"
     command = [sys.executable, str(ROOT / "train.py"), f"strategy={strategy}", f"devices={devices}", *model, *RUN,
-               *extra, f"hydra.run.dir={out}"]
-    result = cgroup.run(command, cap_bytes=cap, cwd=workdir)
+               f"trainer.max_steps={steps}", *extra, f"hydra.run.dir={out}"]
+    result = cgroup.run(command, cap_bytes=cap, cwd=workdir, worker_cap_bytes=worker_cap)
     row = {"ok": result.returncode == 0, "job_peak": result.peak_bytes, "oom": result.oom_killed,
-           "seconds": result.seconds, "tail": result.stderr[-1500:]}
+           "seconds": result.seconds, "tail": result.stderr[-1500:], "worker_peaks": result.worker_peaks}
     if row["ok"]:
         ranks = json.loads((out / "memory.json").read_text())["ranks"]
         row["train"] = max(r["train_peak_rss_bytes"] - r["baseline_rss_bytes"] for r in ranks)
@@ -58,7 +60,8 @@ def train(workdir: Path, strategy: str, devices: int, model: list[str], extra=()
 def planned(strategy: str, devices: int, model: list[str], extra=()) -> float:
     """`framework plan`'s total bytes per rank for the same run (model states and activations)."""
     text = subprocess.run([sys.executable, "-m", "framework", "plan", f"strategy={strategy}", f"devices={devices}",
-                           *model, *RUN, *extra], capture_output=True, text=True, cwd=ROOT).stdout
+                           *model, *RUN, "trainer.max_steps=3", *extra],
+                          capture_output=True, text=True, cwd=ROOT).stdout
     line = next(l for l in text.splitlines() if l.strip().startswith("total per rank:"))
     value, unit = line.split(":")[-1].split(" on ")[0].split()
     return float(value) * {"KiB": 2**10, "MiB": MiB, "GiB": GiB}[unit]
@@ -111,23 +114,37 @@ def cap(workdir: Path, strategies=("ddp", "fsdp", "deepspeed_stage_3")) -> None:
 
 def largest(workdir: Path, strategies=("ddp", "fsdp", "deepspeed_stage_3")) -> None:
     per_process = 2.5 * GiB
-    layers = [8, 16, 24, 32, 40, 48]
-    lines = [f"GPT, n_embd 768, fp32, batch 4 x 128 tokens: the most layers that train 3 steps with the whole job "
-             f"capped at N x {per_process / GiB:.1f} GiB (tried: {layers}).", "",
-             "| N | strategy | most layers | parameters | vs ddp |", "|---|---|---|---|---|"]
+    layers = [8, 16, 24, 32, 40, 48, 56]
+    lines = [f"GPT, n_embd 768, fp32, batch 4 x 128 tokens: the most layers that train 5 steps with each worker "
+             f"process capped at {per_process / GiB:.1f} GiB (a cgroup of its own; tried {layers}, then 4 more "
+             "than the last that trained). Worker peak: the most any worker's group used in that run.", "",
+             "| N | strategy | most layers | parameters | worker peak (MiB) | vs ddp |", "|---|---|---|---|---|---|"]
+
+    def fits(strategy: str, n: int, n_layer: int) -> dict | None:
+        model = [f"model.n_layer={n_layer}", "model.n_embd=768", "model.n_head=12"]
+        row = train(workdir, strategy, n, model, worker_cap=per_process, steps=5)
+        if row["ok"] and len(row["worker_peaks"]) != n:
+            sys.exit(f"memory_per_rank: {len(row['worker_peaks'])} worker groups for {n} workers")
+        return row if row["ok"] else None
+
     for n in (2, 4):
         best_ddp = None
         for strategy in strategies:
-            best = 0
+            best, best_row = 0, None
             for n_layer in layers:
-                model = [f"model.n_layer={n_layer}", "model.n_embd=768", "model.n_head=12"]
-                if not train(workdir, strategy, n, model, cap=n * per_process)["ok"]:
+                row = fits(strategy, n, n_layer)
+                if row is None:
                     break
-                best = n_layer
+                best, best_row = n_layer, row
+            if best and best < layers[-1]:
+                row = fits(strategy, n, best + 4)
+                if row is not None:
+                    best, best_row = best + 4, row
             params = best * 7_087_872 + 295_680 if best else 0
             best_ddp = best if strategy == "ddp" else best_ddp
             ratio = f"{best / best_ddp:.1f}x" if best_ddp else ""
-            lines.append(f"| {n} | {strategy} | {best} | {params / 1e6:.0f}M | {ratio} |")
+            peak = f"{max(best_row['worker_peaks']) / MiB:.0f}" if best_row else ""
+            lines.append(f"| {n} | {strategy} | {best} | {params / 1e6:.0f}M | {peak} | {ratio} |")
             print(lines[-1], flush=True)
     publish("memory_largest" + SUBSET_SUFFIX, lines)
 
