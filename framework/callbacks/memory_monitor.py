@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import torch
 from framework.callbacks.base import Callback
 
 _STATUS = Path("/proc/self/status")
+_MEMORY_GROUPS = Path("/sys/fs/cgroup/memory")  # cgroup v1's memory controller
 
 
 def _status_bytes(field: str) -> int | None:
@@ -59,11 +61,57 @@ def reset_peak_resident() -> bool:
         return False
 
 
+class OwnMemoryGroup:
+    """This process's cgroup v1 memory group, when the process is alone in it (a per-process cap:
+    a scheduler's per-task group, or benchmarks/cgroup.py's per-worker one). The group's charge
+    counts the pages this process brought in itself and is what a cap on the group is enforced
+    against; resident memory (RSS) also counts pages it shares, e.g. library code a forked worker
+    maps after its parent loaded it. `find()` is None anywhere else (a shared group, cgroup v2)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    @classmethod
+    def find(cls) -> OwnMemoryGroup | None:
+        try:
+            lines = Path("/proc/self/cgroup").read_text().splitlines()
+        except OSError:
+            return None
+        for line in lines:
+            _, controllers, name = line.split(":", 2)
+            if "memory" in controllers.split(","):
+                path = _MEMORY_GROUPS / name.lstrip("/")
+                try:
+                    alone = (path / "cgroup.procs").read_text().split() == [str(os.getpid())]
+                except OSError:
+                    return None
+                return cls(path) if alone and name != "/" else None
+        return None
+
+    def _read(self, name: str) -> int:
+        return int((self.path / name).read_text())
+
+    def usage(self) -> int:
+        return self._read("memory.usage_in_bytes")
+
+    def peak(self) -> int:
+        return self._read("memory.max_usage_in_bytes")
+
+    def reset_peak(self) -> bool:
+        try:
+            (self.path / "memory.max_usage_in_bytes").write_text("0")
+            return True
+        except OSError:
+            return False
+
+
 class MemoryMonitor(Callback):
     """Per rank: the resident memory before the model was built (baseline: torch with the compiler
     stack its optimizers import, and the data), the
     peak while setting up (building and wrapping/sharding the model), and the peak while training
-    (the high-water mark is reset once set-up is done, where the OS allows). Logs
+    (the high-water mark is reset once set-up is done, where the OS allows). A rank alone in a
+    memory cgroup (OwnMemoryGroup) also gets the same three figures of its group's charge, its own
+    memory: memory.json's `group_*_bytes` (-1 elsewhere). Logs
     `memory/train_peak_rss_mb` (largest over ranks; `memory/cuda_peak_mb` on CUDA) every log
     interval; rank zero writes everything to `<run dir>/memory.json` at the end."""
 
@@ -77,18 +125,27 @@ class MemoryMonitor(Callback):
         self.baseline = resident_bytes()  # built before the model
         self.setup_peak = 0
         self.reset_ok = False
+        self.group = OwnMemoryGroup.find()
+        self.group_baseline = self.group.usage() if self.group else -1
+        self.group_setup_peak = -1
+        self.group_reset_ok = False
 
     def on_fit_start(self, loop) -> None:
         self.setup_peak = peak_resident_bytes()
         self.reset_ok = reset_peak_resident()
+        if self.group:
+            self.group_setup_peak = self.group.peak()
+            self.group_reset_ok = self.group.reset_peak()
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.reset_peak_memory_stats()
 
     def _gather(self, loop) -> torch.Tensor:
         cuda = torch.cuda.max_memory_allocated() if torch.cuda.is_available() and torch.cuda.is_initialized() else 0
-        mine = torch.tensor([self.baseline, self.setup_peak, peak_resident_bytes(), cuda], dtype=torch.float64,
+        group_train_peak = self.group.peak() if self.group and self.group_reset_ok else -1
+        mine = torch.tensor([self.baseline, self.setup_peak, peak_resident_bytes(), cuda, self.group_baseline,
+                             self.group_setup_peak, group_train_peak], dtype=torch.float64,
                             device=loop.strategy.root_device)
-        return loop.strategy.all_gather(mine)  # (world, 4)
+        return loop.strategy.all_gather(mine)  # (world, 7)
 
     def on_train_step_end(self, loop) -> None:
         if loop.state.step % loop.trainer.log_every == 0:
@@ -102,6 +159,8 @@ class MemoryMonitor(Callback):
         peaks = self._gather(loop).cpu().tolist()
         if loop.strategy.is_global_zero:
             ranks = [{"rank": r, "baseline_rss_bytes": int(p[0]), "setup_peak_rss_bytes": int(p[1]),
-                      "train_peak_rss_bytes": int(p[2]), "cuda_peak_bytes": int(p[3])} for r, p in enumerate(peaks)]
+                      "train_peak_rss_bytes": int(p[2]), "cuda_peak_bytes": int(p[3]),
+                      "group_baseline_bytes": int(p[4]), "group_setup_peak_bytes": int(p[5]),
+                      "group_train_peak_bytes": int(p[6])} for r, p in enumerate(peaks)]
             (loop.output_dir / "memory.json").write_text(
                 json.dumps({"train_peak_is_after_setup": self.reset_ok, "ranks": ranks}, indent=2))

@@ -109,7 +109,9 @@ def launch_local_workers(config: dict, output_dir: Path, plugins, nproc: int) ->
     threads = max(1, (os.cpu_count() or 1) // nproc)
     if plugins.strategy.start_method == "forkserver":
         # Workers forked from a server that imported torch and the framework share those pages
-        # (framework/launch/preload.py). Takes effect when the server starts: at the first launch.
+        # (framework/launch/preload.py). Takes effect when the server starts: at the first launch
+        # (a forkserver the user's own code started earlier keeps its own list: workers then
+        # import torch themselves, correct but without the saving).
         multiprocessing.set_forkserver_preload(["__main__", "framework.launch.preload"])
         multiprocessing.forkserver.ensure_running()  # its imports overlap the agent's rendezvous
     logs_dir = Path(tempfile.mkdtemp(prefix="elastic-", dir=output_dir))

@@ -1,7 +1,9 @@
 import csv
 import json
+import sys
 
-from tests.conftest import DIGITS, run_inprocess
+from tests.conftest import DIGITS, ROOT, TINY_GPT, run_inprocess
+from tests.helpers.memory_group import memory_group, run_in_group
 
 
 def test_early_stopping_stops_and_still_saves(tmp_path, capsys):
@@ -32,3 +34,21 @@ def test_memory_monitor_writes_per_rank_peaks(tmp_path):
     logged = [float(r["memory/train_peak_rss_mb"]) for r in csv.DictReader(open(out / "metrics.csv"))
               if r.get("memory/train_peak_rss_mb")]
     assert logged and all(v > 50 for v in logged)
+
+
+def test_memory_monitor_reads_the_memory_group_a_rank_has_to_itself(tmp_path):
+    # a rank alone in a memory cgroup (a per-process cap) also gets its group's charge: its own memory
+    width, layers = 512, 2
+    params = layers * 12 * width * width + (256 + 32) * width  # Blocks' matrices and embeddings (most of them)
+    args = [*TINY_GPT, f"model.n_layer={layers}", f"model.n_embd={width}", "model.n_head=8", "trainer.max_steps=3",
+            "trainer.val_at_start=false", "logger=null", "callbacks=[memory_monitor]", f"hydra.run.dir={tmp_path}/run"]
+    with memory_group() as group:
+        result = run_in_group(group, f"{sys.executable} {ROOT}/train.py " + " ".join(args), cwd=tmp_path, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        group_peak_since_setup = int((group / "memory.max_usage_in_bytes").read_text())
+    (rank,) = json.loads((tmp_path / "run" / "memory.json").read_text())["ranks"]
+    baseline, setup, train = (rank[f"group_{k}_bytes"] for k in ("baseline", "setup_peak", "train_peak"))
+    assert 0 < baseline < setup < train <= group_peak_since_setup  # reset once set-up was done
+    assert setup - baseline >= 0.9 * 4 * params  # the float32 weights were built after the baseline
+    assert train - baseline >= 0.9 * 16 * params  # weights, gradients and AdamW's two moments
+    assert train - baseline < 16 * params + 200 * 2**20  # and little else: activations of batch 8 x 32 tokens

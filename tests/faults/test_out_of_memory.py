@@ -3,39 +3,20 @@ was killed: out of memory", with what `framework plan` estimated per rank and wh
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 
 from framework.errors import ExitCode
 from framework.launch.oom import OomWatch
 from tests.conftest import ROOT, TINY_GPT
-
-MEMORY = Path("/sys/fs/cgroup/memory")
+from tests.helpers.memory_group import memory_group, run_in_group
 
 
 @pytest.fixture
-def memory_cap(tmp_path):
-    group = MEMORY / f"framework-oom-test-{os.getpid()}"
-    try:
-        group.mkdir()
-        (group / "memory.limit_in_bytes").write_text(str(1536 * 2**20))
-    except OSError as err:
-        pytest.skip(f"no writable cgroup v1 memory controller here (needs root): {err}")
-    try:
+def memory_cap():
+    with memory_group(1536 * 2**20) as group:
         yield group
-    finally:
-        for _ in range(50):  # the group goes once the last process left in it has exited
-            for pid in (group / "cgroup.procs").read_text().split():
-                subprocess.run(["kill", "-9", pid], capture_output=True)
-            try:
-                group.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
 
 
 @pytest.mark.slow
@@ -43,9 +24,9 @@ def test_a_worker_killed_for_memory_is_named_with_the_estimate(memory_cap, tmp_p
     # ~100M parameters under ddp: 16 bytes each per rank (weights, gradients, Adam) > the 1.5 GiB cap
     args = [*TINY_GPT, "model.n_layer=12", "model.n_embd=768", "model.n_head=12", "strategy=ddp", "devices=2",
             "trainer.max_steps=3"]
-    command = f"echo $$ > {memory_cap}/cgroup.procs && exec {sys.executable} {ROOT}/train.py " + " ".join(args)
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    result = subprocess.run(["sh", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    result = run_in_group(memory_cap, f"{sys.executable} {ROOT}/train.py " + " ".join(args), cwd=tmp_path,
+                          timeout=300, env=env)
     assert result.returncode == ExitCode.FAILED, (result.returncode, result.stdout[-2000:], result.stderr[-3000:])
     assert "was killed: out of memory (the kernel's out-of-memory killer" in result.stderr, result.stderr[-3000:]
     assert "memory limit 1.50 GiB" in result.stderr

@@ -146,12 +146,15 @@ def test_only_rank_zero_prints(ddp_as_typed):
 
 def test_workers_share_the_imports_of_the_process_they_are_forked_from(ddp_as_typed):
     """The forkserver imports torch and the framework once (framework/launch/preload.py); each
-    worker shares those pages instead of holding its own copy (~1 MiB shared without it)."""
+    worker shares those pages instead of holding its own copy (~1 MiB shared without it), and its
+    garbage collector leaves the objects it inherited alone."""
     _, root = ddp_as_typed
     for rank in (0, 1):
         record = json.loads((root / f"shared_rank{rank}.json").read_text())
         assert record["parent_has_torch"]
         assert record["shared_dirty_kib"] > 100 * 1024, record  # torch alone: ~145 MiB of anonymous memory
+        assert record["shared_dirty_kib"] > 0.5 * record["anonymous_kib"], record  # most of it
+        assert record["frozen_objects"] > 100_000, record  # the imports' objects: the collector never copies them
 
 
 def test_a_failing_worker_stops_the_group_and_is_shown_first(tmp_path):
