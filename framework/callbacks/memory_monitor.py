@@ -64,9 +64,12 @@ def reset_peak_resident() -> bool:
 class OwnMemoryGroup:
     """This process's cgroup v1 memory group, when the process is alone in it (a per-process cap:
     a scheduler's per-task group, or benchmarks/cgroup.py's per-worker one). The group's charge
-    counts the pages this process brought in itself and is what a cap on the group is enforced
-    against; resident memory (RSS) also counts pages it shares, e.g. library code a forked worker
-    maps after its parent loaded it. `find()` is None anywhere else (a shared group, cgroup v2)."""
+    counts the pages this process brought in or copied itself (a page shared with its parent that
+    it writes becomes its own), and is what a cap on the group is enforced against; resident
+    memory (RSS) also counts the pages it shares, e.g. library code a forked worker maps after its
+    parent loaded it, and does not grow when it copies one. Processes it starts later (data loader
+    workers) join the group and are counted with it. `find()` is None anywhere else (a shared
+    group, cgroup v2)."""
 
     def __init__(self, path: Path):
         self.path = path
