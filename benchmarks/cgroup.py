@@ -31,7 +31,7 @@ class Result:
     oom_killed: bool  # the kernel killed a process of the group for the cap
     seconds: float
     stderr: str
-    worker_peaks: list[int] = field(default_factory=list)  # per worker group (worker_groups or worker_cap_bytes)
+    worker_peaks: list[int] = field(default_factory=list)  # per worker group, with worker_cap_bytes
 
 
 def _parent(pid: str) -> str | None:
@@ -50,11 +50,11 @@ def _is_forkserver(pid: str) -> bool:
 
 class WorkerGroups(threading.Thread):
     """Moves every process the job's forkserver forks (the framework's local workers) into a child
-    group of its own (capped at `cap_bytes` when given), within milliseconds of its start (before it builds a
+    group of its own capped at `cap_bytes`, within milliseconds of its start (before it builds a
     model): a per-process cap. Charges already made move with it (move_charge_at_immigrate); pages
     it shares with the forkserver stay charged to the job, as they are not the worker's own."""
 
-    def __init__(self, group: Path, cap_bytes: int | None):
+    def __init__(self, group: Path, cap_bytes: int):
         super().__init__(daemon=True)
         self.group, self.cap_bytes = group, cap_bytes
         self.children: list[Path] = []
@@ -78,8 +78,7 @@ class WorkerGroups(threading.Thread):
                     continue  # not a worker: the launcher, the forkserver itself or a worker's helper
                 child = self.group / f"worker{len(self.children)}"
                 child.mkdir()
-                if self.cap_bytes:
-                    (child / "memory.limit_in_bytes").write_text(str(int(self.cap_bytes)))
+                (child / "memory.limit_in_bytes").write_text(str(int(self.cap_bytes)))
                 try:
                     (child / "memory.move_charge_at_immigrate").write_text("3")
                 except OSError:
@@ -120,12 +119,12 @@ def _remove(group: Path) -> None:
 
 
 def run(command: list[str], cap_bytes: int | None = None, cwd: Path | None = None, timeout: float = 3600,
-        worker_groups: bool = False, worker_cap_bytes: int | None = None) -> Result:
-    """`cap_bytes` caps the whole job; `worker_groups` puts each local worker in a group of its own
-    (its memory_monitor then reports that group's charge too), `worker_cap_bytes` caps each one."""
+        worker_cap_bytes: int | None = None) -> Result:
+    """`cap_bytes` caps the whole job; `worker_cap_bytes` caps each local worker on its own (in a
+    group of its own, whose charge its memory_monitor reports too)."""
     group = ROOT / f"framework-bench-{uuid.uuid4().hex[:8]}"
     group.mkdir()
-    workers = WorkerGroups(group, worker_cap_bytes) if worker_groups or worker_cap_bytes else None
+    workers = WorkerGroups(group, worker_cap_bytes) if worker_cap_bytes else None
     try:
         if cap_bytes:
             (group / "memory.limit_in_bytes").write_text(str(int(cap_bytes)))

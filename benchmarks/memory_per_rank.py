@@ -43,23 +43,17 @@ RUN = ["model.block_size=128", "model.dropout=0.0", "data.batch_size=4", "data.v
 
 
 def train(workdir: Path, strategy: str, devices: int, model: list[str], extra=(), cap=None, worker_cap=None,
-          steps=3, worker_groups=False) -> dict:
+          steps=3) -> dict:
     out = workdir / f"run{len(list(workdir.iterdir()))}"
     command = [sys.executable, str(ROOT / "train.py"), f"strategy={strategy}", f"devices={devices}", *model, *RUN,
                f"trainer.max_steps={steps}", *extra, f"hydra.run.dir={out}"]
-    result = cgroup.run(command, cap_bytes=cap, cwd=workdir, worker_groups=worker_groups, worker_cap_bytes=worker_cap)
+    result = cgroup.run(command, cap_bytes=cap, cwd=workdir, worker_cap_bytes=worker_cap)
     row = {"ok": result.returncode == 0, "job_peak": result.peak_bytes, "oom": result.oom_killed,
            "seconds": result.seconds, "tail": result.stderr[-1500:], "worker_peaks": result.worker_peaks}
     if row["ok"]:
         ranks = json.loads((out / "memory.json").read_text())["ranks"]
         row["train"] = max(r["train_peak_rss_bytes"] - r["baseline_rss_bytes"] for r in ranks)
         row["setup"] = max(r["setup_peak_rss_bytes"] - r["baseline_rss_bytes"] for r in ranks)
-        if worker_groups:
-            if min(min(r["group_baseline_bytes"], r["group_setup_peak_bytes"], r["group_train_peak_bytes"])
-                   for r in ranks) < 0:
-                sys.exit("memory_per_rank: a worker did not find the memory group made for it")
-            row["own_train"] = max(r["group_train_peak_bytes"] - r["group_baseline_bytes"] for r in ranks)
-            row["own_setup"] = max(r["group_setup_peak_bytes"] - r["group_baseline_bytes"] for r in ranks)
     return row
 
 
@@ -75,16 +69,12 @@ def planned(strategy: str, devices: int, model: list[str], extra=()) -> float:
 
 def peaks(workdir: Path, strategies=STRATEGIES) -> None:
     lines = ["GPT, fp32, AdamW, batch 4 x 128 tokens, 3 steps, CPU (gloo). Per rank: worst rank, above its baseline "
-             "(torch and data loaded); resident memory (RSS), and own memory: the charge of the memory group each "
-             "worker runs in alone (the pages it shares with the process it was forked from are not its own). Whole "
-             "job: the cgroup's peak (every process, page cache it brought in).", "",
+             "(torch and data loaded). Whole job: the cgroup's peak (every process, page cache it brought in).", "",
              "| model | N | strategy | act. ckpt | whole job (MiB) | training peak / rank (MiB) | vs ddp "
-             "| set-up peak / rank (MiB) | own: training peak / rank (MiB) | own: vs ddp "
-             "| own: set-up peak / rank (MiB) "
-             "| plan estimate / rank (MiB) | measured / estimate |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| set-up peak / rank (MiB) | plan estimate / rank (MiB) | measured / estimate |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for size in ("~100M", "~400M"):
-        ddp_train = ddp_own = None  # a ddp rank holds the same at any N: the size's first ddp row is the reference
+        ddp_train = None  # a ddp rank holds the same at any N: the first ddp row of the size is the reference
         for n in (2, 4):
             for ac in (False, True):
                 for strategy in strategies:
@@ -92,20 +82,18 @@ def peaks(workdir: Path, strategies=STRATEGIES) -> None:
                         continue  # a 400M step is slow here: the headline strategies only
                     cap = 22 * GiB  # never let the machine itself run out
                     extra = [f"trainer.activation_checkpointing={ac}"]
-                    row = train(workdir, strategy, n, SIZES[size], extra, cap, worker_groups=True)
+                    row = train(workdir, strategy, n, SIZES[size], extra, cap)
                     estimate = planned(strategy, n, SIZES[size], extra)
                     if not row["ok"]:
                         why = "killed at the 22 GiB guard" if row["oom"] else "failed"
                         lines.append(f"| {size} | {n} | {strategy} | {ac} | {row['job_peak'] / MiB:.0f} | {why} "
-                                     f"| | | | | | {estimate / MiB:.0f} | |")
+                                     f"| | | {estimate / MiB:.0f} | |")
                     else:
                         if strategy == "ddp" and not ac and ddp_train is None:
-                            ddp_train, ddp_own = row["train"], row["own_train"]
+                            ddp_train = row["train"]
                         ratio = f"{row['train'] / ddp_train:.2f}x" if ddp_train else ""
-                        own_ratio = f"{row['own_train'] / ddp_own:.2f}x" if ddp_own else ""
                         lines.append(f"| {size} | {n} | {strategy} | {ac} | {row['job_peak'] / MiB:.0f} | "
                                      f"{row['train'] / MiB:.0f} | {ratio} | {row['setup'] / MiB:.0f} | "
-                                     f"{row['own_train'] / MiB:.0f} | {own_ratio} | {row['own_setup'] / MiB:.0f} | "
                                      f"{estimate / MiB:.0f} | {row['train'] / estimate:.2f} |")
                     print(lines[-1], flush=True)
     publish("memory_peaks" + SUBSET_SUFFIX, lines)

@@ -49,7 +49,7 @@ def worker_entry(config: dict, output_dir: str, threads: int, failure_dir: str, 
         record = {"rank": rank, "attempt": attempt, "time_ns": time.time_ns(),
                   "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc(),
                   "timed_out": is_collective_timeout(err), "where": framework_frame(err),
-                  "stopped": stopped_ranks(Path(failure_dir), rank)}
+                  "stopped": stopped_ranks(Path(failure_dir), rank), "dead": dead_ranks(Path(failure_dir), rank)}
         (Path(failure_dir) / f"rank{rank}-attempt{attempt}.json").write_text(json.dumps(record))
         for peer in record["stopped"]:  # let a stopped peer take the agent's SIGTERM now, not after 30 s
             _continue(Path(failure_dir), peer)
@@ -73,20 +73,28 @@ def framework_frame(err: BaseException) -> str:
     return ", called from ".join(reversed(named))
 
 
-def stopped_ranks(failure_dir: Path, me: int) -> list[int]:
-    """Local ranks whose process is stopped (SIGSTOP, a debugger): state T or t in /proc."""
-    stopped = []
+def _peer_states(failure_dir: Path, me: int) -> dict[int, str | None]:
+    """Each other local rank's process state in /proc (R, S, T, Z, ...), None where it has none."""
+    states = {}
     for pid_file in failure_dir.glob("pid*"):
         rank = int(pid_file.name[3:])
         if rank == me:
             continue
         try:
-            state = Path(f"/proc/{int(pid_file.read_text())}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            states[rank] = Path(f"/proc/{int(pid_file.read_text())}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except (OSError, ValueError, IndexError):
-            continue
-        if state in ("T", "t"):
-            stopped.append(rank)
-    return sorted(stopped)
+            states[rank] = None
+    return states
+
+
+def stopped_ranks(failure_dir: Path, me: int) -> list[int]:
+    """Local ranks whose process is stopped (SIGSTOP, a debugger): state T or t in /proc."""
+    return sorted(r for r, state in _peer_states(failure_dir, me).items() if state in ("T", "t"))
+
+
+def dead_ranks(failure_dir: Path, me: int) -> list[int]:
+    """Local ranks whose process has already ended (gone from /proc, or a zombie not yet reaped)."""
+    return sorted(r for r, state in _peer_states(failure_dir, me).items() if state in (None, "Z", "X"))
 
 
 def _continue(failure_dir: Path, rank: int) -> None:
@@ -171,11 +179,17 @@ class SignalForwarder:
             signal.signal(number, handler)
 
 
+def _exit_code(code: int | None) -> str:
+    return f"exit code {code}" if code is not None else "no Python error recorded, gone before the others failed"
+
+
 class WorkerFailed(RuntimeError):
     """A worker process died or raised. Every Python error in a worker leaves a record, so a rank
     without one died abruptly (SIGKILL, the out-of-memory killer, a crash in native code): that is
-    the likely cause and is shown first. Then the Python errors, earliest first with its
-    traceback; the later ones are usually consequences (a collective that lost its peer)."""
+    the likely cause and is shown first when it was gone before any other rank failed (the agent
+    saw its exit code, or the first rank to fail found it gone; the agent alone misses it on a
+    loaded machine). Then the Python errors, earliest first with its traceback; the later ones are
+    usually consequences (a collective that lost its peer)."""
 
     def __init__(self, err, failure_dir: Path, oom_kills: int = 0, memory_limit: int | None = None):
         records = [json.loads(p.read_text()) for p in failure_dir.glob("rank*.json")]
@@ -185,16 +199,18 @@ class WorkerFailed(RuntimeError):
         recorded = {r["rank"] for r in records}
         codes = {rank: f.exitcode for rank, f in err.failures.items()}
         abrupt = sorted(started - recorded)
-        killed = [r for r in abrupt if codes.get(r) is not None]  # deaths the agent itself saw
-        unknown = [r for r in abrupt if codes.get(r) is None]  # probably stopped by the agent afterwards
+        # deaths the agent itself saw, and those the first rank to fail saw: already gone when it failed
+        gone_first = set(records[0].get("dead", [])) if records else set()
+        killed = [r for r in abrupt if codes.get(r) is not None or r in gone_first]
+        unknown = [r for r in abrupt if r not in killed]  # probably stopped by the agent afterwards
         # SIGKILLed ranks while the memory cgroup counted OOM kills: the kernel's out-of-memory killer
-        oom = [r for r in killed if codes[r] == -signal.SIGKILL] if oom_kills else []
+        oom = [r for r in killed if codes.get(r, -signal.SIGKILL) == -signal.SIGKILL] if oom_kills else []
         self.out_of_memory = bool(oom)
         limit = f", memory limit {memory_limit / 2**30:.2f} GiB" if memory_limit else ""
         lines = [f"worker rank {r} was killed: out of memory (the kernel's out-of-memory killer, counted by this "
                  f"job's memory cgroup{limit})" for r in oom]
-        lines += [f"worker rank {r} died abruptly (exit code {codes[r]}): killed by a signal, the out-of-memory "
-                  "killer, or a crash in native code" for r in killed if r not in oom]
+        lines += [f"worker rank {r} died abruptly ({_exit_code(codes.get(r))}): killed by a signal, the "
+                  "out-of-memory killer, or a crash in native code" for r in killed if r not in oom]
         if records and records[0].get("timed_out") and not lines:  # a peer stopped answering
             lines.append(self._hung(records[0], unknown))
             lines += [f"worker rank {r['rank']} gave up: {r['error'].splitlines()[0]}" for r in records]
