@@ -105,7 +105,8 @@ def _stop_together_on_failure(strategy, pending: PendingCheckpoint, failure: Bas
         shutil.rmtree(pending.partial, ignore_errors=True)
     strategy.barrier()
     name, root = pending.final.name, pending.final.parent
-    if failure is not None and is_disk_full(failure):
+    # every rank names the full disk, whichever rank's write met it (rank zero's error is the one shown)
+    if strategy.any_rank(failure is not None and is_disk_full(failure)):
         complete, _ = list_checkpoints(root)
         raise disk_full_error(root, name, complete[-1].path if complete else None, free) from failure
     if failure is None:

@@ -3,14 +3,21 @@ from __future__ import annotations
 
 import json
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from framework.callbacks.checkpoint import ModelCheckpoint
-from framework.checkpoint.format import list_checkpoints, load_checkpoint_files, read_meta
+from framework.checkpoint.format import (
+    PendingCheckpoint,
+    _stop_together_on_failure,
+    list_checkpoints,
+    load_checkpoint_files,
+    read_meta,
+)
 from framework.checkpoint_io.torch import TorchCheckpointIO
-from framework.errors import CheckpointError
+from framework.errors import CheckpointError, StorageError
 from tests.conftest import DIGITS, checkpoints, run_inprocess
 
 FAST = [*DIGITS, "trainer.max_steps=4", "trainer.val_every=2", "callbacks.checkpoint.every_n_steps=2",
@@ -104,3 +111,24 @@ def test_keep_last_k_and_best_k(tmp_path):
     assert [c.step for c in complete] == [2, 4, 5]
     assert callback.best(root).step == 2
     assert ModelCheckpoint(keep_last_k=0, best_k=2, monitor="val/loss", mode="max").best(root).step == 5
+
+
+class OtherRankFilledTheDisk:
+    """A strategy as seen by rank 0 of 2 when rank 1's write met the full disk and its own did not."""
+    is_global_zero = True
+    checkpoint_io = SimpleNamespace(discard=lambda: None)
+
+    def any_rank(self, flag: bool) -> bool:
+        return True  # rank 1 failed, and with ENOSPC
+
+    def barrier(self) -> None:
+        pass
+
+
+def test_every_rank_names_the_full_disk_whichever_rank_met_it(tmp_path):
+    partial = tmp_path / "checkpoints" / "step_000006.partial"
+    partial.mkdir(parents=True)
+    pending = PendingCheckpoint(partial=partial, final=tmp_path / "checkpoints" / "step_000006", step=6, meta={})
+    with pytest.raises(StorageError, match="the disk is full: checkpoint step_000006 did not fit"):
+        _stop_together_on_failure(OtherRankFilledTheDisk(), pending, failure=None)
+    assert not partial.exists()
