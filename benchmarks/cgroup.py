@@ -51,8 +51,9 @@ def _is_forkserver(pid: str) -> bool:
 class WorkerGroups(threading.Thread):
     """Moves every process the job's forkserver forks (the framework's local workers) into a child
     group of its own capped at `cap_bytes`, within milliseconds of its start (before it builds a
-    model): a per-process cap. Charges already made move with it (move_charge_at_immigrate); pages
-    it shares with the forkserver stay charged to the job, as they are not the worker's own."""
+    model): a per-process cap. Pages it shares with the forkserver stay charged to the job, as they
+    are not the worker's own; so do the few it writes before the move where the kernel refuses to
+    move charges with a process (memory.move_charge_at_immigrate, deprecated: refused here)."""
 
     def __init__(self, group: Path, cap_bytes: int):
         super().__init__(daemon=True)
