@@ -46,13 +46,16 @@ test-xla: $(XLA_BIN)/.installed
 
 # The GPU check (not part of `make test`): every strategy x precision x checkpoint_io that makes
 # sense on CUDA, at 1 GPU and at all of them, losses compared with the CPU's; writes
-# benchmarks/results/gpu_check.md. Its environment takes torch from PyPI (a CUDA build); point
-# GPU_PYTHON at a Python that already has a CUDA torch to skip the install.
+# benchmarks/results/gpu_check.md. Its environment installs torch with pip's own configuration
+# (pip.conf, PIP_INDEX_URL); GPU_TORCH_PIP_ARGS adds pip arguments for that one install where the
+# configured source serves only CPU builds (an index that serves CUDA builds, --no-cache-dir ...).
+# Point GPU_PYTHON at a Python that already has a CUDA torch to skip the install.
 GPU_VENV ?= .venv-gpu
 GPU_PYTHON ?= $(GPU_VENV)/bin/python
+GPU_TORCH_PIP_ARGS ?=
 
 $(GPU_VENV)/bin/.installed: pyproject.toml
-	$(call install_venv,$(GPU_VENV),--index-url https://pypi.org/simple torch==$(TORCH_VERSION),".[dev]")
+	$(call install_venv,$(GPU_VENV),$(GPU_TORCH_PIP_ARGS) torch==$(TORCH_VERSION),".[dev]")
 
 gpu-check: $(if $(filter $(GPU_VENV)/bin/python,$(GPU_PYTHON)),$(GPU_VENV)/bin/.installed)
 	$(GPU_PYTHON) benchmarks/gpu_check.py $(ARGS)

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import torch
 
+from framework.accelerator.cpu import CPUAccelerator
 from framework.cli.list_options import check_usable, discover
 from tests.cli.helpers import framework_cmd
 from tests.conftest import CONF
@@ -22,7 +24,10 @@ def test_every_shipped_option_is_listed_with_a_description():
     assert all(o.description for o in options), [o.name for o in options if not o.description]
 
 
-def test_usability_follows_the_compatibility_table():
+@pytest.mark.parametrize("fast_fp16", [False, True], ids=["cpu-without-fp16", "cpu-with-fp16"])
+def test_usability_follows_the_compatibility_table(monkeypatch, fast_fp16):
+    # both kinds of CPU this project's machines have, whichever this one is (the code's own predicate)
+    monkeypatch.setattr(CPUAccelerator, "fast_fp16", lambda self: fast_fp16)
     options = [o for o in discover(["accelerator", "strategy", "precision", "logger"])]
     check_usable(options)
     by_name = {(o.group, o.name): o for o in options}
@@ -33,7 +38,12 @@ def test_usability_follows_the_compatibility_table():
         assert "needs CUDA" in by_name["strategy", "fairscale_fsdp"].problem
     assert by_name["strategy", "deepspeed_stage_3"].problem is None  # deepspeed is installed by the dev extra
     assert by_name["logger", "mlflow"].problem is None and by_name["logger", "tensorboard"].problem is None
-    assert "slow" in by_name["precision", "16"].note or "fp16" in by_name["precision", "16"].note
+    fp16 = by_name["precision", "16"]
+    assert fp16.problem is None
+    if fast_fp16:
+        assert "fp16" not in fp16.note
+    else:
+        assert "no fp16 hardware" in fp16.note and "slower" in fp16.note
 
 
 def test_list_command_for_one_group_and_a_typo():
