@@ -25,6 +25,7 @@ from torch.nn import functional as F
 
 import framework
 from framework.config.build import build
+from framework.models.build import build_model
 from framework.scheduler.cosine import warmup_cosine
 from results_table import publish  # benchmarks/ is on sys.path when a script runs
 
@@ -57,7 +58,7 @@ def run_raw(cfg, steps: int) -> float:
     start = time.perf_counter()
     torch.manual_seed(cfg.seed)
     data = build(cfg.data, "data")
-    model = build(cfg.model, "model")
+    model = build_model(cfg.model)
     optimizer = build(cfg.optimizer, "optimizer")(model.parameters())
     scheduler = warmup_cosine(optimizer, steps, cfg.scheduler.warmup_steps, cfg.scheduler.min_lr_ratio)
     loader = torch.utils.data.DataLoader(data.train_dataset(), batch_size=cfg.data.batch_size, shuffle=True,
@@ -117,7 +118,7 @@ def run_lightning(cfg, steps: int) -> float:
                             enable_checkpointing=False, limit_val_batches=0, num_sanity_val_steps=0,
                             gradient_clip_val=cfg.trainer.clip_grad_norm, log_every_n_steps=cfg.trainer.log_every,
                             enable_model_summary=False, default_root_dir=out)
-        trainer.fit(Module(build(cfg.model, "model")), loader)
+        trainer.fit(Module(build_model(cfg.model)), loader)
         return time.perf_counter() - start
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import sys
 from enum import IntEnum
+from difflib import get_close_matches
 
 
 class ExitCode(IntEnum):
@@ -39,8 +40,6 @@ class StorageError(CheckpointError):
 
 def did_you_mean(word: str, choices, cutoff: float = 0.5) -> str:
     """' Did you mean X?' for the closest of `choices`, or '' (for every unknown-name message)."""
-    from difflib import get_close_matches
-
     close = get_close_matches(word, list(choices), n=1, cutoff=cutoff)
     return f" Did you mean {close[0]}?" if close else ""
 

@@ -27,7 +27,7 @@ def build_plugins(cfg: DictConfig) -> Plugins:
     strategy = build(cfg.strategy, "strategy", accelerator=accelerator, precision=precision,
                      checkpoint_io=checkpoint_io, cluster=cluster)
     try:
-        strategy.configure_devices(accelerator.resolve_devices(cfg.get("devices", 1)))
+        strategy.devices = accelerator.resolve_devices(cfg.get("devices", 1))
     except (TypeError, ValueError):
         pass  # a bad `devices` value is reported by the checks that read it
     return Plugins(accelerator, precision, checkpoint_io, cluster, strategy)

@@ -14,9 +14,10 @@ from omegaconf.errors import OmegaConfBaseException
 
 from framework.checkpoint.resume import check_run_dir
 from framework.config.build import build
-from framework.config.compatibility import Plan, judge
+from framework.models.build import build_model
+from framework.config.compatibility import Plan, judge, processes_per_node
 from framework.config.loop_settings import loop_settings
-from framework.config.meta_build import meta_device
+from framework.construction.meta_build import meta_device
 from framework.config.targets import check_targets
 from framework.config.validate import check_values
 from framework.console import human_bytes
@@ -27,8 +28,8 @@ from framework.loop.preemption import Preempted
 from framework.plotting.at_end import run_figures
 from framework.plugins import Plugins, build_plugins
 from framework.reproduce import write_recipe
-from framework.strategy.activation_checkpointing import checkpoint_units
-from framework.strategy.memory import model_stats
+from framework.construction.activation_checkpointing import checkpoint_units
+from framework.planning.memory import estimate, model_stats
 from framework.sweeps import SUMMARY_FILE, current_job, finished_objective, run_overrides, write_summary
 from framework.tasks.fit_check import check_fit
 
@@ -154,7 +155,7 @@ class Prepared:
     @property
     def world_size(self) -> int:
         """Processes in the whole job (one per device, or one per node under SPMD)."""
-        return self.plugins.strategy.processes_per_node(self.devices) * self.resolved.num_nodes
+        return processes_per_node(self.plugins.strategy, self.devices) * self.resolved.num_nodes
 
     def raise_problems(self) -> "Prepared":
         if self.problems:
@@ -201,8 +202,7 @@ def prepare(cfg: DictConfig, strict: bool = True) -> Prepared:
             prepared.plugins.strategy.configure_loop(plan.loop)
             if prepared.model is not None:
                 problems.extend(prepared.plugins.precision.model_problems(prepared.model))
-                problems.extend(prepared.plugins.strategy.model_problems(prepared.model))
-            problems.extend(prepared.plugins.strategy.config_problems())
+            problems.extend(prepared.plugins.strategy.problems(prepared.model))
     return prepared.raise_problems() if strict else prepared
 
 
@@ -214,7 +214,7 @@ def build_components(cfg: DictConfig, plugins: Plugins | None = None) -> tuple[o
     units checkpointed when trainer.activation_checkpointing is on: their inputs, and one unit's
     activations, live again while backward recomputes it)."""
     with meta_device():
-        model = build(cfg.model, "model")
+        model = build_model(cfg.model)
     data = build(cfg.data, "data")
     task = build(cfg.task, "task")
     batch_size = int(cfg.data.get("batch_size", 2) or 2)
@@ -235,10 +235,10 @@ def compatibility_plan(plugins: Plugins, resolved: DictConfig, devices: int) -> 
 def memory_advice(prepared: Prepared) -> str:
     """What `framework plan` estimated per rank for this run, and what needs less."""
     stats, _ = model_stats(prepared.resolved, prepared.plugins, prepared.model)
-    estimate = prepared.plugins.strategy.estimate_memory(stats, prepared.world_size)
-    per_rank = estimate.device + estimate.host + prepared.activation_bytes
+    states = estimate(prepared.plugins.strategy, stats, prepared.world_size)
+    per_rank = states.device + states.host + prepared.activation_bytes
     return (f"framework plan estimated {human_bytes(per_rank)} per rank ({prepared.plugins.strategy.name}: "
-            f"{estimate.formula} for the model states, plus one micro-batch's activations). To need less: a sharding "
+            f"{states.formula} for the model states, plus one micro-batch's activations). To need less: a sharding "
             "strategy (strategy=fsdp or deepspeed_stage_3), CPU offload (fsdp_cpu_offload, deepspeed_stage_3_offload), "
             "trainer.activation_checkpointing=true, a smaller data.batch_size (trainer.accumulate keeps the batch), or "
             "fewer processes per node (devices=...).")

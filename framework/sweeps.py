@@ -17,9 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import OmegaConf
 
 from framework.config.overrides import defining_overrides
-from framework.config.sweep_record import SUMMARY_FILE, SWEEP_RECORD_FILE, SWEEP_SUMMARY_FILE
+from framework.sweep_record import SUMMARY_FILE, SWEEP_RECORD_FILE, SWEEP_SUMMARY_FILE
 from framework.errors import ExitCode, RunExit
 from framework.loggers.mlflow import close_sweep_run, open_sweep_run
 from framework.plotting.at_end import sweep_figures
@@ -34,9 +37,6 @@ class SweepJob:
 
 def current_job() -> SweepJob | None:
     """This job's place in the sweep, or None outside `-m`."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
     if not HydraConfig.initialized():
         return None
     hydra_cfg = HydraConfig.get()
@@ -48,8 +48,6 @@ def current_job() -> SweepJob | None:
 def run_overrides() -> list[str]:
     """The overrides this run was started with (a sweep job's or a single run's), as Hydra recorded
     them; [] when the config did not come through Hydra's command line (e.g. the compose API)."""
-    from hydra.core.hydra_config import HydraConfig
-
     if not HydraConfig.initialized():
         return []
     return list(HydraConfig.get().overrides.task)
@@ -88,8 +86,6 @@ def read_jobs(sweep_dir: Path) -> list[dict]:
         except (OSError, ValueError):
             overrides_file = job_dir / ".hydra" / "overrides.yaml"
             if overrides_file.is_file():
-                from omegaconf import OmegaConf
-
                 row["overrides"] = " ".join(OmegaConf.load(overrides_file))
             row["error"] = "no summary.json: the job did not finish (killed, or still running)"
             rows.append(row)
@@ -160,8 +156,6 @@ class SweepSummaryCallback(Callback):
     (launching process only)."""
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        from omegaconf import OmegaConf
-
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         overrides = [*config.hydra.overrides.task, *config.hydra.overrides.hydra]

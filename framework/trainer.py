@@ -17,6 +17,7 @@ from framework.checkpoint.resume import resume_path
 from framework.checkpoint.rng import seed_everything
 from framework.checkpoint.weights import initial_weights
 from framework.config.build import build, guarded
+from framework.models.build import build_model
 from framework.config.loop_settings import loop_settings
 from framework.console import WarningsOnce, announce_if_slow
 from framework.data.loaders import build_loader
@@ -113,7 +114,7 @@ def _fit(cfg, config: dict, plugins, output_dir: Path) -> FitResult:
     talk = strategy.is_global_zero
     model_name = cfg.model._target_.rsplit(".", 1)[-1]
     with announce_if_slow(f"building the model ({model_name})", talk, why=strategy.setup_note):
-        model = strategy.build_model(lambda: build(cfg.model, "model"))
+        model = strategy.build_model(lambda: build_model(cfg.model))
     if not task.automatic_optimization:  # one optimizer per named group of the task
         optimizer_factory = optimizer_set_factory(task, model, optimizer_factory)
     with announce_if_slow(f"{strategy.name}: setting up the model and optimizer", talk, why=strategy.setup_note):

@@ -139,7 +139,7 @@ def test_optuna_records_a_failed_trial_and_goes_on(tmp_path):
 
 
 def test_a_swept_value_is_told_from_a_single_value():
-    from framework.config.sweep_record import _is_swept
+    from framework.sweep_record import _is_swept
 
     assert _is_swept("1e-3,3e-3") and _is_swept("range(1,4)") and _is_swept("choice(a,b)")
     assert not _is_swept("[csv,tensorboard]") and not _is_swept("0.1") and not _is_swept("{a:1,b:2}")

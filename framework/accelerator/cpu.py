@@ -5,6 +5,7 @@ import ctypes
 import os
 
 import torch
+import psutil
 
 from framework.accelerator.base import Accelerator
 
@@ -101,8 +102,6 @@ class CPUAccelerator(Accelerator):
 
     def memory_bytes(self) -> int | None:
         """The machine's RAM, shared by every process on it."""
-        import psutil
-
         return psutil.virtual_memory().total
 
     def fast_fp16(self) -> bool:

@@ -15,6 +15,7 @@ import importlib.util
 import os
 
 import torch
+import psutil
 
 from framework.accelerator.base import Accelerator
 
@@ -85,6 +86,5 @@ class XLAAccelerator(Accelerator):
     def memory_bytes(self) -> int | None:
         if self.runtime != "CPU":
             return None  # a TPU's memory is known only once its runtime has started
-        import psutil
 
         return psutil.virtual_memory().total

@@ -6,13 +6,15 @@ import os
 import resource
 import sys
 from pathlib import Path
+import ctypes
+import gc
 
 import torch
 
 from framework.callbacks.base import Callback
+from framework.cgroup import memory_groups
 
 _STATUS = Path("/proc/self/status")
-_MEMORY_GROUPS = Path("/sys/fs/cgroup/memory")  # cgroup v1's memory controller
 
 
 def _status_bytes(field: str) -> int | None:
@@ -41,9 +43,6 @@ def peak_resident_bytes() -> int:
 def release_free_memory() -> None:
     """Hand freed heap pages back to the OS (glibc keeps them otherwise), so resident memory
     shows what is live, not what set-up once used (e.g. the full model before sharding)."""
-    import ctypes
-    import gc
-
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -76,20 +75,14 @@ class OwnMemoryGroup:
 
     @classmethod
     def find(cls) -> OwnMemoryGroup | None:
+        group = next((g for g in memory_groups() if g.version == 1), None)
+        if group is None or group.name == "/":
+            return None
         try:
-            lines = Path("/proc/self/cgroup").read_text().splitlines()
+            alone = (group.path / "cgroup.procs").read_text().split() == [str(os.getpid())]
         except OSError:
             return None
-        for line in lines:
-            _, controllers, name = line.split(":", 2)
-            if "memory" in controllers.split(","):
-                path = _MEMORY_GROUPS / name.lstrip("/")
-                try:
-                    alone = (path / "cgroup.procs").read_text().split() == [str(os.getpid())]
-                except OSError:
-                    return None
-                return cls(path) if alone and name != "/" else None
-        return None
+        return cls(group.path) if alone else None
 
     def _read(self, name: str) -> int:
         return int((self.path / name).read_text())

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import sys
 
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
 from framework.callbacks.base import Callback
 
 
@@ -34,8 +36,6 @@ class RichProgress(Callback):
     """A live bar with step count, loss and throughput; validation results print above it."""
 
     def on_fit_start(self, loop) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
         self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                                  TimeRemainingColumn(), TextColumn("{task.fields[info]}"), transient=False)
         self.progress.start()

@@ -14,11 +14,12 @@ from framework.checkpoint.format import (
     sharded_files,
     versions,
 )
+from framework.checkpoint.storage import readable_by_others, stored_once
 from framework.checkpoint_io.dcp_reader import STATE_DIR, read_full
 from framework.checkpoint_io.torch import TorchCheckpointIO
 from framework.errors import CheckpointError, ConfigError
 from framework.precision.quantized_layers import dequantize_weights, quantized_weight_keys
-from framework.strategy.deepspeed_import import deepspeed_package
+from framework.strategy.deepspeed.imports import deepspeed_package
 
 FORMATS = ("torch", "safetensors")
 
@@ -37,20 +38,6 @@ def read_model_state(checkpoint: Path) -> tuple[dict, dict]:
     return meta, dequantize_weights(state, quantized) if quantized else state
 
 
-def stored_once(state: dict) -> tuple[dict, dict[str, str]]:
-    """safetensors refuses tensors that share memory (tied weights): (each tensor once, contiguous;
-    {the other names of a shared tensor: the name it is stored under})."""
-    first: dict[int, str] = {}
-    unique = {}
-    for name, tensor in state.items():
-        key = tensor.untyped_storage().data_ptr()
-        if key in first and tensor.numel():
-            continue
-        first[key] = name
-        unique[name] = tensor.detach().contiguous()
-    return unique, {n: first[t.untyped_storage().data_ptr()] for n, t in state.items() if n not in unique}
-
-
 def export_weights(checkpoint: Path, out: Path, to: str = "torch") -> Path:
     """Write the model weights of `checkpoint` (a checkpoint directory of this framework) as a
     plain state_dict: `torch` (torch.save, loads with weights_only) or `safetensors`."""
@@ -65,6 +52,7 @@ def export_weights(checkpoint: Path, out: Path, to: str = "torch") -> Path:
             raise ConfigError("--to safetensors needs the safetensors package: pip install safetensors") from err
         unique, tied = stored_once(state)
         save_file(unique, str(out), metadata={"framework_step": str(meta["step"]), "tied": json.dumps(tied)})
+        readable_by_others(out)
     else:
         raise ConfigError(f"--to {to}: choose one of {', '.join(FORMATS)}.")
     return out

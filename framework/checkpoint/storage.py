@@ -3,6 +3,7 @@ one paragraph what it needs, what is free, what was kept and what to do."""
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 from pathlib import Path
 
@@ -56,3 +57,26 @@ def disk_full_error(root: Path, name: str, newest: Path | None, free: int) -> St
         f"Nothing was lost: the partial {name} was removed and {kept}. Free space or keep fewer checkpoints "
         "(callbacks.checkpoint.keep_last_k=1) and run the same command with resume=auto; or move the run "
         "directory to a disk with room and continue there (hydra.run.dir=NEW_DIR resume=auto).")
+
+
+def stored_once(state: dict) -> tuple[dict, dict[str, str]]:
+    """safetensors refuses tensors that share memory (tied weights): (each tensor once, contiguous;
+    {the other names of a shared tensor: the name it is stored under})."""
+    first: dict[int, str] = {}
+    unique = {}
+    for name, tensor in state.items():
+        key = tensor.untyped_storage().data_ptr()
+        if key in first and tensor.numel():
+            continue
+        first[key] = name
+        unique[name] = tensor.detach().contiguous()
+    return unique, {n: first[t.untyped_storage().data_ptr()] for n, t in state.items() if n not in unique}
+
+
+def readable_by_others(path: Path) -> None:
+    """Give a file the mode `open()` would have given it under the process's umask (0644 with the
+    usual 022): writers that create through a private temporary file (safetensors) leave 0600,
+    which another user of a shared export folder cannot read."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)

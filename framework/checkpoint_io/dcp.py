@@ -5,6 +5,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
+
 import framework.checkpoint_io.dcp_reader  # noqa: F401  (silences DCP's single-process warning)
 from framework.checkpoint_io.dcp_reader import describe, root_cause
 from framework.checkpoint_io.staging import KeptBufferStager
@@ -54,8 +56,6 @@ class DCPCheckpointIO(TorchCheckpointIO):
     def _process_group(self):
         """A gloo group for DCP's own collectives (DCP needs a CPU backend for async saves; a
         separate group keeps a background save from interleaving with training's collectives)."""
-        import torch.distributed as dist
-
         if not (dist.is_available() and dist.is_initialized()):
             return None
         if self._group is None:

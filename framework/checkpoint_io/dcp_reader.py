@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from framework.errors import CheckpointError
 
@@ -118,7 +119,6 @@ def _set_path(root: Any, path: tuple, value: Any) -> None:
 
 
 def _load(state: dict, state_dir: Path, process_group=None) -> None:
-    import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 

@@ -20,6 +20,7 @@ class XLACheckpointIO(TorchCheckpointIO):
     them into its device tensors)."""
 
     name = "xla"
+    xla = True  # serves XLA runs only (the compatibility table reads it)
 
     def save(self, obj: Any, path) -> None:
         if "torch_xla" in sys.modules:  # only an XLA run has pending device work to finish

@@ -11,6 +11,9 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from importlib.util import find_spec
+
+from omegaconf import OmegaConf
 
 from framework.config.compose import composer
 from framework.config.entry_points import REGISTERED, load_plugins, plugin_conf_dirs
@@ -76,8 +79,6 @@ def discover(groups: list[str] | None = None) -> list[Option]:
 
 
 def _check_yaml_targets(option: Option) -> None:
-    from omegaconf import OmegaConf
-
     if option.path is None:
         node = OmegaConf.create({"_target_": REGISTERED[option.group, option.name].target})
     else:
@@ -98,8 +99,6 @@ def _check_yaml_targets(option: Option) -> None:
 
 
 def _check_sweeper(option: Option) -> None:
-    from importlib.util import find_spec
-
     if option.group == "hparams_search" and find_spec("hydra_plugins.hydra_optuna_sweeper") is None:
         option.problem = "needs the package 'hydra-optuna-sweeper' (pip install 'framework[optuna]')"
     elif option.group == "hydra/launcher" and find_spec("hydra_plugins.hydra_submitit_launcher") is None:

@@ -12,13 +12,14 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from framework.config.compatibility import processes_per_node
 from framework.config.compose import compose
 from framework.config.groups import PLUGIN_GROUPS
 from framework.console import human_bytes
 from framework.errors import ExitCode, UserError, report
 from framework.paths import conf_dir, find_recipe
 from framework.runner import prepare
-from framework.strategy.memory import model_stats
+from framework.planning.memory import estimate, model_stats
 
 
 def ranks_per_node(devices: int, num_nodes: int) -> str:
@@ -38,7 +39,7 @@ def plan(cfg: DictConfig, out=None) -> int:
     if any(problem not in prepared.refusals for problem in prepared.problems):
         prepared.raise_problems()  # a plan is shown for a refused combination only, not for a broken config
     resolved, plugins, devices, model = prepared.resolved, prepared.plugins, prepared.devices, prepared.model
-    per_node = plugins.strategy.processes_per_node(devices)
+    per_node = processes_per_node(plugins.strategy, devices)
     world = per_node * resolved.num_nodes
     print("plugins", file=out)
     width = max(len(str(getattr(getattr(plugins, g), "name", "?"))) for g in PLUGIN_GROUPS) + 2
@@ -64,11 +65,11 @@ def plan(cfg: DictConfig, out=None) -> int:
         print(f"  precision={plugins.precision.name}: {len(quantized)} linear layers quantized, {frozen_params:,} "
               f"weights frozen in {human_bytes(frozen_bytes)}" + (f"; kept: {', '.join(kept)}" if kept else ""),
               file=out)
-    estimate = plugins.strategy.estimate_memory(stats, world)
+    states = estimate(plugins.strategy, stats, world)
     print("memory per rank: model states (weights, gradients, optimizer state) and activations", file=out)
-    line = f"  {plugins.strategy.name}: {estimate.formula} = {human_bytes(estimate.device)} on {plugins.accelerator.name}"
-    if estimate.host:
-        line += f", {human_bytes(estimate.host)} offloaded to CPU memory"
+    line = f"  {plugins.strategy.name}: {states.formula} = {human_bytes(states.device)} on {plugins.accelerator.name}"
+    if states.host:
+        line += f", {human_bytes(states.host)} offloaded to CPU memory"
     print(line, file=out)
     activations = prepared.activation_bytes
     if activations:
@@ -77,15 +78,15 @@ def plan(cfg: DictConfig, out=None) -> int:
                 if resolved.trainer.activation_checkpointing else "")
         print(f"  activations: {human_bytes(activations)} for one micro-batch of {batch}, measured on the meta device"
               f" in the model's dtype{note}", file=out)
-    print(f"  total per rank: {human_bytes(estimate.device + activations)} on {plugins.accelerator.name}", file=out)
+    print(f"  total per rank: {human_bytes(states.device + activations)} on {plugins.accelerator.name}", file=out)
     memory = plugins.accelerator.memory_bytes() if plugins.accelerator.is_available() else None
     if memory:
         if plugins.accelerator.name == "cpu":
-            need = (estimate.device + estimate.host + activations) * devices
-            print(f"  this node: {devices} process(es) x {human_bytes(estimate.device + estimate.host + activations)} = "
+            need = (states.device + states.host + activations) * devices
+            print(f"  this node: {devices} process(es) x {human_bytes(states.device + states.host + activations)} = "
                   f"{human_bytes(need)} of {human_bytes(memory)} RAM ({100 * need / memory:.2f}%)", file=out)
         else:
-            print(f"  device memory: {human_bytes(memory)} ({100 * estimate.device / memory:.2f}% for model states)",
+            print(f"  device memory: {human_bytes(memory)} ({100 * states.device / memory:.2f}% for model states)",
                   file=out)
     if prepared.refusals:
         print("compatibility: refused", file=out)

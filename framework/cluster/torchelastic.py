@@ -3,53 +3,27 @@ from __future__ import annotations
 
 import os
 
-from framework.cluster.base import ClusterEnvironment
+from framework.cluster.env_vars import EnvironmentVariablesCluster
 from framework.errors import ConfigError
 
-REQUIRED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
-
-class TorchElasticEnvironment(ClusterEnvironment):
+class TorchElasticEnvironment(EnvironmentVariablesCluster):
     """Every process was started by torchrun, on one node or several (`--nnodes`, c10d
     rendezvous): ranks from RANK, LOCAL_RANK, GROUP_RANK (the node), WORLD_SIZE; the process
     group joins the agent's store at MASTER_ADDR:MASTER_PORT."""
 
     name = "torchelastic"
-
-    @staticmethod
-    def detect() -> bool:
-        return "TORCHELASTIC_RUN_ID" in os.environ and all(key in os.environ for key in REQUIRED)
-
-    @property
-    def creates_processes_externally(self) -> bool:
-        return True
-
-    @property
-    def main_address(self) -> str:
-        return os.environ["MASTER_ADDR"]
-
-    @property
-    def main_port(self) -> int:
-        return int(os.environ["MASTER_PORT"])
+    required = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    marker = "TORCHELASTIC_RUN_ID"
+    local_rank_variable = "LOCAL_RANK"
+    node_rank_variable = "GROUP_RANK"
 
     @property
     def restarted(self) -> bool:
         return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
 
-    def world_size(self) -> int:
-        return int(os.environ["WORLD_SIZE"])
-
-    def global_rank(self) -> int:
-        return int(os.environ["RANK"])
-
-    def local_rank(self) -> int:
-        return int(os.environ["LOCAL_RANK"])
-
-    def node_rank(self) -> int:
-        return int(os.environ.get("GROUP_RANK", 0))
-
     def validate(self, devices: int, num_nodes: int) -> None:
-        missing = [key for key in REQUIRED if key not in os.environ]
+        missing = self.missing_variables()
         if missing:
             raise ConfigError(f"cluster=torchelastic, but {', '.join(missing)} is not set: start the run with "
                               "torchrun (or choose cluster=auto).")

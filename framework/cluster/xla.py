@@ -31,6 +31,7 @@ class XLAEnvironment(ClusterEnvironment):
     """One process per XLA host; host ranks from the XLA runtime or the TPU VM's variables."""
 
     name = "xla"
+    xla = True  # serves XLA runs only (the compatibility table reads it)
 
     def __init__(self, main_port: int = 8476):
         """main_port: the port of host 0's coordinator (torch_xla's default, 8476)."""

@@ -18,7 +18,6 @@ def build(node: Any, key: str, **kwargs) -> Any:
     if not isinstance(node, DictConfig):
         node = OmegaConf.create(node)
     trusted(node, key)
-    node = _offline_pretrained(node)
     try:
         return instantiate(node, _convert_="all", **kwargs)
     except InstantiationException as err:
@@ -28,19 +27,6 @@ def build(node: Any, key: str, **kwargs) -> Any:
         if isinstance(cause, (TypeError, ValueError)):
             raise ConfigError(f"{key}: building {node.get('_target_')} failed: {cause}") from err
         raise
-
-
-def _offline_pretrained(node: DictConfig) -> DictConfig:
-    """A `transformers.<Class>.from_pretrained` target (already trusted) goes through the framework's
-    loader (framework/models/hf_causal_lm.py): offline, local directories only, and under a sharded
-    build or the pre-launch check the structure without the weights, which are then read into
-    shards (transformers' own from_pretrained refuses the meta device)."""
-    target = str(node.get("_target_", ""))
-    if not (target.startswith("transformers.") and target.endswith(".from_pretrained")):
-        return node
-    rewritten = OmegaConf.to_container(node, resolve=False)
-    rewritten.update({"_target_": "framework.models.hf_causal_lm.from_pretrained", "model_class": target.rsplit(".", 1)[0]})
-    return OmegaConf.create(rewritten)
 
 
 def trusted(node: DictConfig, key: str) -> None:

@@ -17,6 +17,12 @@ from framework.config.loop_settings import LoopSettings
 from framework.errors import ConfigError
 
 
+def processes_per_node(strategy, devices: int) -> int:
+    """Processes a node runs for `devices` devices: one each, or one for all (a strategy whose
+    `spmd` flag says one process drives all of a node's devices)."""
+    return 1 if getattr(strategy, "spmd", False) else devices
+
+
 @dataclass
 class Plan:
     accelerator: object
@@ -31,9 +37,7 @@ class Plan:
     @property
     def world_size(self) -> int:
         """Processes in the whole job (one per device, or one per node under SPMD)."""
-        per_node = self.strategy.processes_per_node(self.devices) if hasattr(self.strategy, "processes_per_node") \
-            else self.devices
-        return per_node * self.num_nodes
+        return processes_per_node(self.strategy, self.devices) * self.num_nodes
 
     @property
     def names(self) -> dict:
@@ -81,6 +85,12 @@ def _xla_accelerator(p: Plan) -> bool:
     return _acc(p) in ("xla", "tpu")
 
 
+def _xla_only_plugins(p: Plan) -> list[str]:
+    """The checkpoint_io and cluster choices that serve XLA runs only (their class's `xla` flag)."""
+    return [f"{group}={p.names[group]}" for group in ("checkpoint_io", "cluster")
+            if getattr(getattr(p, group), "xla", False)]
+
+
 def _quantized(p: Plan) -> bool:
     return getattr(p.precision, "python_package", None) == "bitsandbytes"
 
@@ -118,6 +128,13 @@ RULES: list[Rule] = [
         lambda p: _flag(p, "xla", False) and not _xla_accelerator(p),
         lambda p: f"strategy={_strat(p)} with accelerator={_acc(p)}: an XLA strategy needs accelerator=xla (the TPU, "
         "or XLA on the CPU) or tpu; for this device use strategy=single_device, ddp or fsdp.",
+    ),
+    Rule(
+        lambda p: _xla_only_plugins(p) and not _xla_accelerator(p),
+        lambda p: f"{', '.join(_xla_only_plugins(p))} with accelerator={_acc(p)}: "
+        f"{'this plugin serves' if len(_xla_only_plugins(p)) == 1 else 'these plugins serve'} XLA runs only "
+        "(accelerator=xla or tpu, with torch_xla installed); for this device use checkpoint_io=torch (or async, dcp) "
+        "and cluster=auto.",
     ),
     Rule(
         lambda p: _flag(p, "xla", False) and not p.strategy.spmd and p.devices > 1,

@@ -10,6 +10,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
+from hydra import compose as hydra_compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from framework.config.entry_points import plugin_conf_dirs, registered_options
 from framework.config.overrides import normalize_overrides
@@ -80,10 +83,6 @@ def friendly_message(err: Exception, search_dirs: list[Path], cfg_keys=None) -> 
 def composer(config_dir: Path):
     """Yields `compose(config_name, overrides)` for many compositions under one Hydra
     initialization (`framework list` composes one config per option)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
     search_dirs = [Path(config_dir), conf_dir()]
     GlobalHydra.instance().clear()
 
@@ -124,8 +123,6 @@ def sweep_variants(overrides: list[str], limit: int = 16) -> list[list[str]]:
     one list per value, the other swept keys at their first value), so a sweep is checked before
     any job runs without composing its whole product. Sweeps without listed values (Optuna's
     interval(...)) are left out."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     parsed = OverridesParser.create().parse_overrides(overrides)
     fixed: list[str] = []
     swept: list[tuple[str, list[str]]] = []

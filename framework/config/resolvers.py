@@ -6,6 +6,7 @@ import json
 import os
 import time
 from pathlib import Path
+import sysconfig
 
 from omegaconf import OmegaConf
 
@@ -70,8 +71,6 @@ def vocab_size(tokenizer: str) -> int:
 
 def stdlib_dir() -> str:
     """`${stdlib_dir:}`: the Python standard library's folder, text every machine has."""
-    import sysconfig
-
     return sysconfig.get_paths()["stdlib"]
 
 

@@ -44,7 +44,7 @@ class TrainerConfig:
     """Signals that make the run save at the next step boundary and exit with code 75 (requeue)."""
     activation_checkpointing: bool = False
     """Recompute each sharding unit's activations in backward instead of keeping them (less
-    memory, about one more forward); the units are the strategy's (framework/strategy/units.py)."""
+    memory, about one more forward); the units are the strategy's (framework/construction/units.py)."""
     max_restarts: int = 0
     """Restart the worker group this many times after a worker dies (multi-process runs)."""
     objective: str = "val/loss"

@@ -11,6 +11,7 @@ import pkgutil
 import typing
 from fnmatch import fnmatch
 from typing import Any, Iterator
+from importlib.util import find_spec
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -159,8 +160,6 @@ def _type_problem(value, hint) -> str | None:
 def missing_packages(target) -> dict[str, str]:
     """The packages a plugin class declares in `requires_packages` ({module: pip install argument})
     that are not installed. Checked without importing them (they are imported only when used)."""
-    from importlib.util import find_spec
-
     missing = {}
     for module, install in dict(getattr(target, "requires_packages", None) or {}).items():
         try:

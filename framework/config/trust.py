@@ -93,8 +93,6 @@ def user_allowed() -> list[str]:
 @lru_cache(maxsize=8)
 def _allowed_in_file(path: str, mtime_ns: int, size: int) -> tuple[str, ...]:
     """The user file's `allow` list, read once per version of the file (every build() asks)."""
-    from omegaconf import OmegaConf
-
     try:
         loaded = OmegaConf.to_container(OmegaConf.load(path))
     except Exception as err:

@@ -1,11 +1,13 @@
-"""Build resumable loaders: torchdata's StatefulDataLoader over a sampler from the strategy."""
+"""Build resumable loaders: torchdata's StatefulDataLoader over this rank's share of the data."""
 from __future__ import annotations
 
 import warnings
 
 import torch
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from framework.data.base import DataModule
+from framework.data.sampler import rank_sampler
 
 warnings.filterwarnings("ignore", message="'set_vital' is deprecated")  # torchdata 0.11 on torch 2.13
 
@@ -30,11 +32,9 @@ def build_loader(datamodule: DataModule, strategy, train: bool, seed: int):
     """The training loader (shuffled per epoch by its sampler's seed + epoch) or the validation
     loader (in order). Each loader has its own generator so iterating it never draws from the
     global RNG: validation cannot change what training sees, and resume stays exact."""
-    from torchdata.stateful_dataloader import StatefulDataLoader
-
     dataset = datamodule.train_dataset() if train else datamodule.val_dataset()
-    sampler = strategy.sampler(dataset, shuffle=train and datamodule.shuffle, seed=seed,
-                               drop_last=train and datamodule.drop_last, even=train)
+    sampler = rank_sampler(dataset, strategy, shuffle=train and datamodule.shuffle, seed=seed,
+                           drop_last=train and datamodule.drop_last, even=train)
     return StatefulDataLoader(
         dataset,
         batch_size=datamodule.batch_size if train else datamodule.val_batch_size,

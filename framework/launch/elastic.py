@@ -17,8 +17,14 @@ import time
 import traceback
 import uuid
 from pathlib import Path
+import shutil
 
-from framework.config.signals import signal_number
+from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+import torch
+
+from framework.signals import signal_number
 from framework.config.trust import ENV_ALLOW, user_allowed
 from framework.errors import UserError
 from framework.launch.oom import OomWatch
@@ -30,8 +36,6 @@ from framework.trainer import train_worker
 def worker_entry(config: dict, output_dir: str, threads: int, failure_dir: str, trusted: list[str]):
     """Module-level (picklable) entry of every worker process. `trusted`: the prefixes the user
     allowed in the launching process (a forkserver started earlier has an older environment)."""
-    import torch
-
     os.environ[ENV_ALLOW] = ",".join(trusted)
 
     torch.set_num_threads(threads)
@@ -107,10 +111,6 @@ def _continue(failure_dir: Path, rank: int) -> None:
 def launch_local_workers(config: dict, output_dir: Path, plugins, nproc: int) -> FitResult:
     """Run `nproc` workers on this node and return rank zero's result (a user error any rank
     returned is raised here, as the user's error)."""
-    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
     # Worker failures are reported once, by WorkerFailed, not again by the agent's own logging.
     for name in ("torch.distributed.elastic", "torch.multiprocessing"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
@@ -244,6 +244,4 @@ class WorkerFailed(RuntimeError):
 
 
 def _remove_tree(path: Path) -> None:
-    import shutil
-
     shutil.rmtree(path, ignore_errors=True)

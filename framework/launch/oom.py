@@ -5,24 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
+from framework.cgroup import memory_groups
 
-
-def _cgroup_dirs(proc_cgroup: Path = Path("/proc/self/cgroup")) -> list[tuple[Path, str]]:
-    """(directory, counter file) of this process's memory cgroup, v2 and/or v1."""
-    found = []
-    try:
-        lines = proc_cgroup.read_text().splitlines()
-    except OSError:
-        return found
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        path = path.lstrip("/")
-        if controllers == "":  # cgroup v2 (unified)
-            found.append((CGROUP_ROOT / path, "memory.events"))
-        elif "memory" in controllers.split(","):  # cgroup v1
-            found.append((CGROUP_ROOT / "memory" / path, "memory.oom_control"))
-    return found
+COUNTER_FILE = {2: "memory.events", 1: "memory.oom_control"}  # where each cgroup version counts OOM kills
 
 
 def _counter(directory: Path, file: str) -> int | None:
@@ -52,7 +37,8 @@ class OomWatch:
     kernel made since, and `limit` the cgroup's memory limit (None: none, or not readable)."""
 
     def __init__(self):
-        self._dirs = [(d, f) for d, f in _cgroup_dirs() if _counter(d, f) is not None]
+        self._dirs = [(g.path, COUNTER_FILE[g.version]) for g in memory_groups()
+                      if _counter(g.path, COUNTER_FILE[g.version]) is not None]
         self._start = {d: _counter(d, f) for d, f in self._dirs}
         self.limit = next((limit for d, _ in self._dirs if (limit := _limit(d)) is not None), None)
 

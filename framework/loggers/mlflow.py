@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from framework.config.sweep_record import job_label
+from framework.sweep_record import job_label
 from framework.loggers.base import Logger
 
 RUN_ID_FILE = "mlflow_run_id"

@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from framework.config.sweep_record import job_label
+from framework.sweep_record import job_label
 from framework.errors import ConfigError
 from framework.loggers.base import Logger
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 
 from framework.checkpoint.format import begin_checkpoint, finalize_checkpoint, is_sharded, load_checkpoint_files
 from framework.checkpoint.rng import rng_state, set_rng_state
@@ -211,7 +213,7 @@ class FitLoop:
                    f"train/{unit}": float(self.state.items_seen)}
         if grad_norm is not None:
             metrics["train/grad_norm"] = float(grad_norm)
-        scale = self.strategy.loss_scale
+        scale = self.strategy.precision.loss_scale
         if scale is not None:
             metrics["train/loss_scale"] = float(scale)
         if not stepped:
@@ -260,13 +262,13 @@ class FitLoop:
             "rng": rng_state(),
             "train_loader": self.train_loader.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-            "precision": strategy.precision_state_dict(),
+            "precision": strategy.precision.state_dict(),
             "callbacks": {name: cb.state_dict() for name, cb in self.callbacks.items()},
             "train_window": {"loss": self._window["loss"].cpu(), "batches": self._window["batches"],
                              "items": self._window["items"],
                              "values": {k: v.cpu() for k, v in self._window["values"].items()}},
         }}
-        if strategy.writes_sharded_checkpoints:  # every rank writes its own part of one DCP directory
+        if strategy.checkpoint_io.sharded:  # every rank writes its own part of one DCP directory
             shared, sharded = {}, strategy.sharded_state_dict(self.model, self.optimizer)
         else:
             shared = {"model": strategy.model_state_dict(self.model),
@@ -276,7 +278,7 @@ class FitLoop:
         with announce_if_slow(f"saving the checkpoint of step {self.state.step}", strategy.is_global_zero):
             self._pending_checkpoint = begin_checkpoint(strategy, self.checkpoint_dir, self.state.step, shared,
                                                         per_rank, meta, sharded=sharded)
-        if not strategy.checkpoint_is_async:
+        if not strategy.checkpoint_io.is_async:
             self._finalize_checkpoint(wait=True)
         # how long training stood still for this save (an async save: the copy off the live state)
         self.log_metrics({"checkpoint/blocked_s": time.perf_counter() - start})
@@ -286,7 +288,7 @@ class FitLoop:
         (one tiny all-reduce per step, only while a checkpoint is pending)."""
         if self._pending_checkpoint is None:
             return
-        done = torch.tensor(0.0 if self.strategy.checkpoint_pending() else 1.0, device=self.strategy.root_device)
+        done = torch.tensor(0.0 if self.strategy.checkpoint_io.pending() else 1.0, device=self.strategy.root_device)
         if self.strategy.reduce(done, "min").item() == 1.0:
             self._finalize_checkpoint(wait=False)
 
@@ -339,7 +341,7 @@ class FitLoop:
                      "optimizer, step and epoch are exact; the data order within this epoch is re-dealt")
         if self.scheduler is not None and loop["scheduler"] is not None:
             self.scheduler.load_state_dict(loop["scheduler"])
-        strategy.load_precision_state_dict(loop["precision"])
+        strategy.precision.load_state_dict(loop["precision"])
         for name, cb in self.callbacks.items():
             if name in loop["callbacks"]:
                 cb.load_state_dict(loop["callbacks"][name])
@@ -367,10 +369,6 @@ class FitLoop:
 def _plain(node):
     """An OmegaConf node as a plain object with the same attributes (a dataclass instance for a
     structured config); anything else unchanged."""
-    from types import SimpleNamespace
-
-    from omegaconf import DictConfig, OmegaConf
-
     if not isinstance(node, DictConfig):
         return node
     obj = OmegaConf.to_object(node)

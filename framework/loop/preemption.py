@@ -10,7 +10,7 @@ from __future__ import annotations
 import signal
 import threading
 
-from framework.config.signals import signal_number
+from framework.signals import signal_number
 from framework.errors import ExitCode
 
 

@@ -8,7 +8,7 @@ Under a sharding strategy the model is built without weights first (the meta dev
 DeepSpeed's partitioned init) and every rank keeps only its shards:
 - random init: Hugging Face skips its weight initialisation on the meta device; it is called here
   instead, so the meta build records it and each rank's shards get the values an ordinary build
-  with the same seed makes (framework/strategy/meta_init.py);
+  with the same seed makes (framework/construction/meta_init.py);
 - pretrained: the model is built from the directory's config, and its weight files are named in
   `model.pretrained_weights`; the trainer loads them after sharding, each rank copying only its
   own part of the mapped files (framework/checkpoint/weights.py).
@@ -19,12 +19,13 @@ import contextlib
 import os
 import sys
 from pathlib import Path
+import json
 
 import torch
 from torch import nn
 
-from framework.checkpoint.convert import stored_once
-from framework.config.meta_build import in_sharded_build
+from framework.checkpoint.storage import readable_by_others, stored_once
+from framework.construction.meta_build import in_sharded_build
 from framework.errors import ConfigError
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -91,8 +92,6 @@ def hf_config(config: dict | None = None, config_dir: str | None = None, pretrai
 
 def weight_files(directory: Path) -> list[Path]:
     """The weight files of a pretrained directory (every shard of a sharded one)."""
-    import json
-
     for name in WEIGHT_FILES:
         path = directory / name
         if not path.is_file():
@@ -220,12 +219,18 @@ def save_for_hub(state: dict[str, torch.Tensor], model_node: dict, out: Path) ->
     if model_node.get("dtype"):
         cfg.dtype = model_node["dtype"]
     cfg.architectures = [_model_class(cfg).__name__]
+    for special in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        # a family's default ids (GPT-2's 50256) outside a smaller vocabulary (the byte-level 256):
+        # no such token exists, and transformers warns about it on every load
+        if isinstance(getattr(cfg, special, None), int) and getattr(cfg, special) >= cfg.vocab_size:
+            setattr(cfg, special, None)
     if getattr(cfg, "tie_word_embeddings", False):  # a checkpoint read from shards shares no memory
         state = {name: tensor for name, tensor in state.items() if not name.endswith("lm_head.weight")}
     unique, _ = stored_once(state)
     out.mkdir(parents=True, exist_ok=True)
     cfg.save_pretrained(out)
     save_file(unique, str(out / "model.safetensors"), metadata={"format": "pt"})
+    readable_by_others(out / "model.safetensors")
     return out
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from framework.config.overrides import defining_overrides
-from framework.config.sweep_record import SUMMARY_FILE, SWEEP_RECORD_FILE, SWEEP_SUMMARY_FILE
+from framework.sweep_record import SUMMARY_FILE, SWEEP_RECORD_FILE, SWEEP_SUMMARY_FILE
 from framework.errors import UserError
 
 METRICS_FILE = "metrics.csv"

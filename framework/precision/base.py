@@ -93,6 +93,11 @@ class Precision:
         DeepSpeed's bf16/fp16 sections); None: no casting by the strategy."""
         return None
 
+    @property
+    def loss_scale(self) -> float | None:
+        """The current loss scale of fp16 training (None without loss scaling)."""
+        return None
+
     def state_dict(self) -> dict:
         return {}
 

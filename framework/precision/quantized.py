@@ -4,7 +4,7 @@ embeddings, norms, skipped layers) stays float32 and trains. For fine-tuning the
 (or adapters a model adds) in a fraction of the memory.
 
 The strategy builds the model on the meta device and quantizes each chosen layer as soon as its
-weights are made (framework/strategy/quantized_build.py): the float32 model never exists whole,
+weights are made (framework/construction/quantized_build.py): the float32 model never exists whole,
 and the weights are those of an ordinary build with the same seed.
 
 Which layers: every `torch.nn.Linear` (and Hugging Face's `Conv1D`, transposed) except those named
@@ -123,7 +123,7 @@ class QuantizedPrecision(Precision):
 
     # ---- conversion ----------------------------------------------------------------------
     #: the strategy builds the model with the chosen layers quantized as they are made
-    #: (framework/strategy/quantized_build.py), so the float32 model never exists whole
+    #: (framework/construction/quantized_build.py), so the float32 model never exists whole
     quantizes_while_building = True
 
     def quantized_layer(self, module: torch.nn.Module) -> torch.nn.Module:

@@ -6,7 +6,6 @@ from typing import Any, Callable, ContextManager
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import Dataset, DistributedSampler
 
 from framework.accelerator.base import Accelerator
 from framework.accelerator.cpu import CPUAccelerator
@@ -16,21 +15,14 @@ from framework.checkpoint_io.torch import TorchCheckpointIO
 from framework.cluster.base import ClusterEnvironment
 from framework.cluster.local import LocalEnvironment
 from framework.config.loop_settings import LoopSettings
+from framework.construction.prepare import checkpoint_activations, convert_precision, place_model
+from framework.construction.quantized_build import build_quantized
+from framework.construction.units import Units, choose_units
 from framework.precision.base import Precision
 from framework.precision.fp32 import FP32Precision
-from framework.strategy.activation_checkpointing import checkpoint_units
-from framework.strategy.memory import replicated
-from framework.strategy.quantized_build import build_quantized
-from framework.strategy.sampler import ShardSampler
-from framework.strategy.tied import retie, tied_parameters
-from framework.strategy.units import Units, choose_units
 from framework.tensors import map_tensors
 
 _REDUCE_OPS = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}
-
-
-def is_meta(model: torch.nn.Module) -> bool:
-    return any(t.is_meta for t in [*model.parameters(), *model.buffers()])
 
 
 def move_to_device(data: Any, device: torch.device) -> Any:
@@ -38,24 +30,29 @@ def move_to_device(data: Any, device: torch.device) -> Any:
 
 
 class Strategy:
-    """Composes the other four plugins and exposes everything the loop needs.
+    """Composes the other four plugins and exposes everything the loop needs: it wraps the model
+    and optimizer, owns the processes and collectives, backward and step, and the state dicts.
+    How a model is built and prepared lives in framework/construction/, memory estimates in
+    framework/planning/, a rank's share of the data in framework/data/sampler.py.
 
     Method surface, in the order the runner and loop call it:
-    - before launch: `model_problems(meta_model)`, `config_problems()`, `estimate_memory`.
+    - before launch: `problems(meta_model)`; `framework plan` reads `memory_layout`.
     - `configure_loop(settings)`: micro-batch size, accumulation and clipping, in advance.
     - `setup_environment()`: in each worker, before anything else: device, process group.
     - `build_model(factory)`: the model, built so that a sharding strategy's ranks never hold all
-      of it (framework/strategy/meta_init.py); `units(model)`: what it gathers together and
-      what activation checkpointing recomputes (framework/strategy/units.py).
+      of it (framework/construction/meta_init.py); `units(model)`: what it gathers together and
+      what activation checkpointing recomputes (framework/construction/units.py).
     - `setup(model, optimizer_factory) -> (model, optimizer)`: precision conversion, placement,
-      wrapping, then the optimizer built over the wrapped parameters.
-    - `sampler(dataset, shuffle, seed)`: this rank's share of a dataset.
+      wrapping (`wrap_model`), then the optimizer built over the wrapped parameters.
     - per micro-batch: `batch_to_device`, `forward_context`, `backward`, inside
       `no_backward_sync(model, skip)` while accumulating.
     - per optimizer step: `clip_gradients`, `optimizer_step` (False if skipped), `zero_grad`.
-    - collectives: `barrier`, `broadcast`, `all_gather`, `reduce`; `is_global_zero`.
+    - collectives: `barrier`, `broadcast`, `all_gather`, `reduce`, `any_rank`; `world_size`,
+      `global_rank`, `local_rank`, `is_global_zero`.
     - checkpoints: `model_state_dict`, `optimizer_state_dict`, `load_model_state_dict`,
-      `load_optimizer_state_dict`, and `checkpoint_io` for the bytes.
+      `load_optimizer_state_dict`, their sharded forms for DCP, and `unwrap`; the precision's
+      state (loss scale) and the checkpoint_io's bytes are read through `precision` and
+      `checkpoint_io`.
     - `teardown()`: at the end, also after an error.
 
     The collectives work for any world size: with no process group they are identities.
@@ -70,6 +67,9 @@ class Strategy:
     #: whether it shards model states across ranks to save memory (the accelerator then favours
     #: low memory over speed where it has a choice: framework/accelerator/cpu.py)
     shards_states: bool = False
+    #: how its model states lie across ranks, for `framework plan`'s bytes per rank
+    #: (framework/planning/memory.py): replicated, fully_sharded, optimizer_sharded or zero
+    memory_layout: str = "replicated"
     #: why "setting up the model and optimizer" may take long (said when it does)
     setup_note: str = ""
     #: precision capabilities the compatibility table reads (DeepSpeed keeps fp32 master weights
@@ -83,8 +83,9 @@ class Strategy:
     native_libraries: tuple[str, ...] = ()
     #: one process drives all of a node's devices (XLA SPMD): `devices` starts no processes
     spmd: bool = False
-    #: devices per node (the `devices` key), told by `configure_devices` when the plugins are built
-    devices: int = 1
+    #: whether `sharded_state_dict` hands out each rank's own part (DTensor shards, or replicas
+    #: that DCP writes once); strategies that keep state in their own layout hand out full state
+    supports_sharded_state: bool = True
 
     def __init__(
         self,
@@ -99,18 +100,18 @@ class Strategy:
         self.cluster = cluster or LocalEnvironment()
         self.root_device = torch.device("cpu")
         self.loop_settings = LoopSettings()
-
-    def configure_devices(self, devices: int) -> None:
-        """Told once, when the plugins are built: how many devices per node (`devices`)."""
-        self.devices = devices
-
-    def processes_per_node(self, devices: int) -> int:
-        """Processes a node runs for `devices` devices: one each, or one for all (SPMD)."""
-        return 1 if self.spmd else devices
+        #: devices per node (the `devices` key), set when the plugins are built (framework/plugins.py)
+        self.devices = 1
 
     def configure_loop(self, settings: LoopSettings) -> None:
         """Told once, before `setup`, how the loop will accumulate and clip."""
         self.loop_settings = settings
+
+    def problems(self, model: torch.nn.Module | None) -> list[str]:
+        """Problems with this strategy's settings that only it (or the engine behind it) can judge,
+        e.g. a unit class the model (built on the meta device; None when it could not be built)
+        does not have; checked before launch, after `configure_loop`. One message per problem."""
+        return []
 
     # ---- environment -------------------------------------------------------------------
     def setup_environment(self) -> None:
@@ -132,63 +133,31 @@ class Strategy:
         return self.cluster.local_rank() if _distributed() else 0
 
     @property
-    def node_rank(self) -> int:
-        return self.cluster.node_rank() if _distributed() else 0
-
-    @property
     def is_global_zero(self) -> bool:
         return self.global_rank == 0
 
     # ---- model and optimizer -----------------------------------------------------------
     def build_model(self, factory: Callable[[], torch.nn.Module]) -> torch.nn.Module:
         """Build the model for `setup` (after `configure_loop`). The base class builds it whole;
-        sharding strategies build it so that no rank holds all of it (framework/strategy/meta_init.py);
+        sharding strategies build it so that no rank holds all of it (framework/construction/meta_init.py);
         under a quantized precision its layers are quantized as they are made
-        (framework/strategy/quantized_build.py)."""
+        (framework/construction/quantized_build.py)."""
         if getattr(self.precision, "quantizes_while_building", False):
             return build_quantized(factory, self.precision)
         return factory()
 
     def units(self, model: torch.nn.Module) -> Units:
-        """The model's units (framework/strategy/units.py): what sharding strategies gather
+        """The model's units (framework/construction/units.py): what sharding strategies gather
         together and what activation checkpointing recomputes. Sharding strategies pass their
         own settings (strategy.wrap_modules, min_unit_params)."""
         return choose_units(model)
 
     def setup(self, model: torch.nn.Module, optimizer_factory: Callable[..., torch.optim.Optimizer]):
-        model = self.convert_precision(model)
-        self.apply_activation_checkpointing(model)
-        model = self.place_model(model)
+        model = convert_precision(model, self.precision, self.is_global_zero)
+        checkpoint_activations(model, self.units, self.loop_settings.activation_checkpointing, self.is_global_zero)
+        model = place_model(model, self.root_device)
         model = self.wrap_model(model)
         return model, optimizer_factory(model.parameters())
-
-    def place_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The model on this rank's device, tied parameters still tied (a move that copies per
-        name, as XLA's does, would give a head tied to its embedding a tensor of its own; where
-        `.to` keeps them tied this re-registers the same parameter). A model still on the meta
-        device is placed when materialised."""
-        if is_meta(model):
-            return model
-        tied = tied_parameters(model)
-        model = model.to(self.root_device)
-        retie(model, tied)
-        return model
-
-    def convert_precision(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The precision's module conversion (casts, quantized layers), said once when it did more
-        than cast."""
-        model = self.precision.convert_module(model)
-        if self.precision.conversion_note and self.is_global_zero:
-            print(self.precision.conversion_note, flush=True)
-        return model
-
-    def apply_activation_checkpointing(self, model: torch.nn.Module) -> None:
-        """With `trainer.activation_checkpointing`, checkpoint every unit (before wrapping)."""
-        if self.loop_settings.activation_checkpointing:
-            units = self.units(model)
-            checkpoint_units(units)
-            if self.is_global_zero:
-                print(f"activation checkpointing: {units.describe()}", flush=True)
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """Wrap the placed model (DDP, FSDP, ...). The base class returns it unchanged."""
@@ -216,48 +185,11 @@ class Strategy:
         parameters = model.parameters() if parameters is None else parameters
         return self.precision.clip_gradients(parameters, optimizer, max_norm, max_value)
 
-    # ---- what the loop reads of the precision and checkpoint_io plugins -----------------
-    @property
-    def loss_scale(self) -> float | None:
-        """The current loss scale of fp16 training (None without loss scaling)."""
-        return getattr(self.precision, "loss_scale", None)
-
-    def precision_state_dict(self) -> dict:
-        return self.precision.state_dict()
-
-    def load_precision_state_dict(self, state: dict) -> None:
-        self.precision.load_state_dict(state)
-
-    @property
-    def writes_sharded_checkpoints(self) -> bool:
-        """Whether every rank writes its own part of a checkpoint (checkpoint_io=dcp)."""
-        return self.checkpoint_io.sharded
-
-    @property
-    def checkpoint_is_async(self) -> bool:
-        """Whether a checkpoint is complete only at a later step boundary (background writes)."""
-        return self.checkpoint_io.is_async
-
-    def checkpoint_pending(self) -> bool:
-        """Whether this rank's background checkpoint writes are still running."""
-        return self.checkpoint_io.pending()
-
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
         return self.precision.optimizer_step(optimizer)
 
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
         optimizer.zero_grad(set_to_none=True)
-
-    # ---- data ---------------------------------------------------------------------------
-    def sampler(self, dataset: Dataset, shuffle: bool, seed: int, drop_last: bool = False,
-                even: bool = True):
-        """This rank's share of `dataset`. `even=True` (training) gives every rank the same number
-        of samples (DistributedSampler, reshuffled by seed + epoch); `even=False` (evaluation)
-        gives each sample to exactly one rank."""
-        if not even:
-            return ShardSampler(len(dataset), self.world_size, self.global_rank)
-        return DistributedSampler(dataset, num_replicas=self.world_size, rank=self.global_rank,
-                                  shuffle=shuffle, seed=seed, drop_last=drop_last)
 
     # ---- collectives --------------------------------------------------------------------
     def barrier(self) -> None:
@@ -297,65 +229,30 @@ class Strategy:
         return self.reduce(torch.tensor(float(flag), device=self.root_device), "max").item() > 0
 
     # ---- checkpoint state ---------------------------------------------------------------
-    def model_problems(self, model: torch.nn.Module) -> list[str]:
-        """Problems with this strategy's settings for this model (built on the meta device), e.g.
-        a unit class the model does not have; checked before launch."""
-        return []
-
-    def config_problems(self) -> list[str]:
-        """Problems with this strategy's own settings that only the engine behind it can judge
-        (checked before launch, after `configure_loop`); one message per problem."""
-        return []
-
-    def estimate_memory(self, stats, world_size: int):
-        """Bytes per rank for weights, gradients and optimizer state (`framework plan`); a
-        strategy that shards or offloads overrides it (framework/strategy/memory.py)."""
-
-        return replicated(stats)
-
     # Full (unsharded) state keyed by parameter name, the same for every wrapper (DDP's
     # "module." prefix, FSDP's DTensors), so a checkpoint moves between strategies. Collective:
     # every rank calls these; with several processes only rank zero receives the tensors.
-    def _state_dict_options(self, loading: bool = False):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-        return StateDictOptions(full_state_dict=True, cpu_offload=_distributed() and not loading)
-
+    # torch.distributed.checkpoint is imported where it is used: it costs ~0.6 s, and a
+    # single-process run (the default job) never needs it.
     def model_state_dict(self, model: torch.nn.Module) -> dict:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-        return get_model_state_dict(model, options=self._state_dict_options())
+        return get_model_state_dict(model, options=_full_state_options())
 
     def load_model_state_dict(self, model: torch.nn.Module, state: dict) -> None:
-        self._set_model_state(model, state, self._state_dict_options(loading=True))
-
-    def _set_model_state(self, model: torch.nn.Module, state: dict, options) -> None:
-        """A whole replica per rank (ddp) loads through the module's own loader, which also takes
-        the state a module keeps beside its parameters (a quantized layer's statistics: DCP maps
-        only parameter and buffer names through the wrapper); sharded models through DCP."""
-        if not self.shards_states:
-            self.unwrap(model).load_state_dict(state)
-            return
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict
-
-        # DCP rewrites the dict it is given (key prefixes, DTensors): hand it a copy of the structure
-        set_model_state_dict(model, copy_structure(state), options=options)
+        _set_model_state(self, model, state, _full_state_options(loading=True))
 
     def optimizer_state_dict(self, model, optimizer: torch.optim.Optimizer) -> dict:
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-        return get_optimizer_state_dict(model, optimizer, options=self._state_dict_options())
+        return get_optimizer_state_dict(model, optimizer, options=_full_state_options())
 
     def load_optimizer_state_dict(self, model, optimizer: torch.optim.Optimizer, state: dict) -> None:
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-        set_optimizer_state_dict(model, optimizer, copy_structure(state), options=self._state_dict_options(loading=True))
+        set_optimizer_state_dict(model, optimizer, copy_structure(state), options=_full_state_options(loading=True))
 
     # ---- sharded checkpoint state (checkpoint_io=dcp) -------------------------------------
-    #: whether `sharded_state_dict` hands out each rank's own part (DTensor shards, or replicas
-    #: that DCP writes once); strategies that keep state in their own layout hand out full state
-    supports_sharded_state: bool = True
-
     def sharded_state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
         """Collective: {"model": ..., "optimizer": ...} keyed by parameter name as in the full
         state, but each rank holding only its part, for a DCP write by every rank."""
@@ -375,7 +272,6 @@ class Strategy:
                                 state_dir) -> None:
         """Collective: load a DCP directory written by any strategy at any world size (resharded on
         read). `optimizer=None` loads the weights only."""
-
         if not self.supports_sharded_state:
             full = sharded.read_full(state_dir, ("model", "optimizer") if optimizer is not None else ("model",))
             self.load_model_state_dict(model, full["model"])
@@ -394,19 +290,34 @@ class Strategy:
         else:  # shaped like this rank's shards; DCP fills it in place
             template = self.sharded_state_dict(model, optimizer)
         sharded.load_into(template, state_dir)
-        self._set_model_state(model, template["model"], options)
+        _set_model_state(self, model, template["model"], options)
         if optimizer is not None:
             set_optimizer_state_dict(model, optimizer, template["optimizer"], options=options)
 
     def teardown(self) -> None:
         self.checkpoint_io.close()
 
-    def describe(self) -> str:
-        return (f"{self.name} (accelerator={self.accelerator.name}, precision={self.precision.name}, "
-                f"checkpoint_io={self.checkpoint_io.name}, cluster={self.cluster.name})")
-
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+def _full_state_options(loading: bool = False):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=_distributed() and not loading)
+
+
+def _set_model_state(strategy: Strategy, model: torch.nn.Module, state: dict, options) -> None:
+    """A whole replica per rank (ddp) loads through the module's own loader, which also takes the
+    state a module keeps beside its parameters (a quantized layer's statistics: DCP maps only
+    parameter and buffer names through the wrapper); sharded models through DCP."""
+    if not strategy.shards_states:
+        strategy.unwrap(model).load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    # DCP rewrites the dict it is given (key prefixes, DTensors): hand it a copy of the structure
+    set_model_state_dict(model, copy_structure(state), options=options)
 
 
 def copy_structure(data: Any) -> Any:

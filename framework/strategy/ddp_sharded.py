@@ -8,11 +8,12 @@ fairscale strategies in 2.0); it is here for users with existing fairscale set-u
 from __future__ import annotations
 
 import inspect
+from contextlib import nullcontext
 
 import torch
 
 from framework.config.types import NonNegativeInt
-from framework.strategy.memory import optimizer_sharded
+from framework.construction.prepare import checkpoint_activations, convert_precision
 from framework.strategy.parallel import ParallelStrategy
 
 
@@ -24,6 +25,7 @@ class DDPShardedStrategy(ParallelStrategy):
 
     name = "ddp_sharded"
     shards_states = True
+    memory_layout = "optimizer_sharded"
     requires_packages = {"fairscale": "'framework[fairscale]'"}
     supports_manual_optimization = False  # one optimizer, driven by its own engine/wrapper
     # OSS shards the optimizer by its own numbering; checkpoint_io=dcp gets full state from rank zero
@@ -39,15 +41,12 @@ class DDPShardedStrategy(ParallelStrategy):
         self.broadcast_buffers = broadcast_buffers
         self._param_names: list[str] = []
 
-    def estimate_memory(self, stats, world_size: int):
-        return optimizer_sharded(stats, world_size)
-
     def setup(self, model, optimizer_factory):
         from fairscale.nn.data_parallel import ShardedDataParallel
         from fairscale.optim import OSS
 
-        model = self.convert_precision(model).to(self.root_device)
-        self.apply_activation_checkpointing(model)
+        model = convert_precision(model, self.precision, self.is_global_zero).to(self.root_device)
+        checkpoint_activations(model, self.units, self.loop_settings.activation_checkpointing, self.is_global_zero)
         # OSS builds one optimizer per shard from a class and its defaults; read both off the
         # configured optimizer by building it once over a placeholder parameter.
         probe = optimizer_factory([torch.nn.Parameter(torch.zeros(1))])
@@ -60,8 +59,6 @@ class DDPShardedStrategy(ParallelStrategy):
         return wrapped, optimizer
 
     def no_backward_sync(self, model, skip: bool):
-        from contextlib import nullcontext
-
         return model.no_sync() if skip else nullcontext()
 
     def clip_gradients(self, model, optimizer, max_norm=None, max_value=None, parameters=None):

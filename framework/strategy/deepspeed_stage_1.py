@@ -1,5 +1,5 @@
 """`strategy=deepspeed_stage_1`: ZeRO stage 1: optimizer state sharded across ranks."""
-from framework.strategy.deepspeed import DeepSpeedStrategy
+from framework.strategy.deepspeed.base import DeepSpeedStrategy
 
 
 class DeepSpeedStage1Strategy(DeepSpeedStrategy):

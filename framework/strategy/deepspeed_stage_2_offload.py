@@ -1,5 +1,5 @@
 """`strategy=deepspeed_stage_2_offload`: ZeRO stage 2 with optimizer state (and the update) offloaded to the CPU."""
-from framework.strategy.deepspeed import DeepSpeedStrategy
+from framework.strategy.deepspeed.base import DeepSpeedStrategy
 
 
 class DeepSpeedStage2OffloadStrategy(DeepSpeedStrategy):

@@ -1,5 +1,5 @@
 """`strategy=deepspeed_stage_3`: ZeRO stage 3: parameters, gradients and optimizer state sharded across ranks."""
-from framework.strategy.deepspeed import DeepSpeedStrategy
+from framework.strategy.deepspeed.base import DeepSpeedStrategy
 
 
 class DeepSpeedStage3Strategy(DeepSpeedStrategy):

@@ -1,5 +1,5 @@
 """`strategy=deepspeed_stage_3_offload`: ZeRO stage 3 with parameters and optimizer state offloaded to the CPU."""
-from framework.strategy.deepspeed import DeepSpeedStrategy
+from framework.strategy.deepspeed.base import DeepSpeedStrategy
 
 
 class DeepSpeedStage3OffloadStrategy(DeepSpeedStrategy):

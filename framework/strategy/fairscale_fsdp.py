@@ -9,7 +9,6 @@ from contextlib import nullcontext
 
 import torch
 
-from framework.strategy.memory import fully_sharded
 from framework.strategy.parallel import ParallelStrategy
 
 
@@ -19,6 +18,7 @@ class FairscaleFSDPStrategy(ParallelStrategy):
 
     name = "fairscale_fsdp"
     shards_states = True
+    memory_layout = "fully_sharded"
     requires_packages = {"fairscale": "'framework[fairscale]'"}
     supports_manual_optimization = False  # one optimizer, driven by its own engine/wrapper
     # fairscale's FSDP has no DTensor view; checkpoint_io=dcp gets full state from rank zero
@@ -34,9 +34,6 @@ class FairscaleFSDPStrategy(ParallelStrategy):
         self.auto_wrap_modules = list(auto_wrap_modules or [])
         self.reshard_after_forward = reshard_after_forward
         self.cpu_offload = cpu_offload
-
-    def estimate_memory(self, stats, world_size: int):
-        return fully_sharded(stats, world_size)
 
     def _fsdp_kwargs(self) -> dict:
         dtypes = self.precision.sharded_param_dtypes()

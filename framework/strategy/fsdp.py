@@ -1,29 +1,30 @@
 """`strategy=fsdp`: torch FSDP2 (`fully_shard`): parameters, gradients and optimizer state
 sharded across ranks, each unit gathered only while it computes. Sharded from birth: the model is
 built on the meta device, sharded, and each rank then materialises only its own shards, with the
-weights an ordinary build makes from the same seed (framework/strategy/meta_init.py)."""
+weights an ordinary build makes from the same seed (framework/construction/meta_init.py)."""
 from __future__ import annotations
 
 from contextlib import contextmanager
 
 import torch
+from torch.distributed.device_mesh import init_device_mesh
 
 from framework.config.types import PositiveInt
 from framework.errors import ConfigError
-from framework.strategy.memory import fully_sharded
-from framework.strategy.meta_init import InitLog, build_on_meta, replay
+from framework.construction.meta_init import InitLog, build_on_meta, replay
 from framework.strategy.parallel import ParallelStrategy
-from framework.strategy.units import DEFAULT_MIN_UNIT_PARAMS, Units, choose_units
+from framework.construction.units import DEFAULT_MIN_UNIT_PARAMS, Units, choose_units
 
 
 class FSDPStrategy(ParallelStrategy):
-    """Each unit (framework/strategy/units.py: strategy.wrap_modules, the model's sharding_units,
+    """Each unit (framework/construction/units.py: strategy.wrap_modules, the model's sharding_units,
     a Hugging Face model's _no_split_modules, else a size rule) is all-gathered before it runs
     and freed after; the root holds the rest. The precision plugin's compute dtype becomes FSDP's
     MixedPrecisionPolicy (parameters gathered in that dtype, gradients reduced in float32)."""
 
     name = "fsdp"
     shards_states = True
+    memory_layout = "fully_sharded"
 
     def __init__(self, *args, wrap_modules: list[str] | None = None, min_unit_params: PositiveInt = DEFAULT_MIN_UNIT_PARAMS,
                  reshard_after_forward: bool = True, cpu_offload: bool = False, meta_init: bool = True,
@@ -47,15 +48,14 @@ class FSDPStrategy(ParallelStrategy):
         """The modules sharded as units (the same rule `framework plan` and `validate` use)."""
         return choose_units(model, self.wrap_modules, self.min_unit_params)
 
-    def model_problems(self, model: torch.nn.Module) -> list[str]:
+    def problems(self, model: torch.nn.Module | None) -> list[str]:
+        if model is None:
+            return []
         try:
             self.units(model)
         except ConfigError as err:  # a wrap_modules name the model does not have
             return [str(err)]
         return []
-
-    def estimate_memory(self, stats, world_size: int):
-        return fully_sharded(stats, world_size, offload=self.cpu_offload)
 
     # ---- building: on the meta device, then shards only --------------------------------
     def build_model(self, factory):
@@ -88,7 +88,6 @@ class FSDPStrategy(ParallelStrategy):
         replay(log, write)
 
     def _shard_kwargs(self) -> dict:
-        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
         kwargs = {"mesh": init_device_mesh(self.root_device.type, (self.world_size,)),

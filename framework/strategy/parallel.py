@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
+import socket
 
 import torch.distributed as dist
 
@@ -59,7 +60,6 @@ def _export_cluster_variables(cluster) -> list[str]:
     (DeepSpeed reads LOCAL_RANK). Returns the names it set, removed again at teardown."""
     port = cluster.main_port
     if not port:  # a lone process: any free port
-        import socket
 
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from framework.strategy.base import Strategy
-from framework.strategy.named_state import load_optimizer_state_by_name, optimizer_state_by_name
+from framework.construction.named_state import load_optimizer_state_by_name, optimizer_state_by_name
 
 
 class SingleDeviceStrategy(Strategy):

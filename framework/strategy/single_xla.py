@@ -10,7 +10,7 @@ import torch
 
 from framework.checkpoint_io.xla import to_cpu
 from framework.strategy.base import Strategy
-from framework.strategy.named_state import load_optimizer_state_by_name, optimizer_state_by_name
+from framework.construction.named_state import load_optimizer_state_by_name, optimizer_state_by_name
 
 
 class SingleXLAStrategy(Strategy):

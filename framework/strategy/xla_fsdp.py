@@ -6,7 +6,6 @@ first dimension does not divide by the device count stays replicated (said at st
 """
 from __future__ import annotations
 
-from framework.strategy.memory import fully_sharded
 from framework.strategy.xla_spmd import XLASPMDStrategy
 
 
@@ -15,10 +14,7 @@ class XLAFSDPStrategy(XLASPMDStrategy):
 
     name = "xla_fsdp"
     shards_states = True
-
-    def estimate_memory(self, stats, world_size: int):
-        """Per device: sharded over every device of every host (one process per host)."""
-        return fully_sharded(stats, self.devices * world_size)
+    memory_layout = "fully_sharded"  # over every device of every host (one process per host)
 
     def wrap_model(self, model):
         import torch_xla.distributed.spmd as xs

@@ -41,7 +41,7 @@ class XLASPMDStrategy(SingleXLAStrategy):
         count = xr.global_runtime_device_count()
         self.mesh = xs.Mesh(np.arange(count), (count,), (self.axis,))
 
-    def config_problems(self) -> list[str]:
+    def problems(self, model) -> list[str]:
         batch = self.loop_settings.micro_batch_size
         if batch and batch % self.devices:
             return [f"data.batch_size={batch} with strategy={self.name} devices={self.devices}: each batch is split "

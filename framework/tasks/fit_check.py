@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
-from framework.config.meta_build import meta_device
+from framework.construction.meta_build import meta_device
 from framework.errors import ConfigError
 
 

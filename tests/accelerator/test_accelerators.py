@@ -74,7 +74,7 @@ def test_cpu_returns_freed_memory_for_sharding_strategies(monkeypatch):
 
 
 def test_discard_pages_zeroes_a_tensor_and_gives_its_memory_back():
-    """ZeRO-3's gradient buffer between steps (framework/strategy/deepspeed_grad_buffer.py): the
+    """ZeRO-3's gradient buffer between steps (framework/strategy/deepspeed/grad_buffer.py): the
     tensor and its views stay valid and read zeros; its pages leave the resident set until written."""
     import sys
 
@@ -99,10 +99,10 @@ def test_discard_pages_zeroes_a_tensor_and_gives_its_memory_back():
 
 
 def test_zeros_on_demand_are_zeros_that_cost_memory_only_once_written():
-    """While ZeRO-3 sets up on the CPU (framework/strategy/deepspeed_grad_buffer.py)."""
+    """While ZeRO-3 sets up on the CPU (framework/strategy/deepspeed/grad_buffer.py)."""
     import sys
 
-    from framework.strategy.deepspeed_grad_buffer import zeros_on_demand
+    from framework.strategy.deepspeed.grad_buffer import zeros_on_demand
 
     if not sys.platform.startswith("linux"):
         pytest.skip("madvise(MADV_DONTNEED) is Linux's")

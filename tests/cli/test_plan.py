@@ -11,7 +11,7 @@ import pytest
 from framework.cli.plan import plan
 from framework.config.build import build
 from framework.runner import prepare
-from framework.strategy.memory import ModelStats, fully_sharded, model_stats, optimizer_sharded, replicated, zero
+from framework.planning.memory import ModelStats, fully_sharded, model_stats, optimizer_sharded, replicated, zero
 from tests.cli.helpers import framework_cmd
 from tests.conftest import compose_cfg
 

@@ -12,7 +12,7 @@ from framework.cluster.xla import XLAEnvironment
 from framework.errors import ConfigError
 from framework.plugins import build_plugins
 from framework.runner import prepare
-from tests.conftest import TINY_GPT, compose_cfg
+from tests.conftest import TINY_GPT, compose_cfg, run_train
 
 
 def test_host_ranks_from_the_tpu_vm_variables(monkeypatch):
@@ -50,3 +50,17 @@ def test_refused_without_torch_xla_saying_how_to_get_it():
     assert len(problems) == 1 and problems[0].startswith("accelerator=xla: torch_xla is not installed in this "
                                                          "environment")
     assert "make test-xla builds .venv-xla" in problems[0].replace("`", "")
+
+
+@pytest.mark.parametrize("overrides,named", [
+    (["checkpoint_io=xla"], "checkpoint_io=xla with accelerator=cpu: this plugin serves XLA runs only"),
+    (["cluster=xla"], "cluster=xla with accelerator=cpu: this plugin serves XLA runs only"),
+    (["checkpoint_io=xla", "cluster=xla"], "checkpoint_io=xla, cluster=xla with accelerator=cpu: these plugins"),
+])
+def test_xla_plugins_are_refused_without_an_xla_accelerator(tmp_path, overrides, named):
+    problems = prepare(compose_cfg([*TINY_GPT, *overrides]), strict=False).problems
+    assert len(problems) == 1 and problems[0].startswith(named), problems
+    assert "use checkpoint_io=torch" in problems[0]
+    result = run_train([*TINY_GPT, *overrides, "name=refused"], tmp_path)
+    assert result.returncode == 2 and named in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "outputs" / "refused").exists()

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from framework.config.meta_build import meta_device
+from framework.construction.meta_build import meta_device
 from framework.models.gpt import GPT
 from tests.conftest import ROOT
 
@@ -29,7 +29,7 @@ def test_constructor_errors_still_surface():
 
 
 def test_no_dynamo_import():
-    code = ("import sys; from framework.config.meta_build import meta_device; from framework.models.gpt import GPT\n"
+    code = ("import sys; from framework.construction.meta_build import meta_device; from framework.models.gpt import GPT\n"
             "with meta_device(): GPT()\nprint('torch._dynamo' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert result.stdout.strip() == "False", result.stderr

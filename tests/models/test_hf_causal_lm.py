@@ -2,14 +2,16 @@
 pretrained directories loaded whole or into shards, never a download, export to from_pretrained."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from framework.checkpoint.weights import initial_weights
-from framework.config.meta_build import meta_device
+from framework.construction.meta_build import meta_device
 from framework.errors import CheckpointError, ConfigError
 from framework.models.hf_causal_lm import causal_lm, save_for_hub
-from framework.strategy.meta_init import build_on_meta, replay
+from framework.construction.meta_init import build_on_meta, replay
 
 pytest.importorskip("transformers")
 
@@ -102,6 +104,11 @@ def test_save_for_hub_writes_what_from_pretrained_loads(tmp_path):
                  tmp_path / "out")
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
     assert loaded.lm_head.weight is loaded.transformer.wte.weight
+    # GPT-2's default bos/eos (50256) name no token of a 256-byte vocabulary: not written
+    assert (loaded.config.bos_token_id, loaded.config.eos_token_id) == (None, None)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "out" / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask  # as open() makes
     for name, value in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], value), name
 
@@ -124,7 +131,7 @@ def test_hugging_face_libraries_are_imported_only_when_chosen():
 def test_a_transformers_from_pretrained_target_loads_offline_and_passes_the_meta_check(tmp_path, monkeypatch):
     """`_target_: transformers.AutoModelForCausalLM.from_pretrained` (trusted by the user) works as
     written: transformers itself refuses the meta device, so the framework's loader takes it."""
-    from framework.config.build import build
+    from framework.models.build import build_model as build
 
     monkeypatch.setenv("FRAMEWORK_TRUST_ALLOW", "transformers.")
     torch.manual_seed(2)

@@ -5,8 +5,8 @@ from framework.config.loop_settings import LoopSettings
 from framework.models.gpt import GPT
 from framework.precision.bf16_mixed import BF16MixedPrecision
 from framework.precision.fp16_mixed import FP16MixedPrecision
-from framework.strategy.deepspeed import deep_merge
-from framework.strategy.deepspeed_sizes import hidden_size
+from framework.strategy.deepspeed.base import deep_merge
+from framework.strategy.deepspeed.sizes import hidden_size
 from framework.strategy.deepspeed_stage_2_offload import DeepSpeedStage2OffloadStrategy
 from framework.strategy.deepspeed_stage_3 import DeepSpeedStage3Strategy
 from framework.strategy.deepspeed_stage_3_offload_nvme import DeepSpeedStage3OffloadNvmeStrategy
@@ -65,7 +65,7 @@ def test_zero_sizes_follow_the_model_and_raw_keys_win():
 def test_adam_runs_fused_over_deepspeeds_flat_partitions_unless_the_user_chose():
     import torch
 
-    from framework.strategy.deepspeed import use_fused_adam
+    from framework.strategy.deepspeed.base import use_fused_adam
 
     flat = [torch.nn.Parameter(torch.zeros(8))]
     default = torch.optim.AdamW(flat, lr=0.1)
@@ -80,13 +80,13 @@ def test_adam_runs_fused_over_deepspeeds_flat_partitions_unless_the_user_chose()
 
 def test_deepspeed_is_imported_without_mlflow_and_mlflow_still_imports_after():
     """DeepSpeed's autotuner imports mlflow when installed (1.3 s and 135 MiB per process here);
-    framework/strategy/deepspeed_import.py keeps it out of that import only."""
+    framework/strategy/deepspeed/imports.py keeps it out of that import only."""
     import importlib.util
     import os
     import subprocess
     import sys
 
-    script = ("import sys; from framework.strategy.deepspeed_import import deepspeed_package; "
+    script = ("import sys; from framework.strategy.deepspeed.imports import deepspeed_package; "
               "print(deepspeed_package().__name__, 'mlflow' in sys.modules); ")
     if importlib.util.find_spec("mlflow") is not None:  # installed (the dev extras): still importable after
         script += "import mlflow; print(mlflow.__name__)"
@@ -106,7 +106,7 @@ def test_deepspeeds_muon_module_is_imported_uncompiled_for_a_torch_optimizer():
     import subprocess
     import sys
 
-    script = ("import torch; from framework.strategy.deepspeed_import import deepspeed_package, muon_left_uncompiled; "
+    script = ("import torch; from framework.strategy.deepspeed.imports import deepspeed_package, muon_left_uncompiled; "
               "deepspeed_package(); muon_left_uncompiled(); "
               "from deepspeed.runtime.zero.muon import original_muon, muon_optimizer; "
               "from deepspeed.runtime import compiler; "

@@ -1,7 +1,7 @@
 """ZeRO-3's memory measures together: in float32 one copy of each rank's partition
-(framework/strategy/deepspeed_master_weights.py), the optimizer stepped in sub groups, its zero
+(framework/strategy/deepspeed/master_weights.py), the optimizer stepped in sub groups, its zero
 buffers made on demand and the gradient buffer given back after every step
-(framework/strategy/deepspeed_grad_buffer.py); it still trains exactly like torch's own optimizer
+(framework/strategy/deepspeed/grad_buffer.py); it still trains exactly like torch's own optimizer
 on the unsharded model."""
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = """
 import copy, json, torch, deepspeed
 from framework.models.mlp import MLP
-from framework.strategy.deepspeed_grad_buffer import release_gradient_buffer, zeros_on_demand
-from framework.strategy.deepspeed_master_weights import shared_master_partitions, shares_master_partitions
+from framework.strategy.deepspeed.grad_buffer import release_gradient_buffer, zeros_on_demand
+from framework.strategy.deepspeed.master_weights import shared_master_partitions, shares_master_partitions
 deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
 torch.manual_seed(0)
 model = MLP()

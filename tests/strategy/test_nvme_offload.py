@@ -39,7 +39,7 @@ def test_nvme_offload_trains_like_zero3_in_memory(tmp_path):
 def test_an_unwritable_nvme_path_is_refused_before_launch(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("")
-    problems = DeepSpeedStage3OffloadNvmeStrategy(nvme_path=str(blocker / "swap")).config_problems()
+    problems = DeepSpeedStage3OffloadNvmeStrategy(nvme_path=str(blocker / "swap")).problems(None)
     assert problems == [f"strategy.nvme_path={blocker / 'swap'}: cannot be created ({blocker} is not writable); set "
                         "strategy.nvme_path to a folder on a fast local disk (e.g. strategy.nvme_path=/tmp/nvme)."]
-    assert DeepSpeedStage3OffloadNvmeStrategy(nvme_path=str(tmp_path / "new" / "swap")).config_problems() == []
+    assert DeepSpeedStage3OffloadNvmeStrategy(nvme_path=str(tmp_path / "new" / "swap")).problems(None) == []

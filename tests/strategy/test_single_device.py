@@ -7,7 +7,8 @@ from torch.utils.data import DistributedSampler, TensorDataset
 
 from framework.precision.bf16_true import BF16TruePrecision
 from framework.strategy.auto import auto_strategy
-from framework.strategy.sampler import ShardSampler
+from framework.strategy.base import Strategy
+from framework.data.sampler import ShardSampler, rank_sampler
 from framework.strategy.single_device import SingleDeviceStrategy
 
 
@@ -58,13 +59,13 @@ def test_collectives_without_a_process_group():
 def test_samplers():
     s = SingleDeviceStrategy()
     ds = TensorDataset(torch.arange(10))
-    train = s.sampler(ds, shuffle=True, seed=1)
+    train = rank_sampler(ds, s, shuffle=True, seed=1)
     assert isinstance(train, DistributedSampler) and sorted(train) == list(range(10))
     train.set_epoch(1)
     first = list(train)
     train.set_epoch(2)
     assert list(train) != first  # reshuffled per epoch
-    evaluation = s.sampler(ds, shuffle=False, seed=1, even=False)
+    evaluation = rank_sampler(ds, s, shuffle=False, seed=1, even=False)
     assert isinstance(evaluation, ShardSampler) and list(evaluation) == list(range(10))
 
 
@@ -102,3 +103,12 @@ def test_ddp_wrap_options(one_rank_group):
     assert strategy.world_size == 1 and torch.equal(strategy.reduce(torch.ones(2), "sum"), torch.ones(2))
     del model  # DDP's reducer must go before its process group (gloo's destructor can hang otherwise)
     gc.collect()
+
+
+def test_the_strategy_surface_stays_small():
+    """Strategy wraps model and optimizer, owns processes and collectives, backward and step, and the
+    state dicts (capability flags included, at most 45 members); building and preparing a model
+    lives in framework/construction/, memory estimates in framework/planning/."""
+    members = sorted(n for n in dir(Strategy) if not n.startswith("__"))
+    assert len(members) <= 45, members
+    assert not {"sampler", "estimate_memory", "place_model", "convert_precision"} & set(members)

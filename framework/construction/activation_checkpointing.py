@@ -1,4 +1,4 @@
-"""`trainer.activation_checkpointing=true`: each sharding unit (framework/strategy/units.py, the
+"""`trainer.activation_checkpointing=true`: each sharding unit (framework/construction/units.py, the
 same rule for every strategy) keeps only its input during forward and recomputes its activations
 in backward, trading one more forward per unit for activation memory.
 
@@ -13,7 +13,7 @@ import functools
 
 from torch.utils.checkpoint import checkpoint
 
-from framework.strategy.units import Units
+from framework.construction.units import Units
 
 
 def checkpoint_units(units: Units) -> int:

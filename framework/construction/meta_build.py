@@ -20,7 +20,7 @@ _CPU_FACTORIES = {torch.arange}
 
 
 # Factories that draw random numbers: on the meta device they draw none, so a model that makes
-# its initial values with them cannot have its initialisation recorded (framework/strategy/meta_init.py).
+# its initial values with them cannot have its initialisation recorded (framework/construction/meta_init.py).
 RANDOM_FACTORIES = {torch.rand, torch.randn, torch.randint, torch.randperm, torch.normal, torch.rand_like,
                     torch.randn_like, torch.randint_like, torch.bernoulli, torch.multinomial, torch.poisson}
 
@@ -71,6 +71,6 @@ def in_sharded_build() -> bool:
 def meta_device(record: list | None = None):
     """`with torch.device("meta")`, with initialisers skipped; with `record`, every skipped
     initialiser call (and every random factory) is appended to it as (func, args, kwargs), in
-    order, for framework/strategy/meta_init.py to replay on real tensors."""
+    order, for framework/construction/meta_init.py to replay on real tensors."""
     with torch.device("meta"), _SkipMetaInit(record), sharded_build():
         yield

@@ -13,7 +13,6 @@ import torch
 from omegaconf import DictConfig
 
 from framework.console import human_bytes
-from framework.strategy.units import choose_units
 
 
 @dataclass(frozen=True)
@@ -108,6 +107,25 @@ def zero(stats: ModelStats, world_size: int, stage: int, offload_optimizer: bool
     return MemoryEstimate(device, host, formula)
 
 
+def estimate(strategy, stats: ModelStats, world_size: int) -> MemoryEstimate:
+    """Bytes per rank under `strategy`, by its `memory_layout` and the settings that layout reads
+    (fsdp's cpu_offload; DeepSpeed's stage and offload devices). Under SPMD one process drives all
+    of a node's devices, so states shard over every device of every process."""
+    shards = world_size * (strategy.devices if strategy.spmd else 1)
+    layout = strategy.memory_layout
+    if layout == "fully_sharded":
+        return fully_sharded(stats, shards, offload=getattr(strategy, "cpu_offload", False))
+    if layout == "optimizer_sharded":
+        return optimizer_sharded(stats, shards)
+    if layout == "zero":
+        return zero(stats, shards, strategy.stage, strategy.offload_optimizer != "none",
+                    strategy.offload_parameters != "none")
+    if layout != "replicated":
+        raise ValueError(f"{type(strategy).__name__}.memory_layout={layout!r}: use one of replicated, "
+                         "fully_sharded, optimizer_sharded, zero")
+    return replicated(stats)
+
+
 def optimizer_states(cfg: DictConfig) -> int:
     """State tensors per parameter for the configured optimizer (Adam-family 2, SGD 0 or 1)."""
     target = str(cfg.optimizer.get("_target_", ""))
@@ -118,12 +136,12 @@ def optimizer_states(cfg: DictConfig) -> int:
 
 def model_stats(cfg: DictConfig, plugins, model):
     """Trainable parameters, the largest unit gathered at once (by the units the strategy would
-    shard: the same rule as the run, framework/strategy/units.py), and the byte sizes that the
+    shard: the same rule as the run, framework/construction/units.py), and the byte sizes that the
     strategies' memory formulas need, for the model built on the meta device."""
     precision = plugins.precision
     frozen_params, frozen_bytes = precision.frozen_weights(model)
     params = sum(p.numel() for p in model.parameters() if p.requires_grad) - frozen_params
-    units = plugins.strategy.units(model) if hasattr(plugins.strategy, "units") else choose_units(model)
+    units = plugins.strategy.units(model)
     param_bytes = torch.empty((), dtype=precision.param_dtype).element_size()
     mixed_half = precision.param_dtype == torch.float32 and precision.compute_dtype in (torch.float16, torch.bfloat16)
     stats = ModelStats(params, units.largest or params, param_bytes, mixed_half, optimizer_states(cfg), frozen_bytes)

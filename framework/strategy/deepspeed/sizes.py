@@ -4,7 +4,7 @@ DeepSpeed's defaults are sized for models of billions of parameters: 5e8-element
 all-gather buckets (a 1 GB buffer in bf16 for a 100M model), and ZeRO-3's
 `stage3_max_live_parameters` / `stage3_max_reuse_distance` of 1e9, which keep every parameter of
 a smaller model gathered, so ZeRO-3 saves nothing. Here (h: the model's hidden size; U: the
-most parameters one sharding unit gathers, framework/strategy/units.py, at least h*h):
+most parameters one sharding unit gathers, framework/construction/units.py, at least h*h):
 
     reduce_bucket_size, allgather_bucket_size   h*h          (Hugging Face's "auto" value)
     stage3_prefetch_bucket_size                 0.9*h*h      (Hugging Face's "auto" value)
@@ -26,7 +26,7 @@ from collections import Counter
 
 from torch import nn
 
-from framework.strategy.units import choose_units
+from framework.construction.units import choose_units
 
 
 def hidden_size(model: nn.Module) -> int | None:

@@ -11,16 +11,17 @@ import os
 from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Literal
+import gc
 
 import torch
 
-from framework.config.meta_build import sharded_build
+from framework.construction.meta_build import sharded_build
+from framework.construction.prepare import checkpoint_activations
 from framework.errors import ConfigError
-from framework.strategy.deepspeed_grad_buffer import release_gradient_buffer, zeros_on_demand
-from framework.strategy.deepspeed_import import deepspeed_package, muon_left_uncompiled
-from framework.strategy.deepspeed_master_weights import shared_master_partitions
-from framework.strategy.deepspeed_sizes import zero_sizes
-from framework.strategy.memory import zero
+from framework.strategy.deepspeed.grad_buffer import release_gradient_buffer, zeros_on_demand
+from framework.strategy.deepspeed.imports import deepspeed_package, muon_left_uncompiled
+from framework.strategy.deepspeed.master_weights import shared_master_partitions
+from framework.strategy.deepspeed.sizes import zero_sizes
 from framework.strategy.parallel import ParallelStrategy
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
@@ -60,6 +61,7 @@ class DeepSpeedStrategy(ParallelStrategy):
 
     name = "deepspeed"
     shards_states = True
+    memory_layout = "zero"
     setup_note = "a machine's first DeepSpeed run compiles its ops: a minute or more"
     requires_packages = {"deepspeed": "'framework[deepspeed]'"}
     supports_manual_optimization = False  # one optimizer, driven by its own engine/wrapper
@@ -82,7 +84,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         the update) on cpu or nvme (stages 1-3); offload_parameters: keep parameters on cpu or
         nvme (stage 3); nvme_path: folder on a fast local disk for nvme offload; config: raw
         DeepSpeed keys merged over the generated config (ZeRO sizes not given there are derived from
-        the model: framework/strategy/deepspeed_sizes.py); partitioned_init: under ZeRO-3, build the
+        the model: framework/strategy/deepspeed/sizes.py); partitioned_init: under ZeRO-3, build the
         model inside deepspeed.zero.Init (no rank holds all of it); fused_adam: run torch's Adam/AdamW
         fused over DeepSpeed's flat partitions when the optimizer config leaves `fused` unset (the
         default loop allocates several partition-sized temporaries per step: 0.1 GiB per rank on an
@@ -100,9 +102,6 @@ class DeepSpeedStrategy(ParallelStrategy):
     @property
     def native_libraries(self) -> tuple[str, ...]:  # type: ignore[override]
         return ("aio",) if "nvme" in (self.offload_optimizer, self.offload_parameters) else ()
-
-    def estimate_memory(self, stats, world_size: int):
-        return zero(stats, world_size, self.stage, self.offload_optimizer != "none", self.offload_parameters != "none")
 
     # ---- environment --------------------------------------------------------------------
     def _choose_deepspeed_accelerator(self) -> None:
@@ -149,7 +148,7 @@ class DeepSpeedStrategy(ParallelStrategy):
             config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
         return deep_merge(config, self.raw_config)
 
-    def config_problems(self) -> list[str]:
+    def problems(self, model) -> list[str]:
         """The merged config through DeepSpeed's own config models, when the user added raw keys
         (`strategy.config`): a bad value is refused before any process starts. Without raw keys
         the generated config is known to be valid, and deepspeed is not imported. NVMe offload:
@@ -209,7 +208,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         deepspeed = deepspeed_package()
 
         model = model.to(self.root_device)
-        self.apply_activation_checkpointing(model)
+        checkpoint_activations(model, self.units, self.loop_settings.activation_checkpointing, self.is_global_zero)
         config = self.deepspeed_config(model)
         if "optimizer" in config:  # DeepSpeed's own (compiled) optimizer, asked for in the raw config
             with self._initializing():
@@ -239,8 +238,6 @@ class DeepSpeedStrategy(ParallelStrategy):
             yield
 
     def teardown(self) -> None:
-        import gc
-
         self.engine = None  # the engine holds the model: free it before the process group goes
         gc.collect()
         super().teardown()

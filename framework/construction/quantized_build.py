@@ -1,6 +1,6 @@
 """Quantized from birth: under a quantized precision (precision=bnb_*), the model is built on the
 meta device and its recorded initialisers are replayed one tensor at a time
-(framework/strategy/meta_init.py); each linear layer chosen for quantization becomes its quantized
+(framework/construction/meta_init.py); each linear layer chosen for quantization becomes its quantized
 layer as soon as its weight (and bias) are complete. The float32 model never exists whole: the
 set-up peak is the quantized model, the layers kept in float, and one float layer. The weights
 are bit-identical to quantizing an ordinary build with the same seed (tested), and the RNG ends in
@@ -16,8 +16,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from framework.strategy.meta_init import build_on_meta, replay
-from framework.strategy.tied import retie, tied_parameters
+from framework.construction.meta_init import build_on_meta, replay
+from framework.construction.tied import retie, tied_parameters
 
 
 def _place(module: nn.Module, leaf: str, tensor: torch.Tensor) -> None:

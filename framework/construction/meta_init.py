@@ -2,7 +2,7 @@
 shards of the weights an ordinary build would have made with the same seed.
 
 Building on the meta device records every initialiser the model's own constructor calls
-(`nn.init.*`, `tensor.normal_()`, ..., in order; framework/config/meta_build.py). Replaying that
+(`nn.init.*`, `tensor.normal_()`, ..., in order; framework/construction/meta_build.py). Replaying that
 log one parameter at a time on real tensors, with the global RNG, draws exactly the random numbers
 an ordinary build draws, in the same order, so the values are bit-identical and the RNG ends in
 the same state. A parameter is materialised in full only from the last initialiser that
@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from framework.config.meta_build import RANDOM_FACTORIES, meta_device
+from framework.construction.meta_build import RANDOM_FACTORIES, meta_device
 
 # Initialisers that set every element without reading the old values: what came before them on
 # the same tensor only matters for the random numbers it drew.
