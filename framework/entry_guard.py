@@ -27,7 +27,7 @@ from framework.config.overrides import (
 )
 from framework.config.trust import allow_from_command_line, check_hydra_settings, check_trusted
 from framework.errors import ConfigError, ExitCode, RunExit, report, wants_traceback
-from framework.paths import check_creatable_dir, conf_dir
+from framework.paths import check_creatable_dir, conf_dir, make_importable
 
 
 def precheck(args: list[str], config_dir, config_name: str) -> None:
@@ -61,20 +61,6 @@ def precheck(args: list[str], config_dir, config_name: str) -> None:
             raise
         report(err)
         raise RunExit(ExitCode.USER_ERROR) from None
-
-
-def make_importable(folder: Path) -> None:
-    """A recipe's own folder is importable (its model, data or task modules beside it), in this
-    process and in every process it starts. Appended, so it never shadows an installed package;
-    what it may build is still decided by the trust rules."""
-    folder = folder.resolve()
-    if folder == conf_dir().resolve() or not folder.is_dir():
-        return
-    if str(folder) not in sys.path:
-        sys.path.append(str(folder))
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if str(folder) not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([*paths, str(folder)])
 
 
 def guard(main, config_dir=None, config_name: str = "train") -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.resources
 import os
+import sys
 import tempfile
 from functools import lru_cache
 from pathlib import Path
@@ -85,3 +86,17 @@ def find_recipe(spec: str) -> Path:
         return builtin_recipe(spec)
     except ConfigError as err:
         raise ConfigError(f"recipe {spec!r}: no such file, and {err}") from None
+
+
+def make_importable(folder: Path) -> None:
+    """A recipe's own folder is importable (its model, data or task modules beside it), in this
+    process and in every process it starts. Appended, so it never shadows an installed package;
+    what it may build is still decided by the trust rules."""
+    folder = folder.resolve()
+    if folder == conf_dir().resolve() or not folder.is_dir():
+        return
+    if str(folder) not in sys.path:
+        sys.path.append(str(folder))
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(folder) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([*paths, str(folder)])

@@ -21,7 +21,8 @@ from framework.construction.meta_build import meta_device
 from framework.config.targets import check_targets
 from framework.config.validate import check_values
 from framework.console import human_bytes
-from framework.errors import ConfigError, ExitCode, RunExit, StorageError, UserError, heading, report, wants_traceback
+from framework.errors import (ConfigError, ExitCode, RunExit, StorageError, UserError, did_you_mean, heading, report,
+                              wants_traceback)
 from framework.launch.elastic import WorkerFailed
 from framework.launch.launcher import launch
 from framework.loop.preemption import Preempted
@@ -31,7 +32,7 @@ from framework.reproduce import write_recipe
 from framework.construction.activation_checkpointing import checkpoint_units
 from framework.planning.memory import estimate, model_stats
 from framework.sweeps import SUMMARY_FILE, current_job, finished_objective, run_overrides, write_summary
-from framework.tasks.fit_check import check_fit
+from framework.tasks.fit_check import check_fit, validation_metric_names
 
 # How each way a run can fail leaves the process (framework/errors.py documents the codes).
 EXIT_CODES = {StorageError: ExitCode.STORAGE, UserError: ExitCode.USER_ERROR, WorkerFailed: ExitCode.FAILED,
@@ -181,6 +182,10 @@ def prepare(cfg: DictConfig, strict: bool = True) -> Prepared:
     try:
         prepared.config = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as err:
+        verdict = _user_error_inside(err)
+        if verdict is not None:  # a resolver's own verdict (a tokenizer file that is missing)
+            problems.extend(str(verdict).splitlines())
+            return prepared.raise_problems() if strict else prepared
         key = getattr(err, "full_key", None) or "config"
         problems.append(f"{key}: {str(err).splitlines()[0]} (an interpolation points to a key this combination "
                         "of options does not have)")
@@ -206,6 +211,33 @@ def prepare(cfg: DictConfig, strict: bool = True) -> Prepared:
     return prepared.raise_problems() if strict else prepared
 
 
+def _user_error_inside(err: BaseException) -> UserError | None:
+    """The user error a resolver raised, from inside OmegaConf's wrapping of it (a chain of causes)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, UserError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def check_monitors(cfg: DictConfig, logged: set[str] | None) -> None:
+    """A validation metric that a setting names (the checkpoint's monitor, early stopping's, the
+    objective) must be one the validation logs: a name it never logs would quietly turn best-
+    checkpoint selection off and leave the objective null."""
+    if not logged:
+        return
+    named = {f"callbacks.{name}.monitor": node.get("monitor") for name, node in (cfg.get("callbacks") or {}).items()
+             if isinstance(node, DictConfig) and "monitor" in node}
+    named["trainer.objective"] = cfg.trainer.get("objective")
+    wrong = [f"{key}={value!r} is never logged: a validation logs {', '.join(sorted(logged))}."
+             f"{did_you_mean(str(value), logged)} Set {key} to one of them."
+             for key, value in named.items() if isinstance(value, str) and value.startswith("val/") and value not in logged]
+    if wrong:
+        raise ConfigError("\n".join(wrong))
+
+
 def build_components(cfg: DictConfig, plugins: Plugins | None = None) -> tuple[object, int]:
     """Build the model (on the meta device: no memory, no init cost), data module and task once,
     so an argument their constructors refuse is reported before anything is written, and pass one
@@ -216,8 +248,12 @@ def build_components(cfg: DictConfig, plugins: Plugins | None = None) -> tuple[o
     with meta_device():
         model = build_model(cfg.model)
     data = build(cfg.data, "data")
+    sources = data.problems()
+    if sources:
+        raise ConfigError("\n".join(sources))
     task = build(cfg.task, "task")
     batch_size = int(cfg.data.get("batch_size", 2) or 2)
+    check_monitors(cfg, validation_metric_names(model, data, task))
     if plugins is None or not cfg.trainer.get("activation_checkpointing"):
         return model, check_fit(model, data, task, batch_size)
     whole = check_fit(model, data, task, batch_size)

@@ -3,6 +3,7 @@ traceback (unless debug=true or HYDRA_FULL_ERROR=1). One row per mistake: the co
 types it, and a fragment the message must contain."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -83,7 +84,36 @@ CASES = [
     (TRAIN + ["strategy=deepspeed_stage_2", "+strategy.config.zero_optimization.stage=7"],
      "strategy.config.zero_optimization.stage=7: DeepSpeed refuses it"),
     (TRAIN + ["hydra.run.dir=/etc/passwd/run"], "hydra.run.dir=/etc/passwd/run: cannot be created, because /etc/passwd"),
+    # bad input that still got through (issue 27)
+    (TRAIN + ["model=hf_causal_lm", "model.config.n_positions=64"],
+     "data.block_size=128: the data's blocks are 128 tokens, but the model (GPT2LMHeadModel) has learned positions "
+     "for 64 (model.config.n_positions=64, its transformer.wpe). Set data.block_size=64 or less"),
+    (TRAIN + ["model.block_size=64", "data.block_size=128"], "has learned positions for 64 (model.block_size=64"),
+    (TRAIN + ["model=hf_causal_lm", "model.config.model_type=gtp2"],
+     "model.config.model_type='gtp2' is not an architecture transformers"),
+    (TRAIN + ["model=hf_causal_lm", "model.config.model_type=llama"],
+     "model.config: llama has no field n_embd, n_head, n_layer, n_positions. Fields merged from another architecture? "
+     "Choose the family with model/config=llama"),
+    (TRAIN + ["model=hf_causal_lm", "model/config=llama", "model.config.num_key_value_heads=3"],
+     "model.config.num_key_value_heads=3 does not divide model.config.num_attention_heads=4"),
+    (TRAIN + ["model=hf_causal_lm", "model.config.n_head=3"],
+     "model.config.n_embd=128 is not divisible by model.config.n_head=3"),
+    (FRAMEWORK + ["run", "hf_gpt2_text", "data.tokenizer={tmp}/nope.json"], "/nope.json': no such tokenizer.json"),
+    (FRAMEWORK + ["run", "hf_gpt2_text", "data.val_files={tmp}/empty.jsonl", "data.files={tmp}/rows.jsonl"],
+     "data.val_files: {tmp}/empty.jsonl is empty"),
+    (FRAMEWORK + ["run", "hf_gpt2_text", "data.files={tmp}/rows.jsonl", "data.text_field=body"],
+     "data.text_field='body': {tmp}/rows.jsonl has no such field (its first row has text)"),
+    (TRAIN + ["callbacks.checkpoint.monitor=val/los"],
+     "callbacks.checkpoint.monitor='val/los' is never logged: a validation logs val/loss, val/perplexity. Did you mean "
+     "val/loss?"),
+    (FRAMEWORK + ["run", "digits_classifier", "trainer.objective=val/acc"],
+     "trainer.objective='val/acc' is never logged: a validation logs val/accuracy, val/loss. Did you mean val/accuracy?"),
+    (TRAIN + ["model._target_=visoin.SmallCNN"], "model._target_=visoin.SmallCNN: no module named 'visoin' can be found"),
+    (TRAIN + ["checkpoint_io=xla"], "checkpoint_io=xla with accelerator=cpu: this plugin serves XLA runs only"),
 ]
+if importlib.util.find_spec("flash_attn") is None:  # a CUDA-only package: refused where it is not installed
+    CASES.append((TRAIN + ["model=hf_causal_lm", "model.attn_implementation=flash_attention_2"],
+                  "model.attn_implementation=flash_attention_2: needs the flash_attn package"))
 
 
 def test_the_table_is_large_enough():
@@ -94,6 +124,8 @@ def run(command, tmp, env=None):
     full_env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     full_env.update(env or {})
     command = [part.replace("{tmp}", str(tmp)) for part in command]
+    (tmp / "empty.jsonl").write_text("")
+    (tmp / "rows.jsonl").write_text("".join(f'{{"text": "row {i} of a small file of text"}}\n' for i in range(40)))
     return subprocess.run(command, capture_output=True, text=True, cwd=tmp, env=full_env, timeout=300)
 
 
@@ -103,7 +135,7 @@ def test_mistake_gives_one_paragraph_and_exit_code_2(command, fragment, tmp_path
     result = run([*command, "trainer.max_steps=2"] if command[:2] == TRAIN and "max_steps" not in " ".join(command)
                  else command, tmp_path)
     assert result.returncode == 2, (result.returncode, result.stdout[-2000:], result.stderr[-2000:])
-    assert fragment in result.stderr, result.stderr
+    assert fragment.replace("{tmp}", str(tmp_path)) in result.stderr, result.stderr
     assert "Traceback" not in result.stderr and "Traceback" not in result.stdout
     first = result.stderr.strip().splitlines()[0]
     assert first.startswith(("configuration error:", "checkpoint error:", "error:")), first

@@ -71,7 +71,7 @@ def test_every_file_and_command_of_the_guide_works_as_shown(tmp_path):
                     str(sorted((run_dir / "checkpoints").glob("step_*"))[-1]), *argv[3:]]
         result = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, f"{shlex.join(argv)}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
-    for name in ("gpt2_fsdp", "gpt2_cli", "llama", "hf_recipe", "tiny_lm"):
+    for name in ("gpt2_fsdp", "gpt2_cli", "llama", "llama_whole", "hf_recipe", "tiny_lm"):
         with open(tmp_path / "outputs" / name / "metrics.csv") as f:
             assert [r["step"] for r in csv.DictReader(f) if r.get("train/loss")] == ["1", "2"], name
     with open(tmp_path / "outputs" / "squares" / "metrics.csv") as f:

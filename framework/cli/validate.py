@@ -35,5 +35,5 @@ def main(args: list[str]) -> int:
         print(f"{path}: {len(problems)} {noun}", file=sys.stderr)
         report(ConfigError("\n".join(problems)))
         return ExitCode.USER_ERROR
-    print(f"{path}: ok (composition, schema, values, targets, constructors, compatibility)")
+    print(f"{path}: ok (composition, schema, values, targets, constructors, data sources, compatibility)")
     return ExitCode.OK

@@ -14,7 +14,8 @@ from framework.errors import ConfigError, UserError
 def build(node: Any, key: str, **kwargs) -> Any:
     """`hydra.utils.instantiate(node, **kwargs)` with plain Python containers for arguments.
     A user error raised while building is passed on; a TypeError or ValueError (arguments the
-    callable rejects) becomes a ConfigError naming `key`."""
+    callable rejects) or an ImportError (a package the option needs) becomes a ConfigError naming
+    `key`."""
     if not isinstance(node, DictConfig):
         node = OmegaConf.create(node)
     trusted(node, key)
@@ -26,6 +27,9 @@ def build(node: Any, key: str, **kwargs) -> Any:
             raise cause from None
         if isinstance(cause, (TypeError, ValueError)):
             raise ConfigError(f"{key}: building {node.get('_target_')} failed: {cause}") from err
+        if isinstance(cause, ImportError):  # an option that needs a package this machine lacks
+            raise ConfigError(f"{key}: building {node.get('_target_')} needs what is not installed here: "
+                              f"{str(cause).splitlines()[0]}. Install it, or choose another {key}.") from err
         raise
 
 

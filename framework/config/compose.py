@@ -18,7 +18,7 @@ from framework.config.entry_points import plugin_conf_dirs, registered_options
 from framework.config.overrides import normalize_overrides
 from framework.config.trust import allow_from_command_line
 from framework.errors import ConfigError, did_you_mean
-from framework.paths import conf_dir
+from framework.paths import conf_dir, make_importable
 
 
 def group_options(group: str, search_dirs: list[Path]) -> list[str]:
@@ -114,6 +114,7 @@ def compose(config_dir: Path, config_name: str, overrides: list[str], with_hydra
     """The composed config (with the `hydra` node only if asked), or a ConfigError. Untrusted
     command-line prefixes (trust.allow=...) are taken out of `overrides` and applied first."""
     overrides = allow_from_command_line(list(overrides))
+    make_importable(Path(config_dir))  # user code beside a recipe: as `framework run` and train.py find it
     with composer(config_dir) as compose_one:
         return compose_one(config_name, overrides, with_hydra)
 

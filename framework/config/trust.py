@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import importlib
 import os
+import pkgutil
+import sys
 from functools import lru_cache
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -26,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from framework.config.entry_points import plugin_packages
 from framework.config.walk import target_nodes
-from framework.errors import ConfigError
+from framework.errors import ConfigError, did_you_mean
 
 TRUSTED = ("framework.", "torch.")
 # Reached through the framework's own Hydra settings (sweepers, launchers, callbacks).
@@ -148,6 +151,9 @@ def refusal(key: str, target: Any, trusted: tuple[str, ...], allowed: list[str])
     why = None
     prefix = target.rsplit(".", 1)[0] + "." if "." in target else target
     if not _trusted_name(target, trusted, allowed):
+        missing = _missing_top_module(target)
+        if missing is not None:  # a typo: say so before asking the user to trust it
+            return missing.format(key=key, target=target)
         why = "is not in the trusted targets (the framework and torch)"
     else:
         for module in _resolved_modules(target):
@@ -161,6 +167,19 @@ def refusal(key: str, target: Any, trusted: tuple[str, ...], allowed: list[str])
         return None
     return (f"{key}._target_={target} {why}; refused before anything was imported or run. "
             + HOW_TO_ALLOW.format(prefix=prefix, file=user_file()))
+
+
+def _missing_top_module(target: str) -> str | None:
+    """A message when the target's top-level module cannot be found at all (looked up without
+    importing anything: find_spec of a top-level name runs no code), with the close names."""
+    top = target.split(".", 1)[0]
+    if not top.isidentifier() or find_spec(top) is not None:
+        return None
+    names = {m.name for m in pkgutil.iter_modules()} | set(sys.builtin_module_names)
+    close = did_you_mean(top, names, cutoff=0.7)
+    return ("{key}._target_={target}: no module named '" + top + "' can be found." + close.replace("{", "{{")
+            .replace("}", "}}") + " Modules are found beside the recipe, in the current folder's packages and "
+            "on PYTHONPATH; fix the name (targets outside the framework and torch must also be trusted).")
 
 
 def iter_targets(node: Any, key: str = "") -> Iterator[tuple[str, Any]]:

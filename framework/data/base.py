@@ -27,6 +27,13 @@ class DataModule(ABC):
         self.shuffle = shuffle
         self.drop_last = drop_last
 
+    def problems(self) -> list[str]:
+        """Cheap checks of the data's sources before launch, without preprocessing: files that are
+        missing, empty, or lack the fields the settings name (framework validate and every run read
+        them, so a data mistake is refused before the run directory exists). One message per
+        problem, naming the key and the fix."""
+        return []
+
     def prepare_data(self) -> None:
         """Work to do once before the datasets are read (download-free preprocessing into a cache,
         e.g. tokenising). One process per node runs it while the others wait, then every process

@@ -11,8 +11,10 @@ padding) when padded; framework/tasks/language_modeling.py reads them.
 """
 from __future__ import annotations
 
+import csv
 import functools
 import glob
+import json
 import os
 import zlib
 from functools import cached_property
@@ -123,6 +125,32 @@ class _Truncate:
         return {"input_ids": [ids[:self.block_size] for ids in rows["input_ids"] if ids]}
 
 
+def _named(files: list[str], most: int = 3) -> str:
+    return ", ".join(files[:most]) + (f" and {len(files) - most} more" if len(files) > most else "")
+
+
+def _columns(path: str, fmt: str) -> list[str] | str:
+    """The field names of a file's first row (a string saying what is wrong when it cannot tell)."""
+    try:
+        if fmt == "json":
+            with open(path, encoding="utf-8") as f:
+                line = next((ln for ln in f if ln.strip()), "")
+            if not line:
+                return "holds only blank lines"
+            row = json.loads(line)
+            return list(row) if isinstance(row, dict) else f"has a first row that is not a JSON object ({line[:60]!r})"
+        if fmt == "csv":
+            with open(path, newline="", encoding="utf-8") as f:
+                return next(csv.reader(f), [])
+        if fmt == "parquet":
+            import pyarrow.parquet
+
+            return list(pyarrow.parquet.read_schema(path).names)
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        return f"does not read as {fmt} ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+    return []
+
+
 class TokenRows(Dataset):
     """A processed `datasets` table as tensors: {"input_ids": LongTensor}."""
 
@@ -189,6 +217,30 @@ class TextFiles(DataModule):
         self.cache_dir = os.path.abspath(os.path.expanduser(cache_dir)) if cache_dir else None
         self.num_proc = num_proc
 
+    # ---- checks before launch ------------------------------------------------------------
+    def problems(self) -> list[str]:
+        """Each file opened: empty files, rows that do not parse, a text_field the rows lack."""
+        found = []
+        for key, files in (("data.files", self.files), ("data.val_files", self.val_files or [])):
+            empty = [f for f in files if os.path.getsize(f) == 0]
+            if self.format == "text":
+                if files and len(empty) == len(files):
+                    found.append(f"{key}: every file is empty ({_named(empty)}); give files with text.")
+                continue
+            found += [f"{key}: {f} is empty (a {self.format} file needs at least one row); remove it from "
+                      f"{key} or fill it." for f in empty]
+            for path in (f for f in files if f not in empty):
+                columns = _columns(path, self.format)
+                if isinstance(columns, str):
+                    found.append(f"{key}: {path} {columns}.")
+                elif self.text_field not in columns:
+                    found.append(f"data.text_field={self.text_field!r}: {path} has no such field (its first row "
+                                 f"has {', '.join(map(str, columns)) or 'none'}); set data.text_field to the one "
+                                 "holding the text.")
+                if len(found) >= 10:
+                    return found + [f"{key}: (more files not checked after 10 problems)"]
+        return found
+
     # ---- preprocessing (once, cached) ---------------------------------------------------
     def _load(self, files: list[str], key: str):
         import datasets
@@ -201,8 +253,8 @@ class TextFiles(DataModule):
             table = datasets.load_dataset(self.format, data_files={"train": files}, split="train",
                                           cache_dir=self.cache_dir, **options)
         except Exception as err:  # a malformed file: named, with the reader's reason
-            raise ConfigError(f"{key}: {self.format} files that do not read ({type(err).__name__}: "
-                              f"{str(err).splitlines()[0] if str(err) else ''}).") from err
+            raise ConfigError(f"{key}: {self.format} files that do not read ({_named(files)}; {type(err).__name__}"
+                              f"{': ' + str(err).splitlines()[0] if str(err) else ''}).") from err
         field = "text" if self.format == "text" else self.text_field
         if field not in table.column_names:
             raise ConfigError(f"data.text_field={field!r}: the {key} files have no such column (they have "

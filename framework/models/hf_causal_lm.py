@@ -16,21 +16,29 @@ DeepSpeed's partitioned init) and every rank keeps only its shards:
 from __future__ import annotations
 
 import contextlib
+import inspect
+import json
 import os
 import sys
+from importlib.util import find_spec
 from pathlib import Path
-import json
 
 import torch
 from torch import nn
 
 from framework.checkpoint.storage import readable_by_others, stored_once
 from framework.construction.meta_build import in_sharded_build
-from framework.errors import ConfigError
+from framework.errors import ConfigError, did_you_mean
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Attention implementations that need a package of their own (transformers imports it when the
+# model is built): checked first, so the message names the key instead of a constructor's error.
+ATTENTION_PACKAGES = {"flash_attention_2": ("flash_attn", "pip install flash-attn (CUDA only)"),
+                      "flash_attention_3": ("flash_attn_interface", "install FlashAttention 3 (Hopper GPUs)"),
+                      "kernels": ("kernels", "pip install kernels")}
+LIST_MODEL_TYPES = "python -c \"import transformers; print(sorted(transformers.CONFIG_MAPPING))\""
 
 
 def _transformers():
@@ -77,17 +85,93 @@ def hf_config(config: dict | None = None, config_dir: str | None = None, pretrai
     if sources:
         directory = local_directory(config_dir or pretrained, sources[0])
         loaded = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
+        check_fields(type(loaded), fields)
         for key, value in fields.items():
             setattr(loaded, key, value)
+        check_heads(loaded)
         return loaded
     model_type = fields.pop("model_type", None)
     if not model_type:
         raise ConfigError("model.config.model_type is missing: name the architecture (e.g. gpt2, llama, "
                           "qwen2), or give model.config_dir / model.pretrained.")
+    known = transformers.CONFIG_MAPPING
+    if model_type not in known:
+        close = did_you_mean(model_type, list(known.keys()), cutoff=0.6)
+        raise ConfigError(f"model.config.model_type={model_type!r} is not an architecture transformers "
+                          f"{transformers.__version__} knows.{close} List them: {LIST_MODEL_TYPES}")
+    check_fields(known[model_type], fields)
     try:
-        return transformers.AutoConfig.for_model(model_type, **fields)
+        cfg = transformers.AutoConfig.for_model(model_type, **fields)
     except ValueError as err:
-        raise ConfigError(f"model.config.model_type={model_type!r}: {str(err).splitlines()[0]}") from err
+        raise ConfigError(f"model.config (model_type={model_type}): {str(err).splitlines()[0]}") from err
+    check_heads(cfg)
+    return cfg
+
+
+def check_fields(config_class, fields: dict) -> None:
+    """Fields the architecture's config does not define are refused: transformers would keep them
+    as loose attributes (and write them to config.json) while the model ignores them, which is
+    how a typo, or GPT-2's fields merged under `model_type: llama`, would pass in silence."""
+    own = _named_fields(config_class) - _named_fields(_transformers().PretrainedConfig)
+    if not own:
+        return  # a config class that names no fields of its own: nothing to compare with
+    accepted = _named_fields(config_class) | set(getattr(config_class, "attribute_map", {}) or {})
+    unknown = sorted(k for k in fields if k not in accepted)
+    if not unknown:
+        return
+    model_type = getattr(config_class, "model_type", config_class.__name__)
+    hints = {k: did_you_mean(k, accepted, cutoff=0.7) for k in unknown}
+    said = "".join(hint.replace(" Did you mean", f" For {k}: did you mean") for k, hint in hints.items())
+    if not all(hints.values()):  # not only typos: fields of another architecture, merged in
+        said += (f" Fields merged from another architecture? Choose the family with model/config={model_type} "
+                 "(it replaces the fields instead of merging them; conf/model/config/ lists the families), or "
+                 "write model.config whole.")
+    raise ConfigError(f"model.config: {model_type} has no field {', '.join(unknown)}.{said} {model_type}'s fields: "
+                      f"{', '.join(sorted(own))}.")
+
+
+def _named_fields(config_class) -> set[str]:
+    """The keyword parameters a config class's constructor names (not **kwargs)."""
+    return {name for name, p in inspect.signature(config_class.__init__).parameters.items()
+            if name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+
+
+def check_heads(cfg) -> None:
+    """Head counts that do not divide (attention would fail at its first reshape, blamed on the
+    data): hidden size by attention heads, attention heads by key/value heads."""
+    names = {"hidden": _field_name(cfg, ("hidden_size", "n_embd", "d_model")),
+             "heads": _field_name(cfg, ("num_attention_heads", "n_head"))}
+    hidden = getattr(cfg, names["hidden"], None) if names["hidden"] else None
+    heads = getattr(cfg, names["heads"], None) if names["heads"] else None
+    kv = getattr(cfg, "num_key_value_heads", None)
+    if isinstance(hidden, int) and isinstance(heads, int) and heads and hidden % heads \
+            and getattr(cfg, "head_dim", None) is None:
+        raise ConfigError(f"model.config.{names['hidden']}={hidden} is not divisible by model.config.{names['heads']}"
+                          f"={heads}: each head takes an equal share of the hidden size; choose {names['heads']} "
+                          f"among {_divisors(hidden)}.")
+    if isinstance(kv, int) and isinstance(heads, int) and kv and heads % kv:
+        raise ConfigError(f"model.config.num_key_value_heads={kv} does not divide model.config.{names['heads']}="
+                          f"{heads}: key/value heads are shared by equal groups of attention heads; choose "
+                          f"num_key_value_heads among {_divisors(heads)}.")
+
+
+def _field_name(cfg, candidates: tuple[str, ...]) -> str | None:
+    """The name the architecture's own config uses for one of `candidates` (GPT-2: n_embd, not the
+    hidden_size alias), so a message names the key the user wrote."""
+    own = _named_fields(type(cfg))
+    return next((k for k in candidates if k in own), None) or next((k for k in candidates if hasattr(cfg, k)), None)
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+def check_attention(attn_implementation: str | None) -> None:
+    """An attention implementation whose package is not installed, refused by its key."""
+    needed = ATTENTION_PACKAGES.get(attn_implementation or "")
+    if needed and find_spec(needed[0]) is None:
+        raise ConfigError(f"model.attn_implementation={attn_implementation}: needs the {needed[0]} package, which "
+                          f"is not installed here ({needed[1]}); use model.attn_implementation=sdpa (or eager).")
 
 
 def weight_files(directory: Path) -> list[Path]:
@@ -127,6 +211,7 @@ def causal_lm(config: dict | None = None, config_dir: str | None = None, pretrai
         raise ConfigError("model.config_dir and model.pretrained are both set: give one (model.config may still "
                           "override fields).")
     directory = local_directory(pretrained, "model.pretrained") if pretrained else None  # looked up once
+    check_attention(attn_implementation)
     cfg = hf_config(config, config_dir, str(directory) if directory else None)
     if attn_implementation:
         cfg._attn_implementation = attn_implementation

@@ -7,12 +7,14 @@ the batch, not on the strategy.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 from omegaconf import DictConfig
 
 from framework.console import human_bytes
+from framework.strategy.deepspeed.sizes import NVME_OPTIMIZER_BUFFERS, NVME_PARAM_BUFFERS
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,8 @@ class ModelStats:
     """Optimizer state tensors per parameter (Adam 2, SGD with momentum 1, plain SGD 0)."""
     frozen_bytes: int = 0
     """Bytes of weights that never train (a quantized precision's frozen layers), held whole by every rank."""
+    largest_param: int = 0
+    """Elements of the largest trainable parameter (NVMe offload swaps one parameter per buffer)."""
 
 
 @dataclass(frozen=True)
@@ -36,9 +40,11 @@ class MemoryEstimate:
     device: float
     """Bytes per rank on the accelerator."""
     host: float = 0.0
-    """Bytes per rank offloaded to CPU memory (offload strategies)."""
+    """Bytes per rank offloaded to CPU memory (offload strategies; with NVMe offload, its swap buffers)."""
     formula: str = ""
     """The device formula in Ψ, L, N (for the printout)."""
+    disk: float = 0.0
+    """Bytes per rank swapped to the NVMe folder (strategy.nvme_path)."""
 
 
 def _coefficient(value: float) -> str:
@@ -71,17 +77,19 @@ def optimizer_sharded(stats: ModelStats, world_size: int) -> MemoryEstimate:
                           formula=f"{_coefficient(p)}Ψ + {_coefficient(sharded)}Ψ/N")
 
 
-def zero(stats: ModelStats, world_size: int, stage: int, offload_optimizer: bool,
-         offload_parameters: bool) -> MemoryEstimate:
+def zero(stats: ModelStats, world_size: int, stage: int, offload_optimizer: str = "none",
+         offload_parameters: str = "none") -> MemoryEstimate:
     """DeepSpeed ZeRO: each rank keeps the module's weights (2 bytes in mixed half precision, 4 in
     float32), a float32 master copy of its partition (4; stages 1 and 2 make one in float32
     training too, stage 3 then uses the weight partition itself: deepspeed_master_weights.py),
     the float32 gradient partition (4) and Adam state (8 for two states). Stage 3 also holds the
     largest unit gathered, its weights and gradients in the module's dtype (DeepSpeed's own
-    estimator's 4L in half precision; 8L in float32)."""
+    estimator's 4L in half precision; 8L in float32). offload_optimizer / offload_parameters: none, cpu
+    or nvme; what goes to NVMe is counted on disk, and RAM keeps DeepSpeed's swap buffers instead
+    (framework/strategy/deepspeed/sizes.py sizes them)."""
     w = 2 if stats.mixed_half else 4
     live = 2 * w  # bytes per parameter of the gathered unit: weights and gradients
-    master = 0 if stage == 3 and w == 4 and not offload_optimizer else 4
+    master = 0 if stage == 3 and w == 4 and offload_optimizer == "none" else 4
     grad32 = 4
     states = 4 * stats.optimizer_states
     psi, n = stats.params, world_size
@@ -96,15 +104,23 @@ def zero(stats: ModelStats, world_size: int, stage: int, offload_optimizer: bool
         replicated_part, sharded = 0, w + master + states + grad32
         formula = f"{live}L + {_coefficient(sharded)}Ψ/N"
     device = replicated_part * psi + sharded * psi / n + (live * stats.largest_unit if stage == 3 else 0)
-    host = 0.0
-    if offload_optimizer and stage >= 1:
-        keep = w if stage == 3 and not offload_parameters else 0  # the weight shard stays unless offloaded too
+    host = disk = 0.0
+    if offload_optimizer != "none" and stage >= 1:
+        keep = w if stage == 3 and offload_parameters == "none" else 0  # the weight shard stays unless offloaded too
         host = (sharded - keep) * psi / n
         device -= host
         formula = (f"{_coefficient(replicated_part)}Ψ" if stage < 3 else f"{live}L") + (f" + {_coefficient(keep)}Ψ/N" if keep else "")
         if stage < 3 and replicated_part == 0:
             formula = "0"
-    return MemoryEstimate(device, host, formula)
+        if offload_optimizer == "nvme":  # master weights, Adam state and gradients: swapped per sub group
+            optimizer_part = (master + states + grad32) * psi / n
+            disk += optimizer_part
+            unit = max(stats.largest_unit, 1) + math.ceil(stats.largest_param / n)
+            host += NVME_OPTIMIZER_BUFFERS * 4 * unit + 4 * unit - optimizer_part
+        if offload_parameters == "nvme" and stage == 3:  # the weight shards: swapped one parameter at a time
+            disk += w * psi / n
+            host += NVME_PARAM_BUFFERS * w * math.ceil(stats.largest_param / n) - w * psi / n
+    return MemoryEstimate(device, host, formula, disk)
 
 
 def estimate(strategy, stats: ModelStats, world_size: int) -> MemoryEstimate:
@@ -118,8 +134,7 @@ def estimate(strategy, stats: ModelStats, world_size: int) -> MemoryEstimate:
     if layout == "optimizer_sharded":
         return optimizer_sharded(stats, shards)
     if layout == "zero":
-        return zero(stats, shards, strategy.stage, strategy.offload_optimizer != "none",
-                    strategy.offload_parameters != "none")
+        return zero(stats, shards, strategy.stage, strategy.offload_optimizer, strategy.offload_parameters)
     if layout != "replicated":
         raise ValueError(f"{type(strategy).__name__}.memory_layout={layout!r}: use one of replicated, "
                          "fully_sharded, optimizer_sharded, zero")
@@ -144,5 +159,7 @@ def model_stats(cfg: DictConfig, plugins, model):
     units = plugins.strategy.units(model)
     param_bytes = torch.empty((), dtype=precision.param_dtype).element_size()
     mixed_half = precision.param_dtype == torch.float32 and precision.compute_dtype in (torch.float16, torch.bfloat16)
-    stats = ModelStats(params, units.largest or params, param_bytes, mixed_half, optimizer_states(cfg), frozen_bytes)
+    largest = max((p.numel() for p in model.parameters() if p.requires_grad), default=0)
+    stats = ModelStats(params, units.largest or params, param_bytes, mixed_half, optimizer_states(cfg), frozen_bytes,
+                       largest)
     return stats, units

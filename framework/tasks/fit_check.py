@@ -18,6 +18,60 @@ def _shapes(batch) -> str:
     return ", ".join(leaves) or "no tensors"
 
 
+# Module names of learned position tables: a longer sequence would index past their end, which the
+# meta device cannot see (it has no index bounds), so their size is compared with the batch.
+POSITION_TABLES = ("wpe", "pos_emb", "position_embeddings", "embed_positions")
+CONTEXT_KEYS = ("n_positions", "max_position_embeddings", "n_ctx")
+
+
+def _sequence_length(batch) -> int | None:
+    """Tokens per row of the batch's first integer tensor of two or more dimensions (its inputs)."""
+    for t in tree_leaves(batch):
+        if isinstance(t, torch.Tensor) and t.dim() >= 2 and not t.is_floating_point():
+            return int(t.shape[-1])
+    return None
+
+
+def _context_key(model, positions: int) -> str:
+    """The config key that sets the model's context, for the message."""
+    config = getattr(model, "config", None)
+    for key in CONTEXT_KEYS:
+        if getattr(config, key, None) == positions:
+            return f"model.config.{key}"
+    return "model.block_size" if getattr(model, "block_size", None) == positions else "the model's context"
+
+
+def check_context(model, batch) -> None:
+    """Refuse blocks longer than the model's learned position table (GPT-2's n_positions below
+    data.block_size would fail at the first step with an IndexError)."""
+    length = _sequence_length(batch)
+    if length is None:
+        return
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Embedding) and name.rsplit(".", 1)[-1] in POSITION_TABLES \
+                and module.num_embeddings < length:
+            key = _context_key(model, module.num_embeddings)
+            raise ConfigError(
+                f"data.block_size={length}: the data's blocks are {length} tokens, but the model "
+                f"({type(model).__name__}) has learned positions for {module.num_embeddings} ({key}={module.num_embeddings}, "
+                f"its {name}). Set data.block_size={module.num_embeddings} or less, or {key}={length} (a "
+                "pretrained model's positions cannot grow).")
+
+
+def validation_metric_names(model, data, task) -> set[str] | None:
+    """The metric names a validation logs (val/<name>), from the task's own validation step run on
+    an example batch on the meta device and its compute_metrics on stand-in totals; None when that
+    cannot be told here (an op without a meta kernel, a step that reads values)."""
+    batch = tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, data.example_batch(2))
+    try:
+        with meta_device(), torch.no_grad():
+            sums = task.validation_step(model, batch)
+        totals = {key: torch.ones((), dtype=torch.float64) for key in sums}
+        return {f"val/{name}" for name in task.compute_metrics(totals)}
+    except Exception:  # no verdict: the run itself will say what a validation logs
+        return None
+
+
 def check_fit(model, data, task, batch_size: int = 2) -> int:
     """Raise a ConfigError when one step's forward fails on the shapes; return the bytes of the
     tensors autograd saves for backward on a batch of `batch_size` (parameters excluded; each
@@ -26,6 +80,7 @@ def check_fit(model, data, task, batch_size: int = 2) -> int:
     if not getattr(task, "automatic_optimization", True):
         return 0
     batch = data.example_batch(batch_size)
+    check_context(model, batch)
     meta_batch = tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, batch)
     params = {p.untyped_storage()._cdata for p in model.parameters() if p.is_meta}
     saved: dict[int, int] = {}

@@ -25,22 +25,35 @@ def test_formulas_match_the_facts_table():
     fp32 = ModelStats(psi, layer)
     bf16 = ModelStats(psi, layer, mixed_half=True)
     assert replicated(fp32).device == 16 * psi and replicated(fp32).formula == "16Ψ"
-    assert zero(bf16, n, 2, False, False).device == 2 * psi + 18 * psi / n
-    assert zero(bf16, n, 2, True, False).device == 2 * psi
-    assert zero(bf16, n, 3, False, False).device == 4 * layer + 18 * psi / n
-    assert zero(bf16, n, 3, True, False).device == 4 * layer + 2 * psi / n
-    assert zero(bf16, n, 3, True, True).device == 4 * layer
-    assert zero(bf16, n, 3, True, True).host == 18 * psi / n
+    assert zero(bf16, n, 2, "none", "none").device == 2 * psi + 18 * psi / n
+    assert zero(bf16, n, 2, "cpu", "none").device == 2 * psi
+    assert zero(bf16, n, 3, "none", "none").device == 4 * layer + 18 * psi / n
+    assert zero(bf16, n, 3, "cpu", "none").device == 4 * layer + 2 * psi / n
+    assert zero(bf16, n, 3, "cpu", "cpu").device == 4 * layer
+    assert zero(bf16, n, 3, "cpu", "cpu").host == 18 * psi / n
     assert fully_sharded(fp32, n).device == 16 * psi / n + 8 * layer
     assert fully_sharded(fp32, n, offload=True).device == 8 * layer
     assert optimizer_sharded(fp32, n).device == 4 * psi + 12 * psi / n
     # float32 ZeRO-3: the weight partition is the master one (4) + gradients 4 + Adam 8; with the
     # optimizer offloaded, DeepSpeed keeps a float32 copy on the host beside the device weights
-    assert zero(fp32, n, 3, False, False).device == 8 * layer + 16 * psi / n  # the gathered unit in float32
-    assert zero(fp32, n, 3, True, False).host == 16 * psi / n
+    assert zero(fp32, n, 3, "none", "none").device == 8 * layer + 16 * psi / n  # the gathered unit in float32
+    assert zero(fp32, n, 3, "cpu", "none").host == 16 * psi / n
     # ZeRO-2 in float32 still copies the partition: replicated weights 4 + (4 + 4 + 4 + 8) / N
-    assert zero(fp32, n, 2, False, False).device == 4 * psi + 20 * psi / n
+    assert zero(fp32, n, 2, "none", "none").device == 4 * psi + 20 * psi / n
     assert replicated(ModelStats(psi, layer, optimizer_states=0)).device == 8 * psi  # plain SGD
+
+
+def test_nvme_offload_counts_the_states_on_disk_and_the_swap_buffers_in_ram():
+    """ZeRO-3 with both offloaded to NVMe: every state (18Ψ/N in bf16) is in the folder; RAM holds
+    DeepSpeed's swap buffers as framework/strategy/deepspeed/sizes.py sizes them: 5 parameter buffers
+    of the largest partition P, and 4 + 1 optimizer sub groups of U + P float32 elements."""
+    psi, layer, largest, n = 1_000_000, 10_000, 4_000, 4
+    bf16 = ModelStats(psi, layer, mixed_half=True, largest_param=largest)
+    nvme = zero(bf16, n, 3, "nvme", "nvme")
+    part = largest // n
+    assert nvme.device == 4 * layer and nvme.disk == 18 * psi / n
+    assert nvme.host == 5 * 2 * part + (4 + 1) * 4 * (layer + part)
+    assert nvme.host < zero(bf16, n, 3, "cpu", "cpu").host / 10
 
 
 def test_model_is_counted_on_the_meta_device():

@@ -57,3 +57,43 @@ def test_cp_copies_and_never_overwrites(tmp_path):
     assert typo.returncode == 2 and "Did you mean gpt_ddp?" in typo.stderr and not (tmp_path / "x.yaml").exists()
     named = framework_cmd("cp", "digits_classifier", str(tmp_path / "mine"), cwd=tmp_path)
     assert named.returncode == 0 and (tmp_path / "mine.yaml").is_file()
+
+
+def test_validate_plan_and_run_find_user_code_beside_the_recipe(tmp_path):
+    """The three run the same preparation, so they find a module beside the recipe alike."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "vision.py").write_text(textwrap.dedent("""\
+        from torch import nn
+
+
+        class SmallMLP(nn.Module):
+            def __init__(self, in_features: int = 64, hidden: int = 16, depth: int = 1, num_classes: int = 10,
+                         dropout: float = 0.0):
+                super().__init__()
+                self.net = nn.Sequential(nn.Flatten(), nn.Linear(in_features, hidden), nn.ReLU(),
+                                         nn.Linear(hidden, num_classes))
+
+            def forward(self, x):
+                return self.net(x)
+        """))
+    (folder / "my.yaml").write_text(textwrap.dedent("""\
+        defaults:
+          - train
+          - override data: digits
+          - override task: classification
+          - override model: mlp
+          - _self_
+        model:
+          _target_: vision.SmallMLP
+        trainer: {max_steps: 2, val_every: 2}
+        """))
+    env = {"FRAMEWORK_TRUST_ALLOW": "vision."}
+    mlp_only = []
+    validated = framework_cmd("validate", str(folder / "my.yaml"), *mlp_only, cwd=tmp_path, env=env)
+    assert validated.returncode == 0 and "ok" in validated.stdout, validated.stderr
+    planned = framework_cmd("plan", "-r", str(folder / "my.yaml"), *mlp_only, cwd=tmp_path, env=env)
+    assert planned.returncode == 0 and "SmallMLP: 9,610 trainable parameters" in planned.stdout, planned.stderr
+    typo = framework_cmd("validate", str(folder / "my.yaml"), *mlp_only, "model._target_=visoin.SmallMLP",
+                         cwd=tmp_path, env=env)
+    assert typo.returncode == 2 and "no module named 'visoin' can be found. Did you mean vision?" in typo.stderr

@@ -72,3 +72,15 @@ def test_every_problem_is_listed_not_just_the_first():
 def test_torch_optimizer_learning_rate_type():
     with pytest.raises(ConfigError, match=r"optimizer\.lr='fast'"):
         check({"optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": "fast"}})
+
+
+def test_an_option_that_needs_a_missing_package_is_named_by_its_key(monkeypatch):
+    """Built, not only imported: a constructor that imports what this machine lacks (an attention
+    kernel, a codec) ends in one paragraph naming the key, exit 2, not 'Error in call to target'."""
+    from framework.config.build import build
+
+    monkeypatch.setenv("FRAMEWORK_TRUST_ALLOW", "tests.helpers.")
+    with pytest.raises(ConfigError, match=r"^model: building tests.helpers.failing.needs_a_missing_package needs what "
+                                          r"is not installed here: No module named 'no_such_package_for_the_test'\. "
+                                          r"Install it, or choose another model\.$"):
+        build({"_target_": "tests.helpers.failing.needs_a_missing_package"}, "model")

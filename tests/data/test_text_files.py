@@ -125,3 +125,42 @@ def test_one_document_is_too_few_to_hold_out_validation(tmp_path):
         TextFiles(files=str(tmp_path / "one.txt"), cache_dir=str(tmp_path / "cache")).prepare_data()
     lines = TextFiles(files=str(tmp_path / "one.txt"), text_unit="line", block_size=8, cache_dir=str(tmp_path / "c2"))
     assert len(lines.train_dataset()) > len(lines.val_dataset()) > 0
+
+
+@pytest.mark.parametrize("fmt", ["json", "csv", "parquet"])
+def test_problems_are_found_by_opening_each_file_before_any_preprocessing(tmp_path, fmt):
+    """What `framework validate` and every run's preparation read: each file's first row."""
+    import pandas as pd
+
+    folder = tmp_path / "d"
+    folder.mkdir()
+    frame = pd.DataFrame({"body": ["some text"] * 3, "id": [1, 2, 3]})
+    good = folder / f"good.{fmt}"
+    {"json": lambda: frame.to_json(good, orient="records", lines=True), "csv": lambda: frame.to_csv(good, index=False),
+     "parquet": lambda: frame.to_parquet(good)}[fmt]()
+    empty = folder / f"empty.{fmt}"
+    empty.write_text("")
+    assert TextFiles(files=str(good), format=fmt, text_field="body").problems() == []
+    wrong_field = TextFiles(files=str(good), format=fmt).problems()
+    assert wrong_field == [f"data.text_field='text': {good} has no such field (its first row has body, id); set "
+                           "data.text_field to the one holding the text."]
+    with_empty = TextFiles(files=str(good), val_files=str(empty), format=fmt, text_field="body").problems()
+    assert with_empty == [f"data.val_files: {empty} is empty (a {fmt} file needs at least one row); remove it from "
+                          "data.val_files or fill it."]
+
+
+def test_problems_of_rows_that_do_not_parse_and_of_plain_text(tmp_path):
+    (tmp_path / "bad.jsonl").write_text("not json at all\n")
+    (tmp_path / "list.jsonl").write_text("[1, 2]\n")
+    (tmp_path / "blank.jsonl").write_text("\n\n")
+    found = TextFiles(files=str(tmp_path / "*.jsonl")).problems()
+    assert [p.split(": ", 1)[0] for p in found] == ["data.files"] * 3
+    assert "bad.jsonl does not read as json (JSONDecodeError" in found[0]
+    assert "blank.jsonl holds only blank lines" in found[1]
+    assert "list.jsonl has a first row that is not a JSON object ('[1, 2]" in found[2]
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "a.txt").write_text("")
+    assert TextFiles(files=str(tmp_path / "t" / "*.txt")).problems() == [
+        f"data.files: every file is empty ({tmp_path / 't' / 'a.txt'}); give files with text."]
+    (tmp_path / "t" / "b.txt").write_text("some text")
+    assert TextFiles(files=str(tmp_path / "t" / "*.txt")).problems() == []  # an empty text file among others reads

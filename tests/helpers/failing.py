@@ -1,4 +1,4 @@
-"""A model that fails on one rank, to test how a worker failure is reported."""
+"""Models and constructors that fail on purpose, to test how failures are reported."""
 import os
 
 from framework.models.mlp import MLP
@@ -13,3 +13,8 @@ class FailOnRank(MLP):
         if int(os.environ.get("RANK", 0)) == self.fail_rank:
             raise RuntimeError(f"deliberate failure on rank {self.fail_rank}")
         return super().forward(x)
+
+
+def needs_a_missing_package():
+    """A constructor that imports a package no machine has (tests/config/test_targets.py)."""
+    import no_such_package_for_the_test  # noqa: F401

@@ -2,6 +2,7 @@
 pretrained directories loaded whole or into shards, never a download, export to from_pretrained."""
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
@@ -146,3 +147,40 @@ def test_a_transformers_from_pretrained_target_loads_offline_and_passes_the_meta
     assert all(p.is_meta for p in meta.parameters()) and meta.pretrained_weights[0].endswith("model.safetensors")
     with pytest.raises(ConfigError, match="not in the Hugging Face cache"):
         build({**node, "pretrained_model_name_or_path": "no-such-org/no-such-model"}, "model")
+
+
+def test_architecture_mistakes_are_named_before_anything_is_built():
+    from framework.models.hf_causal_lm import check_attention, hf_config
+
+    with pytest.raises(ConfigError, match=r"model_type='gtp2' is not an architecture transformers .* Did you mean "
+                                          r"gpt2\? List them: python -c"):
+        hf_config({"model_type": "gtp2"})
+    with pytest.raises(ConfigError, match=r"model.config: llama has no field n_embd, n_layer\. Fields merged from another "
+                                          r"architecture\? Choose the family with model/config=llama .* llama's fields: "
+                                          r"attention_bias, .*hidden_size"):
+        hf_config({"model_type": "llama", "n_embd": 64, "n_layer": 2})
+    with pytest.raises(ConfigError, match=r"gpt2 has no field n_layers\. For n_layers: did you mean n_layer\? gpt2's"):
+        hf_config({"model_type": "gpt2", "n_layers": 2})  # a typo alone: no word about other families
+    with pytest.raises(ConfigError, match=r"num_key_value_heads=3 does not divide model.config.num_attention_heads=4: "
+                                          r".* choose num_key_value_heads among 1, 2, 4\."):
+        hf_config({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 3})
+    with pytest.raises(ConfigError, match=r"model.config.n_embd=64 is not divisible by model.config.n_head=3"):
+        hf_config({"model_type": "gpt2", "n_embd": 64, "n_head": 3})
+    assert hf_config({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+                      "num_key_value_heads": 2}).num_key_value_heads == 2
+    check_attention("sdpa")
+    if importlib.util.find_spec("flash_attn") is None:
+        with pytest.raises(ConfigError, match="model.attn_implementation=flash_attention_2: needs the flash_attn package"):
+            check_attention("flash_attention_2")
+
+
+def test_blocks_longer_than_the_learned_positions_are_refused_by_key():
+    from framework.tasks.fit_check import check_context
+
+    with meta_device():
+        short = causal_lm(config={**GPT2, "n_positions": 16})
+    with pytest.raises(ConfigError, match=r"data.block_size=32: .* learned positions for 16 \(model.config.n_positions="
+                                          r"16, its transformer.wpe\)\. Set data.block_size=16 or less, or "
+                                          r"model.config.n_positions=32"):
+        check_context(short, {"input_ids": torch.zeros(2, 32, dtype=torch.long)})
+    check_context(short, {"input_ids": torch.zeros(2, 16, dtype=torch.long)})

@@ -15,13 +15,13 @@ import gc
 
 import torch
 
-from framework.construction.meta_build import sharded_build
+from framework.construction.meta_build import meta_device, sharded_build
 from framework.construction.prepare import checkpoint_activations
 from framework.errors import ConfigError
 from framework.strategy.deepspeed.grad_buffer import release_gradient_buffer, zeros_on_demand
 from framework.strategy.deepspeed.imports import deepspeed_package, muon_left_uncompiled
 from framework.strategy.deepspeed.master_weights import shared_master_partitions
-from framework.strategy.deepspeed.sizes import zero_sizes
+from framework.strategy.deepspeed.sizes import nvme_param_swap, zero_sizes
 from framework.strategy.parallel import ParallelStrategy
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
@@ -129,6 +129,8 @@ class DeepSpeedStrategy(ParallelStrategy):
         for section in ("offload_optimizer", "offload_param"):
             if zero.get(section, {}).get("device") == "nvme":
                 zero[section]["nvme_path"] = self.nvme_path
+        if self.offload_parameters == "nvme" and model is not None:
+            zero["offload_param"].update(nvme_param_swap(model, self.world_size))
         config: dict[str, Any] = {
             "train_micro_batch_size_per_gpu": loop.micro_batch_size,
             "gradient_accumulation_steps": loop.accumulate,
@@ -200,7 +202,9 @@ class DeepSpeedStrategy(ParallelStrategy):
         import torch._dynamo  # noqa: F401
 
         remote = self.offload_parameters if self.offload_parameters != "none" else None
-        with deepspeed.zero.Init(config_dict_or_path=self.deepspeed_config(), remote_device=remote,
+        with meta_device():  # the model's shape, for the sizes zero.Init reads (NVMe swap buffers)
+            shape = factory()
+        with deepspeed.zero.Init(config_dict_or_path=self.deepspeed_config(shape), remote_device=remote,
                                  pin_memory=self.accelerator.name == "cuda"), sharded_build():
             return factory()
 

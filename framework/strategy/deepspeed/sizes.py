@@ -18,10 +18,24 @@ most parameters one sharding unit gathers, framework/construction/units.py, at l
                                                               DeepSpeed's 1e9 makes the copy a whole
                                                               extra gradient partition at every step)
 
+With NVMe offload (strategy=deepspeed_stage_3_offload_nvme) the swap buffers, which DeepSpeed
+sizes for billion-parameter models (five parameter buffers of 1e8 elements, and the first 1e9
+parameter elements kept in CPU memory, `max_in_cpu`), are sized to the model too (P: the most
+elements of one parameter's partition on a rank, ceil(largest parameter / N)):
+
+    offload_param.buffer_size       P      (each parameter swapped in takes one buffer)
+    offload_param.buffer_count      5      (DeepSpeed's: a module's parameters and the prefetched)
+    offload_param.max_in_cpu        0      (every partition lives in the NVMe folder, not in RAM)
+
+so what stays in RAM is 5 P of parameter buffers, the optimizer swapper's buffer_count (4) sub
+groups of fp32 state (U each) and one sub group's gradients (framework/planning/memory.py counts
+them for `framework plan`).
+
 Keys under `strategy.config.zero_optimization` always win.
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 from torch import nn
@@ -39,6 +53,17 @@ def hidden_size(model: nn.Module) -> int | None:
             return value
     widths = Counter(m.in_features for m in model.modules() if isinstance(m, nn.Linear))
     return widths.most_common(1)[0][0] if widths else None
+
+
+NVME_PARAM_BUFFERS = 5  # DeepSpeed's own count: a module's parameters and the next ones prefetched
+NVME_OPTIMIZER_BUFFERS = 4  # DeepSpeed's own count: fp32 weights, two Adam states and the gradients of a sub group
+
+
+def nvme_param_swap(model: nn.Module, world_size: int) -> dict:
+    """`offload_param` sizes for NVMe: one buffer holds the largest parameter partition."""
+    largest = max((p.numel() for p in model.parameters()), default=1)
+    return {"buffer_size": math.ceil(largest / max(world_size, 1)), "buffer_count": NVME_PARAM_BUFFERS,
+            "max_in_cpu": 0}
 
 
 def zero_sizes(model: nn.Module, stage: int) -> dict:
