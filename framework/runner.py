@@ -152,6 +152,7 @@ class Prepared:
     devices: int | None = None
     model: object = None  # built on the meta device: no memory, no initialisation
     activation_bytes: int = 0  # what one micro-batch's forward keeps for backward (measured on meta)
+    logged: set[str] | None = None  # the metric names a validation logs (None: not known before the run)
 
     @property
     def world_size(self) -> int:
@@ -195,14 +196,17 @@ def prepare(cfg: DictConfig, strict: bool = True) -> Prepared:
     attempt(lambda: check_targets(resolved))
     if not problems:  # building from a config that failed those would only repeat them
         prepared.plugins = attempt(lambda: build_plugins(resolved))
-        prepared.model, prepared.activation_bytes = attempt(
-            lambda: build_components(resolved, prepared.plugins)) or (None, 0)
+        prepared.model, prepared.activation_bytes, prepared.logged = attempt(
+            lambda: build_components(resolved, prepared.plugins)) or (None, 0, None)
     if prepared.plugins is not None:
         prepared.devices = attempt(lambda: prepared.plugins.accelerator.resolve_devices(resolved.devices))
     if prepared.devices is not None:
         plan = compatibility_plan(prepared.plugins, resolved, prepared.devices)
         prepared.refusals, prepared.warnings = judge(plan)
         problems.extend(prepared.refusals)
+        wrong, untouched = monitor_problems(resolved, prepared.logged)
+        problems.extend(wrong)
+        prepared.warnings.extend(untouched)
         if not prepared.refusals:  # the engine behind the strategy judges its own settings last
             prepared.plugins.strategy.configure_loop(plan.loop)
             if prepared.model is not None:
@@ -222,29 +226,41 @@ def _user_error_inside(err: BaseException) -> UserError | None:
     return None
 
 
-def check_monitors(cfg: DictConfig, logged: set[str] | None) -> None:
-    """A validation metric that a setting names (the checkpoint's monitor, early stopping's, the
-    objective) must be one the validation logs: a name it never logs would quietly turn best-
-    checkpoint selection off and leave the objective null."""
+SHIPPED_MONITOR = "val/loss"  # what conf/ sets for the checkpoint's and early stopping's monitor and the objective
+
+
+def monitor_problems(cfg: DictConfig, logged: set[str] | None) -> tuple[list[str], list[str]]:
+    """(refusals, warnings): a validation metric that a setting names (the checkpoint's monitor,
+    early stopping's, the objective) must be one the validation logs, else best-checkpoint
+    selection is quietly off and the objective null. A name the user chose is refused; the shipped
+    default (val/loss) under a task that logs no loss is a warning, so a task of one's own runs
+    with the shipped config."""
     if not logged:
-        return
+        return [], []
     named = {f"callbacks.{name}.monitor": node.get("monitor") for name, node in (cfg.get("callbacks") or {}).items()
              if isinstance(node, DictConfig) and "monitor" in node}
     named["trainer.objective"] = cfg.trainer.get("objective")
-    wrong = [f"{key}={value!r} is never logged: a validation logs {', '.join(sorted(logged))}."
-             f"{did_you_mean(str(value), logged)} Set {key} to one of them."
-             for key, value in named.items() if isinstance(value, str) and value.startswith("val/") and value not in logged]
-    if wrong:
-        raise ConfigError("\n".join(wrong))
+    refusals, warnings = [], []
+    for key, value in named.items():
+        if not (isinstance(value, str) and value.startswith("val/")) or value in logged:
+            continue
+        message = (f"{key}={value!r} is never logged: a validation logs {', '.join(sorted(logged))}."
+                   f"{did_you_mean(value, logged)} Set {key} to one of them.")
+        if value == SHIPPED_MONITOR:
+            warnings.append(message.replace(" is never logged:", " (the shipped default) is never logged by this "
+                                            "task, so it selects nothing:"))
+        else:
+            refusals.append(message)
+    return refusals, warnings
 
 
-def build_components(cfg: DictConfig, plugins: Plugins | None = None) -> tuple[object, int]:
+def build_components(cfg: DictConfig, plugins: Plugins | None = None) -> tuple[object, int, set[str] | None]:
     """Build the model (on the meta device: no memory, no init cost), data module and task once,
     so an argument their constructors refuse is reported before anything is written, and pass one
     batch through them (framework/tasks/fit_check.py); returns the meta model (its size is what
     `framework plan` reports) and the activation bytes of one micro-batch (with the strategy's
     units checkpointed when trainer.activation_checkpointing is on: their inputs, and one unit's
-    activations, live again while backward recomputes it)."""
+    activations, live again while backward recomputes it), and the metric names a validation logs."""
     with meta_device():
         model = build_model(cfg.model)
     data = build(cfg.data, "data")
@@ -253,13 +269,13 @@ def build_components(cfg: DictConfig, plugins: Plugins | None = None) -> tuple[o
         raise ConfigError("\n".join(sources))
     task = build(cfg.task, "task")
     batch_size = int(cfg.data.get("batch_size", 2) or 2)
-    check_monitors(cfg, validation_metric_names(model, data, task))
+    logged = validation_metric_names(model, data, task)
     if plugins is None or not cfg.trainer.get("activation_checkpointing"):
-        return model, check_fit(model, data, task, batch_size)
+        return model, check_fit(model, data, task, batch_size), logged
     whole = check_fit(model, data, task, batch_size)
     count = checkpoint_units(plugins.strategy.units(model))
     kept = check_fit(model, data, task, batch_size)
-    return model, kept + (max(whole - kept, 0) // count if count else 0)
+    return model, kept + (max(whole - kept, 0) // count if count else 0), logged
 
 
 def compatibility_plan(plugins: Plugins, resolved: DictConfig, devices: int) -> Plan:

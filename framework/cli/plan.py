@@ -69,8 +69,8 @@ def plan(cfg: DictConfig, out=None) -> int:
     print("memory per rank: model states (weights, gradients, optimizer state) and activations", file=out)
     line = f"  {plugins.strategy.name}: {states.formula} = {human_bytes(states.device)} on {plugins.accelerator.name}"
     if states.disk:
-        line += (f", {human_bytes(states.host)} in CPU memory (DeepSpeed's swap buffers), {human_bytes(states.disk)} "
-                 f"swapped to {plugins.strategy.nvme_path}")
+        line += (f", {human_bytes(states.host)} in CPU memory (the float32 gradient partition and DeepSpeed's swap "
+                 f"buffers), {human_bytes(states.disk)} swapped to {plugins.strategy.nvme_path}")
     elif states.host:
         line += f", {human_bytes(states.host)} offloaded to CPU memory"
     print(line, file=out)

@@ -112,8 +112,8 @@ def zero(stats: ModelStats, world_size: int, stage: int, offload_optimizer: str 
         formula = (f"{_coefficient(replicated_part)}Ψ" if stage < 3 else f"{live}L") + (f" + {_coefficient(keep)}Ψ/N" if keep else "")
         if stage < 3 and replicated_part == 0:
             formula = "0"
-        if offload_optimizer == "nvme":  # master weights, Adam state and gradients: swapped per sub group
-            optimizer_part = (master + states + grad32) * psi / n
+        if offload_optimizer == "nvme":  # master weights and Adam state: swapped per sub group; DeepSpeed keeps
+            optimizer_part = (master + states) * psi / n  # the float32 gradient partition in RAM (grad32)
             disk += optimizer_part
             unit = max(stats.largest_unit, 1) + math.ceil(stats.largest_param / n)
             host += NVME_OPTIMIZER_BUFFERS * 4 * unit + 4 * unit - optimizer_part

@@ -2,7 +2,7 @@ import csv
 import json
 import sys
 
-from tests.conftest import DIGITS, ROOT, TINY_GPT, run_inprocess
+from tests.conftest import DIGITS, ROOT, TINY_GPT, compose_cfg, run_inprocess
 from tests.helpers.memory_group import memory_group, run_in_group
 
 
@@ -52,3 +52,21 @@ def test_memory_monitor_reads_the_memory_group_a_rank_has_to_itself(tmp_path):
     assert setup - baseline >= 0.9 * 4 * params  # the float32 weights were built after the baseline
     assert train - baseline >= 0.9 * 16 * params  # weights, gradients and AdamW's two moments
     assert train - baseline < 16 * params + 200 * 2**20  # and little else: activations of batch 8 x 32 tokens
+
+
+def test_a_monitor_the_validation_never_logs_is_refused_or_warned_before_launch():
+    """A name the user chose is refused; the shipped default (val/loss) under a task without a loss
+    is a warning, so a task of one's own still runs with the shipped config."""
+    from framework.runner import monitor_problems, prepare
+
+    cfg = compose_cfg(["model=mlp", "data=digits", "task=classification", "callbacks=[checkpoint,early_stopping]",
+                       "callbacks.early_stopping.monitor=val/acc"])
+    assert prepare(cfg, strict=False).logged == {"val/loss", "val/accuracy"}
+    refused, warned = monitor_problems(cfg, {"val/loss", "val/accuracy"})
+    assert refused == ["callbacks.early_stopping.monitor='val/acc' is never logged: a validation logs val/accuracy, "
+                       "val/loss. Did you mean val/accuracy? Set callbacks.early_stopping.monitor to one of them."]
+    assert warned == []
+    refused, warned = monitor_problems(cfg, {"val/mse"})
+    assert [r.split("=")[0] for r in refused] == ["callbacks.early_stopping.monitor"]
+    assert [w.split("=")[0] for w in warned] == ["callbacks.checkpoint.monitor", "trainer.objective"]
+    assert "(the shipped default) is never logged by this task, so it selects nothing" in warned[0]

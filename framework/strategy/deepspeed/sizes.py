@@ -28,8 +28,9 @@ elements of one parameter's partition on a rank, ceil(largest parameter / N)):
     offload_param.max_in_cpu        0      (every partition lives in the NVMe folder, not in RAM)
 
 so what stays in RAM is 5 P of parameter buffers, the optimizer swapper's buffer_count (4) sub
-groups of fp32 state (U each) and one sub group's gradients (framework/planning/memory.py counts
-them for `framework plan`).
+groups of fp32 state (U each) and one sub group's gradients, beside the float32 gradient
+partition of every parameter (4 bytes per parameter / N), which DeepSpeed keeps in RAM
+(framework/planning/memory.py counts them for `framework plan`).
 
 Keys under `strategy.config.zero_optimization` always win.
 """
