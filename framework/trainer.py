@@ -131,7 +131,7 @@ def _fit(cfg, config: dict, plugins, output_dir: Path) -> FitResult:
         train_loader = build_loader(datamodule, strategy, train=True, seed=cfg.seed)
     scheduler, interval = build_scheduler(cfg.scheduler, optimizer,
                                           total_optimizer_steps(cfg.trainer, len(train_loader)))
-    val_loader = build_loader(datamodule, strategy, train=False, seed=cfg.seed)
+    val_loader = build_loader(datamodule, strategy, train=False, seed=cfg.seed, limit_batches=cfg.trainer.val_batches)
 
     loggers = []
     if strategy.is_global_zero:

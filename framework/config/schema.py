@@ -27,7 +27,9 @@ class TrainerConfig:
     val_at_start: bool = True
     """Validate once before the first step, so logs show where training started."""
     val_batches: Optional[int] = None
-    """Use at most this many validation batches per validation; null for all of them."""
+    """Score at most this many batches of data.val_batch_size per validation, counted over all ranks
+    (the first val_batches x val_batch_size samples, shared between the ranks), so a metric does not
+    depend on the number of processes; null for the whole validation set."""
     accumulate: int = 1
     """Gradient accumulation: micro-batches per optimizer step."""
     clip_grad_norm: Optional[float] = None

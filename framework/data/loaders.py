@@ -4,6 +4,7 @@ from __future__ import annotations
 import warnings
 
 import torch
+from torch.utils.data import Subset, default_collate
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from framework.data.base import DataModule
@@ -28,14 +29,22 @@ def skip_to(loader, batches: int) -> None:
     loader.load_state_dict(state)
 
 
-def build_loader(datamodule: DataModule, strategy, train: bool, seed: int):
-    """The training loader (shuffled per epoch by its sampler's seed + epoch) or the validation
+def build_loader(datamodule: DataModule, strategy, train: bool, seed: int, limit_batches: int | None = None):
+    """The training loader (shuffled per epoch by its sampler's seed + epoch) or an evaluation
     loader (in order). Each loader has its own generator so iterating it never draws from the
-    global RNG: validation cannot change what training sees, and resume stays exact."""
+    global RNG: validation cannot change what training sees, and resume stays exact.
+
+    An evaluation loader scores the same samples at any world size: the first `limit_batches` x
+    val_batch_size samples of the set (all of it when None), each given to exactly one rank (no
+    padding, nothing dropped); `loader.filler` is a batch a rank whose share ran out runs its model
+    on, unscored, so every rank makes the same number of forward passes (a sharded model gathers
+    its weights collectively in each)."""
     dataset = datamodule.train_dataset() if train else datamodule.val_dataset()
+    if not train and limit_batches is not None:
+        dataset = Subset(dataset, range(min(len(dataset), limit_batches * datamodule.val_batch_size)))
     sampler = rank_sampler(dataset, strategy, shuffle=train and datamodule.shuffle, seed=seed,
                            drop_last=train and datamodule.drop_last, even=train)
-    return StatefulDataLoader(
+    loader = StatefulDataLoader(
         dataset,
         batch_size=datamodule.batch_size if train else datamodule.val_batch_size,
         sampler=sampler,
@@ -45,3 +54,6 @@ def build_loader(datamodule: DataModule, strategy, train: bool, seed: int):
         generator=torch.Generator().manual_seed(seed),
         persistent_workers=False,
     )
+    if not train:
+        loader.filler = (datamodule.collate() or default_collate)([dataset[0]]) if len(dataset) else None
+    return loader

@@ -19,6 +19,7 @@ from framework.checkpoint_io.dcp_reader import STATE_DIR
 from framework.console import announce_if_slow
 from framework.data.loaders import batches_yielded, skip_to
 from framework.errors import CheckpointError, ConfigError
+from framework.loop.evaluation import evaluate
 from framework.loop.state import FitResult, LoopState, Preemption
 
 
@@ -225,25 +226,11 @@ class FitLoop:
         w["start"] = time.perf_counter()
 
     # ---- validation ---------------------------------------------------------------------
-    @torch.no_grad()
     def validate(self) -> dict[str, float]:
-        strategy = self.strategy
-        self.model.eval()
-        sums: dict[str, torch.Tensor] = {}
-        for i, batch in enumerate(self.val_loader):
-            if self.trainer.val_batches is not None and i >= self.trainer.val_batches:
-                break
-            batch = strategy.batch_to_device(batch)
-            with strategy.forward_context():
-                out = self.task.validation_step(self.model, batch)
-            for key, value in out.items():
-                sums[key] = sums[key] + value if key in sums else value.clone()
-        self.model.train()
-        if not sums:
-            raise ConfigError("data: the validation set gives no batches; lower data.val_batch_size.")
-        keys = sorted(sums)
-        totals = strategy.reduce(torch.stack([sums[k].double() for k in keys]), "sum")  # one collective
-        metrics = {f"val/{k}": v for k, v in self.task.compute_metrics(dict(zip(keys, totals))).items()}
+        totals = evaluate(self.strategy, self.model, self.val_loader, self.task.validation_step)
+        if not totals:
+            raise ConfigError("data: the validation set gives no batches; give data a validation split with samples.")
+        metrics = {f"val/{k}": v for k, v in self.task.compute_metrics(totals).items()}
         self.log_metrics(metrics)
         self.state.last_val_step = self.state.step
         self._hook("on_validation_end", metrics)

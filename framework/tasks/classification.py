@@ -25,7 +25,7 @@ class Classification(Task):
         return {
             "loss_sum": F.cross_entropy(logits, y, reduction="sum").double(),
             "correct": (logits.argmax(dim=-1) == y).sum().double(),
-            "count": torch.tensor(float(y.numel()), dtype=torch.float64),
+            "count": torch.tensor(float(y.numel()), dtype=torch.float64, device=y.device),
         }
 
     def compute_metrics(self, sums) -> dict[str, float]:

@@ -53,7 +53,7 @@ class GANTask(Task):
         g_loss = F.binary_cross_entropy_with_logits(fake_logits, torch.ones_like(fake_logits), reduction="sum")
         distance = torch.cdist(fake.float(), self.centers.to(fake.device)).min(dim=1).values.sum()
         return {"d_loss": d_loss.double(), "g_loss": g_loss.double(), "distance": distance.double(),
-                "count": torch.tensor(float(real.shape[0]), dtype=torch.float64)}
+                "count": torch.tensor(float(real.shape[0]), dtype=torch.float64, device=real.device)}
 
     def compute_metrics(self, sums) -> dict[str, float]:
         n = sums["count"]

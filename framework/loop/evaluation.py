@@ -1,0 +1,55 @@
+"""The one loop over evaluation batches (validation now; every later stage that scores a data set):
+each rank scores its share of the same samples, and the sums are added across ranks exactly, so a
+metric does not depend on how many processes computed it."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+Step = Callable[[torch.nn.Module, object], dict]
+
+
+def evaluate(strategy, model: torch.nn.Module, loader, step: Step) -> dict[str, torch.Tensor]:
+    """Run `step(model, batch) -> {name: sum}` over this rank's share (framework/data/loaders.py
+    gives each sample to exactly one rank) and return every name's total over all ranks, float64 on
+    the CPU, with the shape the step gave it (a scalar, or per-class counts).
+
+    Collective: ranks whose share ran out run the model on the loader's filler batch, unscored, until
+    every rank has made the same number of forward passes (a sharded model gathers its weights
+    collectively in each)."""
+    passes = len(loader)
+    if strategy.world_size > 1:  # agreed before any forward: the collectives of every pass must line up
+        passes = int(strategy.reduce(torch.tensor(float(passes), device=strategy.root_device), "max").item())
+    filler = getattr(loader, "filler", None)
+    model.eval()
+    sums: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        batches = iter(loader)
+        for _ in range(passes):
+            batch = next(batches, None)
+            if batch is None and filler is None:
+                break  # an empty share and nothing to run: only possible with an empty set
+            with strategy.forward_context():
+                out = step(model, strategy.batch_to_device(filler if batch is None else batch))
+            if batch is None:
+                continue  # the filler keeps this rank in step; its outputs are not scored
+            for key, value in out.items():
+                value = torch.as_tensor(value).detach().to(strategy.root_device, torch.float64)
+                sums[key] = sums[key] + value if key in sums else value
+    model.train()
+    shapes = {key: tuple(value.shape) for key, value in sorted(sums.items())}
+    if strategy.world_size > 1:  # rank zero holds the most samples, so it has every name
+        shapes = strategy.broadcast(shapes)
+    if not shapes:
+        return {}
+    flat = torch.cat([(sums[key] if key in sums else torch.zeros(shape, dtype=torch.float64,
+                                                                   device=strategy.root_device)).reshape(-1)
+                      for key, shape in shapes.items()])
+    flat = strategy.reduce(flat, "sum").cpu()  # one collective for every sum
+    totals, start = {}, 0
+    for key, shape in shapes.items():
+        size = int(torch.Size(shape).numel())
+        totals[key] = flat[start:start + size].reshape(shape)
+        start += size
+    return totals
