@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import os
 import sys
-from enum import IntEnum
 from difflib import get_close_matches
+from enum import IntEnum
 
 
 class ExitCode(IntEnum):

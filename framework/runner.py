@@ -14,23 +14,23 @@ from omegaconf.errors import OmegaConfBaseException
 
 from framework.checkpoint.resume import check_run_dir
 from framework.config.build import build
-from framework.models.build import build_model
 from framework.config.compatibility import Plan, judge, processes_per_node
 from framework.config.loop_settings import loop_settings
-from framework.construction.meta_build import meta_device
 from framework.config.targets import check_targets
 from framework.config.validate import check_values
 from framework.console import human_bytes
+from framework.construction.meta_build import meta_device
+from framework.models.build import build_model
 from framework.errors import (ConfigError, ExitCode, RunExit, StorageError, UserError, did_you_mean, heading, report,
                               wants_traceback)
+from framework.construction.activation_checkpointing import checkpoint_units
 from framework.launch.elastic import WorkerFailed
 from framework.launch.launcher import launch
 from framework.loop.preemption import Preempted
+from framework.planning.memory import estimate, model_stats
 from framework.plotting.at_end import run_figures
 from framework.plugins import Plugins, build_plugins
 from framework.reproduce import write_recipe
-from framework.construction.activation_checkpointing import checkpoint_units
-from framework.planning.memory import estimate, model_stats
 from framework.sweeps import SUMMARY_FILE, current_job, finished_objective, run_overrides, write_summary
 from framework.tasks.fit_check import check_fit, validation_metric_names
 

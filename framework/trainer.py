@@ -17,7 +17,6 @@ from framework.checkpoint.resume import resume_path
 from framework.checkpoint.rng import seed_everything
 from framework.checkpoint.weights import initial_weights
 from framework.config.build import build, guarded
-from framework.models.build import build_model
 from framework.config.loop_settings import loop_settings
 from framework.console import WarningsOnce, announce_if_slow
 from framework.data.loaders import build_loader
@@ -25,6 +24,7 @@ from framework.errors import ConfigError
 from framework.loop.fit_loop import FitLoop
 from framework.loop.preemption import PreemptionWatcher
 from framework.loop.state import FitResult
+from framework.models.build import build_model
 from framework.plugins import build_plugins
 from framework.tasks.manual import ManualOptimization, optimizer_set_factory
 

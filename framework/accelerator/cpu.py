@@ -4,8 +4,8 @@ from __future__ import annotations
 import ctypes
 import os
 
-import torch
 import psutil
+import torch
 
 from framework.accelerator.base import Accelerator
 

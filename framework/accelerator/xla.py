@@ -14,8 +14,8 @@ import glob
 import importlib.util
 import os
 
-import torch
 import psutil
+import torch
 
 from framework.accelerator.base import Accelerator
 

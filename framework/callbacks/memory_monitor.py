@@ -1,13 +1,13 @@
 """`callbacks=[...,memory_monitor]`: peak memory per rank, logged and written to memory.json."""
 from __future__ import annotations
 
+import ctypes
+import gc
 import json
 import os
 import resource
 import sys
 from pathlib import Path
-import ctypes
-import gc
 
 import torch
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from importlib.util import find_spec
+from pathlib import Path
 
 from omegaconf import OmegaConf
 

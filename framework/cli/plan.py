@@ -18,8 +18,8 @@ from framework.config.groups import PLUGIN_GROUPS
 from framework.console import human_bytes
 from framework.errors import ExitCode, UserError, report
 from framework.paths import conf_dir, find_recipe
-from framework.runner import prepare
 from framework.planning.memory import estimate, model_stats
+from framework.runner import prepare
 
 
 def ranks_per_node(devices: int, num_nodes: int) -> str:

@@ -9,10 +9,10 @@ import re
 from contextlib import contextmanager
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
 from hydra import compose as hydra_compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf
 
 from framework.config.entry_points import plugin_conf_dirs, registered_options
 from framework.config.overrides import normalize_overrides

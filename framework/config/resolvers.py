@@ -4,9 +4,9 @@ from __future__ import annotations
 import functools
 import json
 import os
+import sysconfig
 import time
 from pathlib import Path
-import sysconfig
 
 from omegaconf import OmegaConf
 

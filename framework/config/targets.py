@@ -10,8 +10,8 @@ import inspect
 import pkgutil
 import typing
 from fnmatch import fnmatch
-from typing import Any, Iterator
 from importlib.util import find_spec
+from typing import Any, Iterator
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 

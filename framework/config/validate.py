@@ -7,8 +7,8 @@ from omegaconf import DictConfig
 
 from framework.config.groups import PLUGIN_GROUPS
 from framework.config.schema import TrainConfig, TrainerConfig
-from framework.signals import is_signal_name
 from framework.errors import ConfigError, did_you_mean
+from framework.signals import is_signal_name
 
 # (key, predicate on the value, what the value must be)
 _RULES = [

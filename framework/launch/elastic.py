@@ -11,25 +11,25 @@ import logging
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import shutil
 import signal
 import tempfile
 import time
 import traceback
 import uuid
 from pathlib import Path
-import shutil
 
+import torch
 from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-import torch
 
-from framework.signals import signal_number
 from framework.config.trust import ENV_ALLOW, user_allowed
 from framework.errors import UserError
 from framework.launch.oom import OomWatch
 from framework.loop.preemption import Preempted
 from framework.loop.state import FitResult
+from framework.signals import signal_number
 from framework.trainer import train_worker
 
 

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from framework.sweep_record import job_label
 from framework.loggers.base import Logger
+from framework.sweep_record import job_label
 
 RUN_ID_FILE = "mlflow_run_id"
 PARENT_RUN_ID_FILE = "mlflow_parent_run_id"  # in a sweep's directory: the run its jobs nest under

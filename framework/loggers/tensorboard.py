@@ -14,9 +14,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from framework.sweep_record import job_label
 from framework.errors import ConfigError
 from framework.loggers.base import Logger
+from framework.sweep_record import job_label
 
 HPARAM_TYPES = (bool, int, float, str)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import signal
 import threading
 
-from framework.signals import signal_number
 from framework.errors import ExitCode
+from framework.signals import signal_number
 
 
 class PreemptionWatcher:

@@ -40,7 +40,8 @@ class MemoryEstimate:
     device: float
     """Bytes per rank on the accelerator."""
     host: float = 0.0
-    """Bytes per rank offloaded to CPU memory (offload strategies; with NVMe offload, its swap buffers)."""
+    """Bytes per rank offloaded to CPU memory (offload strategies; with NVMe offload what stays in RAM:
+    the float32 gradient partition and the swap buffers)."""
     formula: str = ""
     """The device formula in Ψ, L, N (for the printout)."""
     disk: float = 0.0

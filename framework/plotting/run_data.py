@@ -11,8 +11,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from framework.config.overrides import defining_overrides
-from framework.sweep_record import SUMMARY_FILE, SWEEP_RECORD_FILE, SWEEP_SUMMARY_FILE
 from framework.errors import UserError
+from framework.sweep_record import SUMMARY_FILE, SWEEP_RECORD_FILE, SWEEP_SUMMARY_FILE
 
 METRICS_FILE = "metrics.csv"
 

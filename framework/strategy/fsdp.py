@@ -10,10 +10,10 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 
 from framework.config.types import PositiveInt
-from framework.errors import ConfigError
 from framework.construction.meta_init import InitLog, build_on_meta, replay
-from framework.strategy.parallel import ParallelStrategy
 from framework.construction.units import DEFAULT_MIN_UNIT_PARAMS, Units, choose_units
+from framework.errors import ConfigError
+from framework.strategy.parallel import ParallelStrategy
 
 
 class FSDPStrategy(ParallelStrategy):

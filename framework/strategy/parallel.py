@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import os
-from datetime import timedelta
 import socket
+from datetime import timedelta
 
 import torch.distributed as dist
 

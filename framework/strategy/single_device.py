@@ -1,8 +1,8 @@
 """`strategy=single_device`: one process on one device; nothing is wrapped."""
 from __future__ import annotations
 
-from framework.strategy.base import Strategy
 from framework.construction.named_state import load_optimizer_state_by_name, optimizer_state_by_name
+from framework.strategy.base import Strategy
 
 
 class SingleDeviceStrategy(Strategy):

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from framework.checkpoint_io.xla import to_cpu
-from framework.strategy.base import Strategy
 from framework.construction.named_state import load_optimizer_state_by_name, optimizer_state_by_name
+from framework.strategy.base import Strategy
 
 
 class SingleXLAStrategy(Strategy):

@@ -10,8 +10,8 @@ import pytest
 
 from framework.cli.plan import plan
 from framework.config.build import build
-from framework.runner import prepare
 from framework.planning.memory import ModelStats, fully_sharded, model_stats, optimizer_sharded, replicated, zero
+from framework.runner import prepare
 from tests.cli.helpers import framework_cmd
 from tests.conftest import compose_cfg
 

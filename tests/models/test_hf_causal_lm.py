@@ -10,9 +10,9 @@ import torch
 
 from framework.checkpoint.weights import initial_weights
 from framework.construction.meta_build import meta_device
+from framework.construction.meta_init import build_on_meta, replay
 from framework.errors import CheckpointError, ConfigError
 from framework.models.hf_causal_lm import causal_lm, save_for_hub
-from framework.construction.meta_init import build_on_meta, replay
 
 pytest.importorskip("transformers")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
-from framework.models.gpt import GPT
 from framework.construction.named_state import load_optimizer_state_by_name, optimizer_state_by_name
+from framework.models.gpt import GPT
 from tests.conftest import assert_state_equal
 
 

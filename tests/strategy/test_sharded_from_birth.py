@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from framework.models.gpt import GPT
-from framework.models.mlp import MLP
 from framework.construction.activation_checkpointing import checkpoint_units
 from framework.construction.meta_init import build_on_meta, replay
 from framework.construction.units import choose_units
+from framework.models.gpt import GPT
+from framework.models.mlp import MLP
 from tests.conftest import TINY_GPT, assert_state_equal, checkpoints, load_model_state, run_inprocess
 
 

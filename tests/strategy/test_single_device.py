@@ -5,10 +5,10 @@ import torch
 from torch import nn
 from torch.utils.data import DistributedSampler, TensorDataset
 
+from framework.data.sampler import ShardSampler, rank_sampler
 from framework.precision.bf16_true import BF16TruePrecision
 from framework.strategy.auto import auto_strategy
 from framework.strategy.base import Strategy
-from framework.data.sampler import ShardSampler, rank_sampler
 from framework.strategy.single_device import SingleDeviceStrategy
 
 

@@ -7,11 +7,11 @@ raw config asks for DeepSpeed's own optimizer. `deepspeed` is imported only when
 """
 from __future__ import annotations
 
+import gc
 import os
 from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Literal
-import gc
 
 import torch
 
@@ -202,8 +202,10 @@ class DeepSpeedStrategy(ParallelStrategy):
         import torch._dynamo  # noqa: F401
 
         remote = self.offload_parameters if self.offload_parameters != "none" else None
-        with meta_device():  # the model's shape, for the sizes zero.Init reads (NVMe swap buffers)
-            shape = factory()
+        shape = None
+        if remote == "nvme":  # zero.Init sizes its swap buffers from the config: learn the model's shape first
+            with meta_device():
+                shape = factory()
         with deepspeed.zero.Init(config_dict_or_path=self.deepspeed_config(shape), remote_device=remote,
                                  pin_memory=self.accelerator.name == "cuda"), sharded_build():
             return factory()
