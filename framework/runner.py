@@ -1,6 +1,7 @@
 """`framework.run(cfg)`: validate, build the plugins, launch, fit, return the objective."""
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import time
@@ -27,10 +28,12 @@ from framework.construction.activation_checkpointing import checkpoint_units
 from framework.launch.elastic import WorkerFailed
 from framework.launch.launcher import launch
 from framework.loop.preemption import Preempted
+from framework.loop.state import Stage
 from framework.planning.memory import estimate, model_stats
 from framework.plotting.at_end import run_figures
 from framework.plugins import Plugins, build_plugins
 from framework.reproduce import write_recipe
+from framework.results import TEST_METRICS_FILE, merge_predictions, metrics_table, test_record, write_json
 from framework.sweeps import SUMMARY_FILE, current_job, finished_objective, run_overrides, write_summary
 from framework.tasks.fit_check import check_fit, validation_metric_names
 
@@ -165,11 +168,13 @@ class Prepared:
         return self
 
 
-def prepare(cfg: DictConfig, strict: bool = True) -> Prepared:
+def prepare(cfg: DictConfig, strict: bool = True, stage: Stage = Stage()) -> Prepared:
     """Steps 1 and 2 of a run, and all of `framework validate` and `framework plan`: resolve the
     config, check values and every `_target_` (trust, imports, signatures), build the plugins,
     build model (on the meta device), data and task, and judge the combination. Touches no device
-    and starts no process. Every problem is collected; `strict` raises them as one ConfigError."""
+    and starts no process. Every problem is collected; `strict` raises them as one ConfigError.
+    `stage`: fit, test (`framework test`: the data must have a test split) or predict (the task
+    must predict, the data have the split)."""
     prepared = Prepared()
     problems = prepared.problems
 
@@ -197,14 +202,14 @@ def prepare(cfg: DictConfig, strict: bool = True) -> Prepared:
     if not problems:  # building from a config that failed those would only repeat them
         prepared.plugins = attempt(lambda: build_plugins(resolved))
         prepared.model, prepared.activation_bytes, prepared.logged = attempt(
-            lambda: build_components(resolved, prepared.plugins)) or (None, 0, None)
+            lambda: build_components(resolved, prepared.plugins, stage)) or (None, 0, None)
     if prepared.plugins is not None:
         prepared.devices = attempt(lambda: prepared.plugins.accelerator.resolve_devices(resolved.devices))
     if prepared.devices is not None:
         plan = compatibility_plan(prepared.plugins, resolved, prepared.devices)
         prepared.refusals, prepared.warnings = judge(plan)
         problems.extend(prepared.refusals)
-        wrong, untouched = monitor_problems(resolved, prepared.logged)
+        wrong, untouched = monitor_problems(resolved, prepared.logged if stage.name == "fit" else None)
         problems.extend(wrong)
         prepared.warnings.extend(untouched)
         if not prepared.refusals:  # the engine behind the strategy judges its own settings last
@@ -239,12 +244,19 @@ def monitor_problems(cfg: DictConfig, logged: set[str] | None) -> tuple[list[str
         return [], []
     named = {f"callbacks.{name}.monitor": node.get("monitor") for name, node in (cfg.get("callbacks") or {}).items()
              if isinstance(node, DictConfig) and "monitor" in node}
-    named["trainer.objective"] = cfg.trainer.get("objective")
+    objective = named["trainer.objective"] = cfg.trainer.get("objective")
     refusals, warnings = [], []
+    testing = isinstance(objective, str) and objective.startswith("test/")
+    if testing:
+        if not cfg.trainer.get("test_at_end"):
+            refusals.append(f"trainer.objective={objective!r} is a test metric, logged only when the run tests at its "
+                            "end: set trainer.test_at_end=true, or choose a val/ metric.")
+        logged = logged | {"test/" + name.split("/", 1)[1] for name in logged}  # test/ scores with the same metrics
     for key, value in named.items():
-        if not (isinstance(value, str) and value.startswith("val/")) or value in logged:
+        if not (isinstance(value, str) and value.startswith(("val/", "test/"))) or value in logged:
             continue
-        message = (f"{key}={value!r} is never logged: a validation logs {', '.join(sorted(logged))}."
+        message = (f"{key}={value!r} is never logged: {'the run' if testing else 'a validation'} logs "
+                   f"{', '.join(sorted(logged))}."
                    f"{did_you_mean(value, logged)} Set {key} to one of them.")
         if value == SHIPPED_MONITOR:
             warnings.append(message.replace(" is never logged:", " (the shipped default) is never logged by this "
@@ -254,7 +266,8 @@ def monitor_problems(cfg: DictConfig, logged: set[str] | None) -> tuple[list[str
     return refusals, warnings
 
 
-def build_components(cfg: DictConfig, plugins: Plugins | None = None) -> tuple[object, int, set[str] | None]:
+def build_components(cfg: DictConfig, plugins: Plugins | None = None,
+                     stage: Stage = Stage()) -> tuple[object, int, set[str] | None]:
     """Build the model (on the meta device: no memory, no init cost), data module and task once,
     so an argument their constructors refuse is reported before anything is written, and pass one
     batch through them (framework/tasks/fit_check.py); returns the meta model (its size is what
@@ -264,10 +277,13 @@ def build_components(cfg: DictConfig, plugins: Plugins | None = None) -> tuple[o
     with meta_device():
         model = build_model(cfg.model)
     data = build(cfg.data, "data")
-    sources = data.problems()
+    sources = data.problems() + test_split_problems(cfg, data, stage)
     if sources:
         raise ConfigError("\n".join(sources))
     task = build(cfg.task, "task")
+    if stage.name == "predict" and not task.can_predict:
+        raise ConfigError(f"framework predict: the task ({type(task).__name__}) defines no predict_step; give it one "
+                          "(what it predicts for each sample: framework/tasks/base.py), or use a built-in task.")
     batch_size = int(cfg.data.get("batch_size", 2) or 2)
     logged = validation_metric_names(model, data, task)
     if plugins is None or not cfg.trainer.get("activation_checkpointing"):
@@ -276,6 +292,19 @@ def build_components(cfg: DictConfig, plugins: Plugins | None = None) -> tuple[o
     count = checkpoint_units(plugins.strategy.units(model))
     kept = check_fit(model, data, task, batch_size)
     return model, kept + (max(whole - kept, 0) // count if count else 0), logged
+
+
+def test_split_problems(cfg: DictConfig, data, stage: Stage) -> list[str]:
+    """Testing (`framework test`, trainer.test_at_end, predictions of the test split) needs data
+    with a test split."""
+    asked = {"test": "framework test", "predict": "framework predict --split test"}.get(stage.name) \
+        if stage.name == "test" or (stage.name == "predict" and stage.split == "test") else \
+        "trainer.test_at_end=true" if cfg.trainer.get("test_at_end") else None
+    if asked is None or data.has_test_split:
+        return []
+    return [f"{asked}: the data ({type(data).__name__}) has no test split. Give it one: data=digits "
+            "data.test_every_nth=5, data=stdlib_text data.test_percent=10, data=text_files data.test_files=... or "
+            "data.test_percent=10; a DataModule of your own defines test_dataset()."]
 
 
 def compatibility_plan(plugins: Plugins, resolved: DictConfig, devices: int) -> Plan:
@@ -336,6 +365,8 @@ def _train(cfg: DictConfig, output_dir) -> float | None:
                "metrics": metrics, "wall_time_s": round(time.time() - started_at, 3),
                "strategy": plugins.strategy.name, "precision": plugins.precision.name,
                "world_size": prepared.world_size, "output_dir": str(output_dir)}
+    if result.tested is not None:
+        summary["test"] = _record_test(result.tested, output_dir, prepared, started_at)
     write_summary(output_dir, summary)
     if resolved.trainer.plot and job is None:  # a sweep draws its jobs together when it ends
         for figure in run_figures(output_dir):
@@ -343,3 +374,74 @@ def _train(cfg: DictConfig, output_dir) -> float | None:
     if objective is None:
         print(f"note: trainer.objective={objective_name!r} was never logged; returning None.")
     return objective
+
+
+def _record_test(tested: dict, output_dir: Path, prepared: Prepared, started_at: float) -> dict:
+    """test_metrics.json in the run directory, and the metrics as a table on the console."""
+    record = test_record(tested, strategy=prepared.plugins.strategy.name, precision=prepared.plugins.precision.name,
+                         world_size=prepared.world_size, wall_time_s=round(time.time() - started_at, 3))
+    path = write_json(output_dir / TEST_METRICS_FILE, record)
+    where = f"{tested['checkpoint']} (step {tested['step']})" if tested.get("checkpoint") else "the final weights"
+    print(metrics_table(tested["metrics"], f"test of {where}: {path}"), flush=True)
+    return record
+
+
+def _launch_stage(cfg: DictConfig, stage: Stage, output_dir: Path, clear: Path | None = None):
+    """Prepare `cfg` at `stage` and launch it; returns (prepared, the loop's result, whether this
+    process writes the results). `clear`: a directory the writer empties before launch (the
+    other ranks write there only after the process group forms, which needs the writer). A
+    failure leaves like a run's (one paragraph, its exit code)."""
+    try:
+        prepared = prepare(cfg, stage=stage)
+        for warning in prepared.warnings:
+            print(f"WARNING: {warning}", file=sys.stderr, flush=True)
+        check_run_dir(prepared.resolved, output_dir)  # every file of ckpt_path there, none truncated
+        cluster = prepared.plugins.cluster
+        cluster.validate(prepared.devices, prepared.resolved.num_nodes)
+        writer = not cluster.creates_processes_externally or cluster.global_rank() == 0
+        if clear is not None:
+            if writer:
+                shutil.rmtree(clear, ignore_errors=True)
+            clear.mkdir(parents=True, exist_ok=True)
+        started_at = time.time()
+        result = launch(prepared.config, output_dir, prepared.plugins, prepared.world_size, stage)
+    except UserError as err:
+        if wants_traceback(bool(cfg.get("debug", False))):
+            raise
+        report(err)
+        raise RunExit(_exit_code(err)) from None
+    except WorkerFailed as err:
+        print(_describe(err), file=sys.stderr, flush=True)
+        raise RunExit(_exit_code(err)) from None
+    return prepared, result, writer, started_at
+
+
+def run_test(cfg: DictConfig, output_dir: Path, chosen: str) -> dict:
+    """`framework test`: prepare `cfg` at the test stage, score the checkpoint `cfg.ckpt_path`
+    names on the test split with cfg's strategy at its world size, and write test_metrics.json
+    (and the test into summary.json) in `output_dir`. `chosen`: why that checkpoint (recorded)."""
+    prepared, result, writer, started_at = _launch_stage(cfg, Stage("test"), output_dir)
+    if not writer:
+        return result.tested
+    record = _record_test({**result.tested, "chosen": chosen}, output_dir, prepared, started_at)
+    summary_path = output_dir / SUMMARY_FILE
+    try:
+        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    except (OSError, ValueError):
+        summary = {}  # an unreadable summary is replaced, not trusted
+    write_summary(output_dir, {**summary, "test": record})
+    return record
+
+
+def run_predict(cfg: DictConfig, out: Path, split: str) -> int:
+    """`framework predict`: one row per sample of `split` with what the task predicts for the
+    checkpoint `cfg.ckpt_path` names, computed with cfg's strategy at its world size (each rank
+    its share), merged in data-set order into `out` (.jsonl or .parquet). Returns the rows."""
+    parts = out.parent / f".{out.name}.parts"  # each rank's rows, on storage every rank sees
+    writer = True  # until the cluster says otherwise (processes started outside: rank zero merges)
+    try:
+        _, _, writer, _ = _launch_stage(cfg, Stage("predict", split), parts, clear=parts)
+        return merge_predictions(sorted(parts.glob("predictions-rank*.jsonl")), out) if writer else 0
+    finally:
+        if writer:
+            shutil.rmtree(parts, ignore_errors=True)

@@ -1,9 +1,15 @@
-"""Trainer assembly: what every training process runs. Builds the plugins, data, model, task,
+"""Trainer assembly: what every process of a run runs. Builds the plugins, data, model, task,
 optimizer, scheduler, loaders, callbacks and loggers from the resolved config, hands them to the
-loop, and returns the loop's typed result (metrics, or where it was preempted)."""
+loop, and returns the loop's typed result (metrics, or where it was preempted).
+
+Three stages (framework/loop/state.py Stage): `fit` (train; with trainer.test_at_end, then test
+the best checkpoint), `test` (score the checkpoint `ckpt_path` names on the data's test split:
+`framework test`) and `predict` (one row per sample of a split, written per rank: `framework
+predict`)."""
 from __future__ import annotations
 
 import gc
+import json
 import math
 import os
 import sys
@@ -13,6 +19,7 @@ import torch
 from omegaconf import OmegaConf
 
 from framework.callbacks.progress import RichProgress, TextProgress
+from framework.checkpoint.load import load_model_weights
 from framework.checkpoint.resume import resume_path
 from framework.checkpoint.rng import seed_everything
 from framework.checkpoint.weights import initial_weights
@@ -21,9 +28,10 @@ from framework.config.loop_settings import loop_settings
 from framework.console import WarningsOnce, announce_if_slow
 from framework.data.loaders import build_loader
 from framework.errors import ConfigError
+from framework.loop.evaluation import predict, score
 from framework.loop.fit_loop import FitLoop
 from framework.loop.preemption import PreemptionWatcher
-from framework.loop.state import FitResult
+from framework.loop.state import FitResult, Stage
 from framework.models.build import build_model
 from framework.plugins import build_plugins
 from framework.tasks.manual import ManualOptimization, optimizer_set_factory
@@ -81,9 +89,10 @@ def prepare_data_once(datamodule, strategy) -> None:
         datamodule.prepare_data()
 
 
-def train_worker(config: dict, output_dir: str) -> FitResult:
-    """Entry of every training process. `config` is the resolved config as plain containers
-    (picklable: workers never re-read sys.argv or Hydra state). Returns the loop's result."""
+def train_worker(config: dict, output_dir: str, stage: Stage = Stage()) -> FitResult:
+    """Entry of every process of a run. `config` is the resolved config as plain containers
+    (picklable: workers never re-read sys.argv or Hydra state); `stage` what to do (STAGES).
+    Returns the loop's result."""
     cfg = OmegaConf.create(config)
     plugins = build_plugins(cfg)
     strategy = plugins.strategy
@@ -94,7 +103,7 @@ def train_worker(config: dict, output_dir: str) -> FitResult:
         # Everything that holds the wrapped model lives inside _fit, so it is freed when _fit
         # returns, before the process group is destroyed (a DDP reducer outliving its gloo group
         # can hang in the group's destructor).
-        return _fit(cfg, config, plugins, Path(output_dir))
+        return STAGES[stage.name](cfg, config, plugins, Path(output_dir), stage)
     finally:
         gc.collect()
         strategy.teardown()
@@ -103,12 +112,9 @@ def train_worker(config: dict, output_dir: str) -> FitResult:
         warnings_once.restore()
 
 
-def _fit(cfg, config: dict, plugins, output_dir: Path) -> FitResult:
-    strategy = plugins.strategy
-    seed_everything(cfg.seed)
-    datamodule = build(cfg.data, "data")
-    task = build(cfg.task, "task")
-    callbacks = {name: build(node, f"callbacks.{name}") for name, node in cfg.callbacks.items()}
+def _model_and_optimizer(cfg, strategy, task, pretrained: bool = True):
+    """The model built and set up by the strategy with its optimizer (an engine such as DeepSpeed
+    wraps both at once); `pretrained`: copy the weights a model built without them names."""
     optimizer_factory = guarded(build(cfg.optimizer, "optimizer"), "optimizer")
     strategy.configure_loop(loop_settings(cfg))
     talk = strategy.is_global_zero
@@ -119,19 +125,32 @@ def _fit(cfg, config: dict, plugins, output_dir: Path) -> FitResult:
         optimizer_factory = optimizer_set_factory(task, model, optimizer_factory)
     with announce_if_slow(f"{strategy.name}: setting up the model and optimizer", talk, why=strategy.setup_note):
         model, optimizer = strategy.setup(model, optimizer_factory)
-    pretrained = getattr(strategy.unwrap(model), "pretrained_weights", None)
-    if pretrained:  # named by a model built without weights (a sharded build): each rank copies its part
-        with announce_if_slow(f"loading pretrained weights ({Path(pretrained[0]).parent})", talk):
-            strategy.load_model_state_dict(model, initial_weights(strategy.unwrap(model), pretrained))
+    weights = getattr(strategy.unwrap(model), "pretrained_weights", None) if pretrained else None
+    if weights:  # named by a model built without weights (a sharded build): each rank copies its part
+        with announce_if_slow(f"loading pretrained weights ({Path(weights[0]).parent})", talk):
+            strategy.load_model_state_dict(model, initial_weights(strategy.unwrap(model), weights))
+    return model, optimizer
+
+
+def _fit(cfg, config: dict, plugins, output_dir: Path, stage: Stage) -> FitResult:
+    strategy = plugins.strategy
+    seed_everything(cfg.seed)
+    datamodule = build(cfg.data, "data")
+    task = build(cfg.task, "task")
+    callbacks = {name: build(node, f"callbacks.{name}") for name, node in cfg.callbacks.items()}
+    talk = strategy.is_global_zero
+    model, optimizer = _model_and_optimizer(cfg, strategy, task)
     manual = None
     if not task.automatic_optimization:
         manual = ManualOptimization(strategy, model, optimizer, cfg.trainer.clip_grad_norm, cfg.trainer.clip_grad_value)
     with announce_if_slow(f"preparing the data ({cfg.data._target_.rsplit('.', 1)[-1]})", talk):
         prepare_data_once(datamodule, strategy)
-        train_loader = build_loader(datamodule, strategy, train=True, seed=cfg.seed)
+        train_loader = build_loader(datamodule, strategy, "train", seed=cfg.seed)
     scheduler, interval = build_scheduler(cfg.scheduler, optimizer,
                                           total_optimizer_steps(cfg.trainer, len(train_loader)))
-    val_loader = build_loader(datamodule, strategy, train=False, seed=cfg.seed, limit_batches=cfg.trainer.val_batches)
+    val_loader = build_loader(datamodule, strategy, "val", seed=cfg.seed, limit_batches=cfg.trainer.val_batches)
+    test_loader = build_loader(datamodule, strategy, "test", seed=cfg.seed, limit_batches=cfg.trainer.test_batches) \
+        if cfg.trainer.test_at_end else None
 
     loggers = []
     if strategy.is_global_zero:
@@ -147,8 +166,55 @@ def _fit(cfg, config: dict, plugins, output_dir: Path) -> FitResult:
     loop = FitLoop(strategy=strategy, task=task, model=model, optimizer=optimizer, scheduler=scheduler,
                    scheduler_interval=interval, train_loader=train_loader, val_loader=val_loader,
                    trainer=cfg.trainer, callbacks=callbacks, loggers=loggers, output_dir=output_dir,
-                   run_meta=run_meta, preemption=preemption, manual=manual)
+                   run_meta=run_meta, preemption=preemption, manual=manual, test_loader=test_loader)
     try:
         return loop.fit(resume_path(cfg, output_dir, loop.say, restarted=plugins.cluster.restarted))
     finally:
         preemption.restore()
+
+
+def _trained(cfg, plugins, split: str):
+    """(task, model with the weights of ckpt_path, loader of `split`, the checkpoint's meta):
+    weights only (no optimizer state, loop or RNG of the run), set up by this config's strategy
+    at this world size."""
+    strategy = plugins.strategy
+    seed_everything(cfg.seed)
+    datamodule = build(cfg.data, "data")
+    task = build(cfg.task, "task")
+    talk = strategy.is_global_zero
+    model, _ = _model_and_optimizer(cfg, strategy, task, pretrained=False)  # the checkpoint holds every weight
+    with announce_if_slow(f"loading the weights of {cfg.ckpt_path}", talk):
+        meta = load_model_weights(strategy, model, Path(cfg.ckpt_path))
+    with announce_if_slow(f"preparing the data ({cfg.data._target_.rsplit('.', 1)[-1]})", talk):
+        prepare_data_once(datamodule, strategy)
+        limit = cfg.trainer.test_batches if split == "test" else cfg.trainer.val_batches if split == "val" else None
+        loader = build_loader(datamodule, strategy, split, seed=cfg.seed, limit_batches=limit, training=False)
+    return task, model, loader, meta
+
+
+def _test(cfg, config: dict, plugins, output_dir: Path, stage: Stage) -> FitResult:
+    """Score the checkpoint `ckpt_path` names on the test split."""
+    task, model, loader, meta = _trained(cfg, plugins, "test")
+    metrics = score(plugins.strategy, task, model, loader, "test")
+    return FitResult(metrics, tested={"checkpoint": str(cfg.ckpt_path), "step": (meta or {}).get("step"),
+                                      "chosen": "given", "metrics": metrics})
+
+
+def _predict(cfg, config: dict, plugins, output_dir: Path, stage: Stage) -> FitResult:
+    """One row per sample of `stage.split` with what the task predicts, written by each rank to
+    output_dir/<PREDICTION_PARTS>-rank<r>.jsonl (the launching process merges them in order)."""
+    strategy = plugins.strategy
+    task, model, loader, _ = _trained(cfg, plugins, stage.split)
+    path = output_dir / f"{PREDICTION_PARTS}-rank{strategy.global_rank}.jsonl"
+    rows = 0
+    with open(path, "w", encoding="utf-8") as out:
+        for index, row in predict(strategy, model, loader, task.predict_step):
+            out.write(json.dumps({"index": index, **row}) + "\n")
+            rows += 1
+    strategy.barrier()  # every rank's file is complete before rank zero's process merges them
+    return FitResult({"rows": float(rows)})
+
+
+# What a process runs at each stage of a run.
+STAGES = {"fit": _fit, "test": _test, "predict": _predict}
+PREDICTION_PARTS = "predictions"

@@ -101,3 +101,34 @@ def test_shown_command_is_valid(doc, args):
             prepare(cfg)
     else:
         prepare(cfg)
+
+
+def section_commands(title: str) -> list[str]:
+    """The commands of the first code block under the README heading `title`, comments dropped."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split(f"\n## {title}\n", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_the_after_training_commands_run_as_written(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    commands = section_commands("After training: test, predict, generate")
+    assert [c.split()[1] for c in commands] == ["run", "test", "test", "predict", "train", "generate"]
+    outputs = {}
+    for command in commands:
+        args = shlex.split(command)
+        result = subprocess.run([sys.executable, "-m", "framework", *args[1:]], cwd=tmp_path, capture_output=True,
+                                text=True, timeout=600)
+        assert result.returncode == 0, (command, result.stderr[-3000:])
+        outputs[command] = result.stdout
+        if args[1] in ("run", "test"):
+            record = json.loads((tmp_path / "outputs/digits/test_metrics.json").read_text())
+            assert record["metrics"]["test/accuracy"] > 0.9, command  # the digits are easy
+    assert json.loads((tmp_path / "outputs/digits/test_metrics.json").read_text())["world_size"] == 2
+    rows = [json.loads(line) for line in (tmp_path / "predictions.jsonl").read_text().splitlines()]
+    assert len(rows) == 360 and sum(r["prediction"] == r["label"] for r in rows) / 360 > 0.9
+    assert outputs[commands[-1]].startswith("def main(") and len(outputs[commands[-1]]) > len("def main(") + 20

@@ -3,6 +3,7 @@ every command it shows runs there, in order (a few steps each), and its line cou
 from __future__ import annotations
 
 import csv
+import json
 import re
 import shlex
 import subprocess
@@ -49,6 +50,8 @@ def test_the_line_counts_in_the_table_are_those_of_the_listings():
     assert f"| {code_lines(lightning)} Python |" in table and f"| {code_lines(accelerate)} Python," in table
     assert f"0 Python, {code_lines(files['gpt2_on_my_text.yaml'])} YAML" in table
     assert f"the module + {code_lines(files['my_project/tiny_lm.yaml'])} YAML" in table
+    assert f"{code_lines(files['my_project/small_cnn.py'])} lines of Python (the module) and " \
+           f"{code_lines(files['my_project/digits_cnn.yaml'])} of YAML" in table
 
 
 @pytest.mark.slow
@@ -63,8 +66,10 @@ def test_every_file_and_command_of_the_guide_works_as_shown(tmp_path):
             argv = [sys.executable, *argv[1:]]
         elif argv[1] in ("run", "train"):
             argv = [sys.executable, "-m", "framework", *argv[1:], *SHORT, "data.cache_dir=cache"]
-            if "squares" in " ".join(argv) or "tiny_lm" in " ".join(argv):
+            if any(name in " ".join(argv) for name in ("squares", "tiny_lm", "digits_cnn")):
                 argv.remove("data.cache_dir=cache")  # their data has no cache
+        elif argv[1] in ("test", "plot"):  # a run directory, as shown
+            argv = [sys.executable, "-m", "framework", *argv[1:]]
         else:  # framework convert: the checkpoint a full-length run would have made is the last one here
             run_dir = tmp_path / argv[2].split("/checkpoints/")[0]
             argv = [sys.executable, "-m", "framework", argv[1],
@@ -77,4 +82,7 @@ def test_every_file_and_command_of_the_guide_works_as_shown(tmp_path):
     with open(tmp_path / "outputs" / "squares" / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     assert any(r.get("train/mae") for r in rows) and any(r.get("val/mse") for r in rows)
+    tested = json.loads((tmp_path / "outputs" / "digits_cnn" / "test_metrics.json").read_text())
+    assert tested["world_size"] == 2 and {"test/f1_score", "test/recall/9", "test/accuracy"} <= set(tested["metrics"])
+    assert (tmp_path / "outputs" / "digits_cnn" / "metrics.png").is_file()
     assert (tmp_path / "exported" / "model.safetensors").is_file() and (tmp_path / "exported" / "tokenizer.json").is_file()

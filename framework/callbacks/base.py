@@ -8,7 +8,8 @@ class Callback:
     `loop.state.should_stop`.
 
     Order: on_fit_start -> (per optimizer step) on_train_step_end -> (when validating)
-    on_validation_end -> (per epoch) on_epoch_end -> on_fit_end. Validation that is due at a
+    on_validation_end -> (per epoch) on_epoch_end -> on_fit_end -> (trainer.test_at_end)
+    on_test_end. Validation that is due at a
     step runs before that step's on_train_step_end, so a checkpoint sees fresh metrics.
     """
 
@@ -27,6 +28,9 @@ class Callback:
         """A checkpoint became complete (for an asynchronous checkpoint_io, after its writes)."""
 
     def on_fit_end(self, loop) -> None: ...
+
+    def on_test_end(self, loop, metrics: dict[str, float]) -> None:
+        """trainer.test_at_end scored the test split (after on_fit_end, with the best checkpoint's weights)."""
 
     def state_dict(self) -> dict:
         """What this callback needs to continue exactly after a resume."""

@@ -1,12 +1,12 @@
 """`callbacks=[checkpoint,...]`: save every N steps and at the end; keep the last k and best k."""
 from __future__ import annotations
 
-import math
 import shutil
 from typing import Literal
 
 from framework.callbacks.base import Callback
 from framework.checkpoint.format import list_checkpoints
+from framework.checkpoint.load import best_checkpoint, monitored
 from framework.config.types import NonNegativeInt, PositiveInt
 
 
@@ -47,8 +47,7 @@ class ModelCheckpoint(Callback):
         loop.strategy.barrier()
 
     def _score(self, meta: dict) -> float | None:
-        value = meta.get("metrics", {}).get(self.monitor) if self.monitor else None
-        return None if value is None or math.isnan(value) else float(value)
+        return monitored(meta, self.monitor)
 
     def prune(self, root) -> list:
         complete, _ = list_checkpoints(root)
@@ -68,11 +67,7 @@ class ModelCheckpoint(Callback):
 
     def best(self, root):
         """The best complete checkpoint by `monitor`, or None."""
-        complete, _ = list_checkpoints(root)
-        scored = [c for c in complete if self._score(c.meta) is not None]
-        if not scored:
-            return None
-        return (min if self.mode == "min" else max)(scored, key=lambda c: self._score(c.meta))
+        return best_checkpoint(root, self.monitor, self.mode)
 
     def state_dict(self) -> dict:
         return {"last_saved_step": self.last_saved_step}

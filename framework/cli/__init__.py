@@ -5,6 +5,9 @@
     framework list [GROUP...]             every option of every group, and whether it runs here
     framework plan [-r RECIPE] [OVERRIDES...]   plugins, world, model size, memory per rank; no training
     framework validate RECIPE [OVERRIDES...]    every problem with a recipe, not just the first
+    framework test RUN_DIR|CHECKPOINT [OVERRIDES...]   a checkpoint's scores on the data's test split
+    framework predict RUN_DIR|CHECKPOINT [OVERRIDES...] -o FILE  one row per sample of a split
+    framework generate RUN_DIR|CHECKPOINT|HF_DIR --prompt TEXT   text from a trained language model
     framework cp RECIPE DEST              copy a built-in recipe to edit it
     framework convert CKPT --to torch OUT.pt    model weights as a plain state_dict (or safetensors)
     framework convert DS_DIR --from deepspeed OUT_DIR   a DeepSpeed native checkpoint, imported
@@ -37,6 +40,12 @@ PASS_THROUGH = {
     "plan": ("what a run would be (plugins, world, model size, memory per rank) without training: "
              "`framework plan [-r RECIPE] [OVERRIDES...]`", "plan", "main"),
     "validate": ("every problem with a recipe: `framework validate RECIPE [OVERRIDES...]`", "validate", "main"),
+    "test": ("score a run's best checkpoint (or a given one) on the data's test split: "
+             "`framework test RUN_DIR|CHECKPOINT [OVERRIDES...]`", "test", "main"),
+    "predict": ("one row per sample with what the task predicts: `framework predict RUN_DIR|CHECKPOINT "
+                "[OVERRIDES...] -o predictions.jsonl|.parquet [--split test|val|train]`", "predict", "main"),
+    "generate": ("text from a trained language model: `framework generate RUN_DIR|CHECKPOINT|HF_DIR --prompt TEXT "
+                 "[--temperature T] [--top-k K] [--top-p P] [--seed S] [--max-new-tokens N]`", "generate", "main"),
     "cp": ("copy a built-in recipe to edit it: `framework cp RECIPE DEST`", "copy_recipe", "main"),
     "convert": ("export a checkpoint's weights, or import a DeepSpeed checkpoint: "
                 "`framework convert CKPT OUT [--to torch|safetensors] [--from framework|deepspeed]`", "convert", "main"),
@@ -52,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_parser(name, help=help_text, add_help=False)
     sub.add_parser("version", help="print framework, torch and Python versions")
     if argv[:1] and argv[0] in PASS_THROUGH:
-        if argv[1:2] in (["-h"], ["--help"]) and argv[0] not in ("train", "run", "convert", "plot"):
+        if argv[1:2] in (["-h"], ["--help"]) and argv[0] not in ("train", "run", "convert", "plot", "test", "generate", "predict"):
             print(f"framework {argv[0]}: {PASS_THROUGH[argv[0]][0]}")
             return ExitCode.OK
         _, module, function = PASS_THROUGH[argv[0]]

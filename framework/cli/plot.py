@@ -4,6 +4,10 @@
     framework plot RUN_DIR RUN_DIR ...     the runs overlaid, named by what differs (-o FILE)
     framework plot SWEEP_DIR               SWEEP_DIR/sweep.png (objective against each swept
                                            value, best job marked) and SWEEP_DIR/curves.png
+    framework plot RUN_DIR --metrics loss 'f1*'   only the panels of metrics matching the patterns
+
+Every logged metric has a panel (accuracy, F1, a GAN's losses, memory ...: train, val and test
+values together), after loss, learning rate, gradient norm and throughput.
 """
 from __future__ import annotations
 
@@ -21,6 +25,9 @@ def parser() -> argparse.ArgumentParser:
     plot.add_argument("-o", "--out", default=None,
                       help="the PNG to write (default: in the run or sweep directory; for several runs, runs.png "
                            "in the current directory)")
+    plot.add_argument("--metrics", nargs="+", default=None, metavar="PATTERN",
+                      help="draw only the metrics matching these fnmatch patterns (a name with or without its "
+                           "train/, val/, test/ prefix: accuracy, 'val/*', 'f1*')")
     return plot
 
 
@@ -37,7 +44,7 @@ def main(argv: list[str]) -> int:
         else:
             runs = [read_run(p) for p in paths]
             default = paths[0] / "metrics.png" if len(paths) == 1 else Path("runs.png")
-            written = [runs_figure(runs, out or default)]
+            written = [runs_figure(runs, out or default, metrics=args.metrics)]
     except UserError as err:
         report(err)
         return ExitCode.USER_ERROR

@@ -30,6 +30,14 @@ class TrainerConfig:
     """Score at most this many batches of data.val_batch_size per validation, counted over all ranks
     (the first val_batches x val_batch_size samples, shared between the ranks), so a metric does not
     depend on the number of processes; null for the whole validation set."""
+    test_at_end: bool = False
+    """When fit ends, score the data's test split with the best checkpoint's weights (by
+    callbacks.checkpoint.monitor; the newest checkpoint without one, the final weights without a
+    checkpoint callback): test/<metric> in the logs, summary.json and test_metrics.json, and
+    usable as the objective. `framework test RUN_DIR` does the same for a finished run."""
+    test_batches: Optional[int] = None
+    """Score at most this many batches of data.val_batch_size of the test split, counted over all
+    ranks like val_batches; null for the whole test split."""
     accumulate: int = 1
     """Gradient accumulation: micro-batches per optimizer step."""
     clip_grad_norm: Optional[float] = None

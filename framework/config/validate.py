@@ -16,6 +16,7 @@ _RULES = [
     ("trainer.max_epochs", lambda v: v is None or v >= 1, "a positive integer or null"),
     ("trainer.val_every", lambda v: v >= 1, "a positive integer"),
     ("trainer.val_batches", lambda v: v is None or v >= 1, "a positive integer or null"),
+    ("trainer.test_batches", lambda v: v is None or v >= 1, "a positive integer or null"),
     ("trainer.accumulate", lambda v: v >= 1, "a positive integer"),
     ("trainer.clip_grad_norm", lambda v: v is None or v > 0, "a positive number or null"),
     ("trainer.clip_grad_value", lambda v: v is None or v > 0, "a positive number or null"),

@@ -1,4 +1,4 @@
-"""The DataModule base class: two datasets plus how to load them."""
+"""The DataModule base class: a training, a validation and (optionally) a test dataset, plus how to load them."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -11,8 +11,9 @@ from framework.config.types import NonNegativeInt, PositiveInt
 class DataModule(ABC):
     """Owns a training and a validation dataset and the loader settings.
 
-    Subclasses implement `train_dataset()` and `val_dataset()` (map-style datasets); the
-    framework builds the loaders (framework.data.loaders) with a sampler from the strategy, so a
+    Subclasses implement `train_dataset()` and `val_dataset()` (map-style datasets), and
+    `test_dataset()` where the data has a held-out test split (`framework test`,
+    `trainer.test_at_end`); the framework builds the loaders (framework.data.loaders) with a sampler from the strategy, so a
     DataModule never deals with ranks.
     """
 
@@ -50,6 +51,18 @@ class DataModule(ABC):
     @abstractmethod
     def val_dataset(self) -> Dataset:
         """The validation split (map-style)."""
+
+    def test_dataset(self) -> Dataset | None:
+        """The test split (map-style), held out from training and validation; None: the data has
+        none (then `has_test_split` is False and testing is refused before launch)."""
+        return None
+
+    @property
+    def has_test_split(self) -> bool:
+        """Whether `test_dataset()` gives a split, known without building it. The default: a
+        subclass that overrides test_dataset has one; a subclass whose test split is optional
+        (a setting turns it off) overrides this too."""
+        return type(self).test_dataset is not DataModule.test_dataset
 
     def example_batch(self, size: int = 2):
         """A small training batch with the real shapes and dtypes (the contents do not matter):

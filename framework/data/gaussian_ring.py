@@ -21,12 +21,14 @@ class GaussianRing(DataModule):
     batches are `(points,)` of shape (B, 2)."""
 
     def __init__(self, modes: PositiveInt = 8, radius: PositiveFloat = 2.0, std: PositiveFloat = 0.05,
-                 train_size: PositiveInt = 8192, val_size: PositiveInt = 1024, seed: int = 0, **loader):
+                 train_size: PositiveInt = 8192, val_size: PositiveInt = 1024, test_size: PositiveInt = 1024,
+                 seed: int = 0, **loader):
         """modes: Gaussians on the ring; radius: of the ring; std: of each Gaussian;
-        train_size / val_size: points in each split; seed: makes the points (not the training)."""
+        train_size / val_size / test_size: points in each split; seed: makes the points (not the
+        training)."""
         super().__init__(**loader)
         self.modes, self.radius, self.std = modes, radius, std
-        self.train_size, self.val_size, self.seed = train_size, val_size, seed
+        self.train_size, self.val_size, self.test_size, self.seed = train_size, val_size, test_size, seed
 
     @property
     def centers(self) -> torch.Tensor:
@@ -40,8 +42,18 @@ class GaussianRing(DataModule):
         points = self.centers[which] + self.std * torch.randn(n, 2, generator=g)
         return points[: self.train_size], points[self.train_size:]
 
+    @cached_property
+    def _test_points(self) -> torch.Tensor:
+        """Drawn from a stream of their own, so the train and val points stay what they were."""
+        g = torch.Generator().manual_seed(self.seed + 1)
+        which = torch.randint(0, self.modes, (self.test_size,), generator=g)
+        return self.centers[which] + self.std * torch.randn(self.test_size, 2, generator=g)
+
     def train_dataset(self) -> Dataset:
         return TensorDataset(self._splits[0])
 
     def val_dataset(self) -> Dataset:
         return TensorDataset(self._splits[1])
+
+    def test_dataset(self) -> Dataset:
+        return TensorDataset(self._test_points)

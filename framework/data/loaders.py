@@ -29,9 +29,19 @@ def skip_to(loader, batches: int) -> None:
     loader.load_state_dict(state)
 
 
-def build_loader(datamodule: DataModule, strategy, train: bool, seed: int, limit_batches: int | None = None):
-    """The training loader (shuffled per epoch by its sampler's seed + epoch) or an evaluation
-    loader (in order). Each loader has its own generator so iterating it never draws from the
+SPLITS = ("train", "val", "test")
+
+
+def split_dataset(datamodule: DataModule, split: str):
+    """The DataModule's dataset of one split (`SPLITS`)."""
+    return {"train": datamodule.train_dataset, "val": datamodule.val_dataset, "test": datamodule.test_dataset}[split]()
+
+
+def build_loader(datamodule: DataModule, strategy, split: str, seed: int, limit_batches: int | None = None,
+                 training: bool | None = None):
+    """The training loader (split "train", shuffled per epoch by its sampler's seed + epoch) or an
+    evaluation loader ("val", "test"; in order; `training=False` makes one of the training split
+    too, for predictions). Each loader has its own generator so iterating it never draws from the
     global RNG: validation cannot change what training sees, and resume stays exact.
 
     An evaluation loader scores the same samples at any world size: the first `limit_batches` x
@@ -39,7 +49,8 @@ def build_loader(datamodule: DataModule, strategy, train: bool, seed: int, limit
     padding, nothing dropped); `loader.filler` is a batch a rank whose share ran out runs its model
     on, unscored, so every rank makes the same number of forward passes (a sharded model gathers
     its weights collectively in each)."""
-    dataset = datamodule.train_dataset() if train else datamodule.val_dataset()
+    train = split == "train" if training is None else training
+    dataset = split_dataset(datamodule, split)
     if not train and limit_batches is not None:
         dataset = Subset(dataset, range(min(len(dataset), limit_batches * datamodule.val_batch_size)))
     sampler = rank_sampler(dataset, strategy, shuffle=train and datamodule.shuffle, seed=seed,

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from framework.config.types import PositiveInt
+from framework.config.types import NonNegativeInt, PositiveInt
 from framework.data.base import DataModule
 from framework.errors import ConfigError
 
@@ -46,39 +46,55 @@ class TokenBlocks(Dataset):
 
 
 class StdlibText(DataModule):
-    """Bytes of the stdlib's .py files. A file goes to validation when crc32 of its relative path
-    falls in the val share, so the split is the same on every run and machine with this Python."""
+    """Bytes of the stdlib's .py files. A file goes to validation or test by crc32 of its relative
+    path (the first val_percent of 100 buckets, then the next test_percent), so the split is the
+    same on every run and machine with this Python, and a file is never in two splits."""
 
     def __init__(self, block_size: PositiveInt = 128, max_bytes: PositiveInt = 2_000_000,
-                 val_percent: PositiveInt = 10, root: str | None = None, **loader):
+                 val_percent: PositiveInt = 10, test_percent: NonNegativeInt = 10, root: str | None = None,
+                 **loader):
         """block_size: tokens per sample (the model's context); max_bytes: read at most this many
-        bytes of source (the train and val shares together); val_percent: share of files held out
-        for validation; root: a folder of .py files to use instead of the stdlib."""
+        bytes of source (every split together); val_percent: share of files held out for
+        validation; test_percent: share of files held out for testing (0: no test split);
+        root: a folder of .py files to use instead of the stdlib."""
         super().__init__(**loader)
         if not 0 < val_percent < 100:
             raise ConfigError(f"data.val_percent={val_percent}: must be between 1 and 99.")
+        if val_percent + test_percent >= 100:
+            raise ConfigError(f"data.test_percent={test_percent}: with data.val_percent={val_percent} nothing is left "
+                              "to train on; keep their sum below 100.")
         self.block_size = block_size
         self.max_bytes = max_bytes
         self.val_percent = val_percent
+        self.test_percent = test_percent
         self.root = Path(root) if root else Path(sysconfig.get_paths()["stdlib"])
 
+    @property
+    def has_test_split(self) -> bool:
+        return self.test_percent > 0
+
     @cached_property
-    def _splits(self) -> tuple[torch.Tensor, torch.Tensor]:
-        train, val, total = bytearray(), bytearray(), 0
+    def _splits(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        train, val, test, total = bytearray(), bytearray(), bytearray(), 0
         for path in stdlib_files(self.root):
             data = path.read_bytes()
             if total + len(data) > self.max_bytes:
                 break
             total += len(data)
-            rel = path.relative_to(self.root).as_posix().encode()
-            (val if zlib.crc32(rel) % 100 < self.val_percent else train).extend(data)
-        if not train or not val:
+            bucket = zlib.crc32(path.relative_to(self.root).as_posix().encode()) % 100
+            split = val if bucket < self.val_percent else test if bucket < self.val_percent + self.test_percent \
+                else train
+            split.extend(data)
+        if not train or not val or (self.test_percent and not test):
             found = "no file" if total == 0 else f"{total:,} bytes"
+            splits = "a train, a val and a test split" if self.test_percent else "both a train and a val split"
             raise ConfigError(f"data: {self.root}/**/*.py (data.root) gave {found} within data.max_bytes="
-                              f"{self.max_bytes}: too little to fill both a train and a val split; raise "
-                              "data.max_bytes or point data.root at a folder with more .py files.")
-        as_tensor = lambda b: torch.frombuffer(bytearray(b), dtype=torch.uint8)  # noqa: E731
-        return as_tensor(train), as_tensor(val)
+                              f"{self.max_bytes}: too little to fill {splits}; raise data.max_bytes or point "
+                              "data.root at a folder with more .py files.")
+        def as_tensor(data: bytearray) -> torch.Tensor:  # frombuffer refuses an empty buffer
+            return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8)
+
+        return as_tensor(train), as_tensor(val), as_tensor(test)
 
     def train_dataset(self) -> Dataset:
         return TokenBlocks(self._splits[0], self.block_size)
@@ -90,3 +106,6 @@ class StdlibText(DataModule):
 
     def val_dataset(self) -> Dataset:
         return TokenBlocks(self._splits[1], self.block_size)
+
+    def test_dataset(self) -> Dataset | None:
+        return TokenBlocks(self._splits[2], self.block_size) if self.has_test_split else None

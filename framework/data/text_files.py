@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import Dataset
 
 from framework.config.resolvers import BYTES, tokenizer_file
-from framework.config.types import PositiveInt
+from framework.config.types import NonNegativeInt, PositiveInt
 from framework.data.base import DataModule
 from framework.errors import ConfigError
 
@@ -82,6 +82,16 @@ class Tokenizer:
         if self._tokenizer is None:
             return [list(text.encode("utf-8")) for text in texts]
         return [e.ids for e in self._tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of token ids (bytes that are not valid UTF-8 become U+FFFD)."""
+        if self._tokenizer is None:
+            return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+        return self._tokenizer.decode(ids, skip_special_tokens=False)
+
+    @property
+    def vocab_size(self) -> int:
+        return 256 if self._tokenizer is None else self._tokenizer.get_vocab_size()
 
 
 @functools.lru_cache(maxsize=4)
@@ -184,13 +194,15 @@ class TextFiles(DataModule):
     """Local text files as token blocks (packing) or padded rows."""
 
     def __init__(self, files: str | list[str], val_files: str | list[str] | None = None, val_percent: PositiveInt = 5,
-                 format: str | None = None, text_field: str = "text", text_unit: str = "document",
+                 test_files: str | list[str] | None = None, test_percent: NonNegativeInt = 0, format: str | None = None, text_field: str = "text", text_unit: str = "document",
                  tokenizer: str = BYTES, block_size: PositiveInt = 128, packing: bool = True, add_eos: bool = True,
                  cache_dir: str | None = None, num_proc: PositiveInt | None = None, **loader):
         """files: glob patterns of the training files (and of the validation files too, unless
         val_files is given); val_files: patterns of separate validation files; val_percent: share
         of rows held out for validation when val_files is null (a fixed split, by a hash of the
-        row number; at least one row); format: text, json (JSON lines), parquet or csv (null: from the suffix);
+        row number; at least one row); test_files: patterns of separate test files; test_percent:
+        share of rows held out for testing when test_files is null (the next buckets of the same
+        hash; 0 and no test_files: the data has no test split); format: text, json (JSON lines), parquet or csv (null: from the suffix);
         text_field: the column holding the text (json, parquet, csv); text_unit: one sample of a
         plain-text file is a document (the whole file), a paragraph or a line; tokenizer: bytes
         (256 ids, no file) or a tokenizer.json / a directory holding one; block_size: tokens per
@@ -204,9 +216,14 @@ class TextFiles(DataModule):
             raise ConfigError(f"data.text_unit={text_unit!r}: choose one of {', '.join(TEXT_UNITS)}.")
         if not 0 < val_percent < 100:
             raise ConfigError(f"data.val_percent={val_percent}: must be between 1 and 99.")
+        if not test_files and val_percent + test_percent >= 100:
+            raise ConfigError(f"data.test_percent={test_percent}: with data.val_percent={val_percent} no row is left to "
+                              "train on; keep their sum below 100, or give data.test_files.")
         self.files = expand(files, "data.files")
         self.val_files = expand(val_files, "data.val_files") if val_files else None
-        self.format = file_format(self.files + (self.val_files or []), format, "data.files")
+        self.test_files = expand(test_files, "data.test_files") if test_files else None
+        self.test_percent = 0 if self.test_files else test_percent
+        self.format = file_format(self.files + (self.val_files or []) + (self.test_files or []), format, "data.files")
         self.text_field = text_field
         self.text_unit = text_unit
         self.val_percent = val_percent
@@ -221,7 +238,8 @@ class TextFiles(DataModule):
     def problems(self) -> list[str]:
         """Each file opened: empty files, rows that do not parse, a text_field the rows lack."""
         found = []
-        for key, files in (("data.files", self.files), ("data.val_files", self.val_files or [])):
+        for key, files in (("data.files", self.files), ("data.val_files", self.val_files or []),
+                           ("data.test_files", self.test_files or [])):
             empty = [f for f in files if os.path.getsize(f) == 0]
             if self.format == "text":
                 if files and len(empty) == len(files):
@@ -269,28 +287,51 @@ class TextFiles(DataModule):
         return table.map(shape, batched=True, batch_size=1000, remove_columns=table.column_names,
                          num_proc=self.num_proc)
 
+    @property
+    def has_test_split(self) -> bool:
+        return bool(self.test_files) or self.test_percent > 0
+
+    def _held_out_rows(self, count: int) -> tuple[list[int], list[int], list[int]]:
+        """(train, val, test) row numbers of `files`: a fixed split by a hash of the row number
+        (val: the first val_percent buckets, unless val_files is given; test: the next
+        test_percent); a small data set still holds out one row for each split it needs."""
+        buckets = [zlib.crc32(str(i).encode()) % 100 for i in range(count)]
+        val_cut = 0 if self.val_files else self.val_percent
+        test_cut = val_cut + self.test_percent
+        val = [i for i, b in enumerate(buckets) if b < val_cut]
+        test = [i for i, b in enumerate(buckets) if val_cut <= b < test_cut]
+        by_bucket = sorted(range(count), key=buckets.__getitem__)
+        if val_cut and not val and count > 1:
+            val = by_bucket[:1]
+        if test_cut > val_cut and not test and count > 2:
+            test = [i for i in by_bucket if i not in val][:1]
+        held = set(val) | set(test)
+        return [i for i in range(count) if i not in held], val, test
+
     @cached_property
     def _splits(self):
         table = self._load(self.files, "data.files")
-        if self.val_files:
-            train, val = table, self._load(self.val_files, "data.val_files")
-        else:
-            buckets = [zlib.crc32(str(i).encode()) % 100 for i in range(len(table))]
-            val_rows = [i for i, b in enumerate(buckets) if b < self.val_percent]
-            if not val_rows and len(buckets) > 1:  # a small data set still holds out one row
-                val_rows = [min(range(len(buckets)), key=buckets.__getitem__)]
-            train_rows = [i for i in range(len(buckets)) if i not in set(val_rows)]
-            if not val_rows or not train_rows:
-                raise ConfigError(f"data.files: {len(table)} row(s) of text ({self.format}, text_unit={self.text_unit})"
-                                  f" are too few to hold out {self.val_percent}% for validation: add files, give "
-                                  "data.val_files, or split plain text finer (data.text_unit=paragraph or line).")
-            train, val = table.select(train_rows), table.select(val_rows)
-        train, val = self._process(train), self._process(val)
-        for name, split in (("training", train), ("validation", val)):
+        train_rows, val_rows, test_rows = self._held_out_rows(len(table))
+        needs = [(not self.val_files, val_rows, f"{self.val_percent}% for validation"),
+                 (self.test_percent > 0, test_rows, f"{self.test_percent}% for testing")]
+        wanted = [what for needed, _, what in needs if needed]
+        short = [what for needed, rows, what in needs if needed and not rows]
+        if short or not train_rows:
+            raise ConfigError(f"data.files: {len(table)} row(s) of text ({self.format}, text_unit={self.text_unit})"
+                              f" are too few to hold out {' and '.join(short or wanted)} and "
+                              "train on the rest: add files, give data.val_files / data.test_files, or split plain "
+                              "text finer (data.text_unit=paragraph or line).")
+        val = self._load(self.val_files, "data.val_files") if self.val_files else table.select(val_rows)
+        test = (self._load(self.test_files, "data.test_files") if self.test_files
+                else table.select(test_rows) if self.test_percent else None)
+        splits = {"training": self._process(table.select(train_rows)), "validation": self._process(val)}
+        if test is not None:
+            splits["test"] = self._process(test)
+        for name, split in splits.items():
             if len(split) == 0:
                 raise ConfigError(f"data: the {name} text makes no sample of data.block_size={self.block_size} "
                                   "tokens; add text or lower data.block_size.")
-        return TokenRows(train), TokenRows(val)
+        return tuple(TokenRows(split) for split in splits.values()) + ((None,) if test is None else ())
 
     def prepare_data(self) -> None:
         """Read, tokenise and pack once into the `datasets` cache (one process per node runs it first)."""
@@ -301,6 +342,9 @@ class TextFiles(DataModule):
 
     def val_dataset(self) -> Dataset:
         return self._splits[1]
+
+    def test_dataset(self) -> Dataset | None:
+        return self._splits[2]
 
     def collate(self):
         return None if self.packing else PadCollate(self.tokenizer.pad_id)

@@ -28,12 +28,12 @@ from framework.config.trust import ENV_ALLOW, user_allowed
 from framework.errors import UserError
 from framework.launch.oom import OomWatch
 from framework.loop.preemption import Preempted
-from framework.loop.state import FitResult
+from framework.loop.state import FitResult, Stage
 from framework.signals import signal_number
 from framework.trainer import train_worker
 
 
-def worker_entry(config: dict, output_dir: str, threads: int, failure_dir: str, trusted: list[str]):
+def worker_entry(config: dict, output_dir: str, threads: int, failure_dir: str, trusted: list[str], stage: Stage):
     """Module-level (picklable) entry of every worker process. `trusted`: the prefixes the user
     allowed in the launching process (a forkserver started earlier has an older environment)."""
     os.environ[ENV_ALLOW] = ",".join(trusted)
@@ -42,7 +42,7 @@ def worker_entry(config: dict, output_dir: str, threads: int, failure_dir: str, 
 
     (Path(failure_dir) / f"pid{os.environ.get('RANK', 0)}").write_text(str(os.getpid()))  # for SignalForwarder
     try:
-        return train_worker(config, output_dir)
+        return train_worker(config, output_dir, stage)
     except UserError as err:  # returned (pickled) and re-raised by the launching process: exit code 2
         return err
     except BaseException as err:
@@ -108,7 +108,7 @@ def _continue(failure_dir: Path, rank: int) -> None:
         pass
 
 
-def launch_local_workers(config: dict, output_dir: Path, plugins, nproc: int) -> FitResult:
+def launch_local_workers(config: dict, output_dir: Path, plugins, nproc: int, stage: Stage = Stage()) -> FitResult:
     """Run `nproc` workers on this node and return rank zero's result (a user error any rank
     returned is raised here, as the user's error)."""
     # Worker failures are reported once, by WorkerFailed, not again by the agent's own logging.
@@ -136,7 +136,7 @@ def launch_local_workers(config: dict, output_dir: Path, plugins, nproc: int) ->
     oom_watch = OomWatch()
     try:
         results = elastic_launch(launch_config, worker_entry)(config, str(output_dir), threads, str(failure_dir),
-                                                              user_allowed())
+                                                              user_allowed(), stage)
     except ChildFailedError as err:
         raise WorkerFailed(err, failure_dir, oom_watch.kills(), oom_watch.limit) from None
     except SignalException as err:

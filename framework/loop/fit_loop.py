@@ -12,21 +12,23 @@ from types import SimpleNamespace
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from framework.callbacks.checkpoint import ModelCheckpoint
 from framework.checkpoint.format import begin_checkpoint, finalize_checkpoint, is_sharded, load_checkpoint_files
+from framework.checkpoint.load import checkpoint_to_evaluate, load_model_weights
 from framework.checkpoint.rng import rng_state, set_rng_state
-from framework.checkpoint.weights import fit_saved_state, is_weights_file, load_error_summary, read_weights
+from framework.checkpoint.weights import fit_saved_state, is_weights_file, load_error_summary
 from framework.checkpoint_io.dcp_reader import STATE_DIR
 from framework.console import announce_if_slow
 from framework.data.loaders import batches_yielded, skip_to
 from framework.errors import CheckpointError, ConfigError
-from framework.loop.evaluation import evaluate
+from framework.loop.evaluation import score
 from framework.loop.state import FitResult, LoopState, Preemption
 
 
 class FitLoop:
     def __init__(self, *, strategy, task, model, optimizer, scheduler, scheduler_interval: str,
                  train_loader, val_loader, trainer, callbacks: dict, loggers: list, output_dir: Path,
-                 run_meta: dict, preemption=None, manual=None):
+                 run_meta: dict, preemption=None, manual=None, test_loader=None):
         self.strategy = strategy
         self.manual = manual  # a ManualOptimization when the task steps its optimizers itself
         self.task = task
@@ -36,6 +38,7 @@ class FitLoop:
         self.scheduler_interval = scheduler_interval
         self.train_loader = train_loader
         self.val_loader = val_loader
+        self.test_loader = test_loader  # given when trainer.test_at_end: the best checkpoint is tested after fit
         # Read on every step: plain attributes, not OmegaConf nodes (each node access costs
         # tens of microseconds, which a tiny model's step notices).
         self.trainer = _plain(trainer)
@@ -90,9 +93,10 @@ class FitLoop:
             self.validate()
         self._hook("on_fit_end")
         self._finalize_checkpoint(wait=True)
+        tested = self.test_best() if self.test_loader is not None else None
         for logger in self.loggers:
             logger.finalize()
-        return FitResult(dict(self.state.metrics))
+        return FitResult(dict(self.state.metrics), tested=tested)
 
     def _done(self) -> bool:
         t, s = self.trainer, self.state
@@ -227,14 +231,33 @@ class FitLoop:
 
     # ---- validation ---------------------------------------------------------------------
     def validate(self) -> dict[str, float]:
-        totals = evaluate(self.strategy, self.model, self.val_loader, self.task.validation_step)
-        if not totals:
-            raise ConfigError("data: the validation set gives no batches; give data a validation split with samples.")
-        metrics = {f"val/{k}": v for k, v in self.task.compute_metrics(totals).items()}
+        metrics = score(self.strategy, self.task, self.model, self.val_loader, "val")
         self.log_metrics(metrics)
         self.state.last_val_step = self.state.step
         self._hook("on_validation_end", metrics)
         return metrics
+
+    # ---- test at the end of fit ----------------------------------------------------------
+    def test_best(self) -> dict:
+        """Collective: score the test split with the best checkpoint's weights (by the checkpoint
+        callback's monitor; the newest without one; the final weights when the run saved none),
+        log the metrics as test/<name> and return what was tested."""
+        strategy = self.strategy
+        checkpoint = next((cb for cb in self.callbacks.values() if isinstance(cb, ModelCheckpoint)), None)
+        chosen, why = None, "the final weights: the run saved no checkpoint"
+        if checkpoint is not None and strategy.is_global_zero:
+            info, reason = checkpoint_to_evaluate(self.checkpoint_dir, checkpoint.monitor, checkpoint.mode)
+            if info is not None:
+                chosen, why = (str(info.path), info.step), reason
+        chosen, why = strategy.broadcast((chosen, why)) if strategy.world_size > 1 else (chosen, why)
+        path, step = chosen if chosen is not None else (None, self.state.step)
+        if path is not None and step != self.state.step:  # the final weights are in the model already
+            load_model_weights(strategy, self.model, Path(path))
+        self.say(f"testing {path or 'the final weights'} (step {step}: {why})")
+        metrics = score(strategy, self.task, self.model, self.test_loader, "test")
+        self.log_metrics(metrics)
+        self._hook("on_test_end", metrics)
+        return {"checkpoint": path, "step": step, "chosen": why, "metrics": metrics}
 
     # ---- checkpoints --------------------------------------------------------------------
     def save_checkpoint(self) -> None:
@@ -295,10 +318,7 @@ class FitLoop:
     def restore(self, path: Path) -> None:
         strategy = self.strategy
         if is_weights_file(Path(path)):  # plain weights: mapped, each rank copying its own part
-            try:
-                strategy.load_model_state_dict(self.model, self._fit(read_weights(Path(path))))
-            except (RuntimeError, KeyError, ValueError) as err:
-                raise CheckpointError(f"{path} does not fit this model ({load_error_summary(err)}).") from err
+            load_model_weights(strategy, self.model, Path(path))
             self.say(f"initialised the weights from {path} (weights only: a fresh optimizer, step 0)")
             return
         meta, objects = load_checkpoint_files(strategy.checkpoint_io, Path(path), strategy.global_rank)

@@ -5,6 +5,16 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
+class Stage:
+    """What the processes of a run do: fit (train; test at the end with trainer.test_at_end), test
+    (score ckpt_path on the test split) or predict (write one row per sample of `split`)."""
+
+    name: str = "fit"
+    split: str = "test"
+    """predict: the data split whose samples get a row."""
+
+
+@dataclass(frozen=True)
 class Preemption:
     """The run stopped for a signal after saving a checkpoint at `step`."""
 
@@ -18,6 +28,9 @@ class FitResult:
 
     metrics: dict[str, float]
     preempted: Preemption | None = None
+    tested: dict | None = None
+    """What `trainer.test_at_end` (or `framework test`) scored: checkpoint, step, why it was
+    chosen, and the test metrics."""
 
 
 @dataclass

@@ -9,6 +9,27 @@ from framework.config.types import NonNegativeFloat, PositiveInt
 from framework.errors import ConfigError
 
 
+class KVCache:
+    """Every layer's keys and values of the positions seen so far, so that generating a token
+    attends to them instead of recomputing the whole prefix (framework/generation/decode.py).
+    Preallocated for `capacity` positions; `length` counts the positions filled."""
+
+    def __init__(self, n_layer: int, batch: int, n_head: int, head_dim: int, capacity: int,
+                 dtype: torch.dtype, device: torch.device):
+        shape = (n_layer, batch, n_head, capacity, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.capacity = capacity
+        self.length = 0
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store one layer's keys and values of the new positions; returns those of every position."""
+        end = self.length + k.shape[2]
+        self.keys[layer, :, :, self.length:end] = k
+        self.values[layer, :, :, self.length:end] = v
+        return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, n_embd: int, n_head: int, dropout: float):
         super().__init__()
@@ -18,11 +39,19 @@ class CausalSelfAttention(nn.Module):
         self.dropout = dropout
         self.resid_drop = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         b, t, c = x.shape
         q, k, v = self.qkv(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+        mask, causal = None, True
+        if cache is not None and cache.length:  # new positions after cached ones: each sees the cache and
+            k, v = cache.append(layer, k, v)    # the new positions up to itself
+            causal = False
+            if t > 1:
+                mask = torch.ones(t, k.shape[2], dtype=torch.bool, device=x.device).tril(diagonal=cache.length)
+        elif cache is not None:
+            cache.append(layer, k, v)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
                                            dropout_p=self.dropout if self.training else 0.0)
         return self.resid_drop(self.proj(y.transpose(1, 2).reshape(b, t, c)))
 
@@ -38,8 +67,8 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(n_embd, 4 * n_embd), nn.GELU(), nn.Linear(4 * n_embd, n_embd),
                                  nn.Dropout(dropout))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x), cache, layer)
         return x + self.mlp(self.ln2(x))
 
 
@@ -73,14 +102,26 @@ class GPT(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                cache: KVCache | None = None) -> torch.Tensor:
         """Logits (B, T, vocab). `attention_mask` (padded dict batches) needs no use: attention is
-        causal and padding ends a row, so no real token attends to it (its labels are -100)."""
+        causal and padding ends a row, so no real token attends to it (its labels are -100).
+        `cache` (generation): input_ids are the positions after those cached, and are cached too."""
         t = input_ids.shape[1]
-        if t > self.block_size:
-            raise ValueError(f"sequence of {t} tokens exceeds model.block_size={self.block_size}")
-        pos = torch.arange(t, device=input_ids.device)
+        start = cache.length if cache is not None else 0
+        if start + t > self.block_size:
+            raise ValueError(f"sequence of {start + t} tokens exceeds model.block_size={self.block_size}")
+        pos = torch.arange(start, start + t, device=input_ids.device)
         x = self.drop(self.tok_emb(input_ids) + self.pos_emb(pos))
-        for block in self.blocks:
-            x = block(x)
+        for layer, block in enumerate(self.blocks):
+            x = block(x, cache, layer) if cache is not None else block(x)
+        if cache is not None:
+            cache.length += t
         return self.head(self.ln_f(x))
+
+    def new_cache(self, batch: int = 1) -> KVCache:
+        """An empty KV cache for `batch` sequences of up to block_size positions."""
+        attn = self.blocks[0].attn
+        weight = attn.qkv.weight
+        return KVCache(len(self.blocks), batch, attn.n_head, weight.shape[1] // attn.n_head, self.block_size,
+                       weight.dtype, weight.device)

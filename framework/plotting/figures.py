@@ -3,12 +3,17 @@
 Drawn with matplotlib's Agg backend (no display needed) and written as PNG. Which panels a figure
 has follows from the metrics the runs logged: loss (train and val) against step, and against
 training tokens (or samples) when that count was logged; learning rate; gradient norm;
-throughput. Runs are told apart by colour; the legend names what differs between them.
+throughput; then a panel for every other metric (accuracy, F1, a GAN's losses, memory...), its
+train, val and test values together. `metrics` (fnmatch patterns of a metric's name, with or
+without its train/, val/ or test/ prefix) chooses panels. Runs are told apart by colour; the
+legend names what differs between them.
 """
 from __future__ import annotations
 
 import math
+import re
 import textwrap
+from fnmatch import fnmatch
 from pathlib import Path
 
 import numpy as np
@@ -18,12 +23,45 @@ from framework.plotting.run_data import Run, Sweep, differing_overrides
 
 # (panel title, y label, metric keys drawn in it and their line styles, log-scale y)
 PANELS = [
-    ("loss", "loss", [("train/loss", "-"), ("val/loss", "--")], False),
+    ("loss", "loss", [("train/loss", "-"), ("val/loss", "--"), ("test/loss", "*")], False),
     ("learning rate", "learning rate", [("lr/pg0", "-")], False),
     ("gradient norm", "grad norm (before clipping)", [("train/grad_norm", "-")], False),
     ("throughput", "{unit} / s", [("train/tokens_per_s", "-"), ("train/samples_per_s", "-")], False),
 ]
 ITEM_COUNTS = ("train/tokens", "train/samples")  # cumulative counts, for loss against tokens
+NOT_DRAWN = (*ITEM_COUNTS, "train/skipped_step", "train/loss_scale")
+STAGE_STYLES = {"train": "-", "val": "--", "test": "*"}  # a test is one point, at the step it scored
+
+
+def _base_name(key: str) -> str:
+    stage, _, rest = key.partition("/")
+    return rest if stage in STAGE_STYLES and rest else key
+
+
+def _group(key: str) -> str:
+    """The panel a metric goes to: its name without stage prefix and per-class suffix (recall/3)."""
+    return re.sub(r"/\d+$", "", _base_name(key))
+
+
+def metric_panels(runs: list[Run]) -> list[tuple]:
+    """A panel for every logged metric the fixed panels do not draw: train/x, val/x and test/x in one."""
+    drawn = {key for _, _, keys, _ in PANELS for key, _ in keys} | set(NOT_DRAWN)
+    groups: dict[str, list[str]] = {}
+    stages = list(STAGE_STYLES)
+    for key in sorted({k for run in runs for k in run.series} - drawn,  # train, val, test; classes in order
+                      key=lambda k: (_group(k), stages.index(k.split("/")[0]) if k.split("/")[0] in stages else -1,
+                                     int(k.rsplit("/", 1)[1]) if k.rsplit("/", 1)[-1].isdigit() else 0, k)):
+        groups.setdefault(_group(key), []).append(key)
+    return [(name, name, [(key, STAGE_STYLES.get(key.split("/")[0], "-")) for key in keys], False)
+            for name, keys in groups.items()]
+
+
+def chosen(panels: list[tuple], patterns: list[str] | None) -> list[tuple]:
+    """The panels one of whose metrics (by full name or without its stage prefix) matches a pattern."""
+    if not patterns:
+        return panels
+    return [p for p in panels if any(fnmatch(name, pattern) for key, _ in p[2] for name in (key, _base_name(key))
+                                     for pattern in patterns)]
 
 
 def matplotlib_or_error():
@@ -42,22 +80,25 @@ def _short(label: str, width: int = 70) -> str:
     return label if len(label) <= width else label[: width - 3] + "..."
 
 
-def runs_figure(runs: list[Run], out: Path, title: str | None = None) -> Path:
+def runs_figure(runs: list[Run], out: Path, title: str | None = None, metrics: list[str] | None = None) -> Path:
     """`draw_runs` written as a PNG."""
-    return _save(draw_runs(runs, title), out)
+    return _save(draw_runs(runs, title, metrics), out)
 
 
-def draw_runs(runs: list[Run], title: str | None = None):
-    """One figure of every panel some run has data for; each run one colour."""
+def draw_runs(runs: list[Run], title: str | None = None, metrics: list[str] | None = None):
+    """One figure of every panel some run has data for (those `metrics` chooses); each run one colour."""
     plt = matplotlib_or_error()
     panels = [p for p in PANELS if any(key in run.series for run in runs for key, _ in p[2])]
     counts = next((c for c in ITEM_COUNTS if any(c in run.series for run in runs)), None)
     if counts and any("train/loss" in run.series for run in runs):
         panels.insert(1, (f"loss against {counts.split('/')[1]}", "loss", [("train/loss", "-"), ("val/loss", "--")],
                           False))
+    logged = sorted({k for run in runs for k in run.series})
+    panels = chosen(panels + metric_panels(runs), metrics)
     if not panels:
-        raise UserError(f"nothing to draw: {', '.join(str(r.path) for r in runs)} logged none of "
-                        f"{', '.join(k for p in PANELS for k, _ in p[2])}.")
+        wanted = f" matching {', '.join(metrics)}" if metrics else ""
+        raise UserError(f"nothing to draw{wanted}: {', '.join(str(r.path) for r in runs)} logged "
+                        f"{', '.join(logged) or 'no metric'}.")
     columns = 2 if len(panels) > 1 else 1
     rows = math.ceil(len(panels) / columns)
     fig, axes = plt.subplots(rows, columns, figsize=(6.4 * columns, 3.6 * rows + 0.9), squeeze=False)
@@ -68,7 +109,9 @@ def draw_runs(runs: list[Run], title: str | None = None):
         against_items = panel_title.startswith("loss against")
         for run_index, run in enumerate(runs):
             colour = colours[run_index % len(colours)]
-            for key, style in keys:
+            for key_index, (key, style) in enumerate(keys):
+                if len(runs) == 1 and len(keys) > 3:  # one run's many lines (per class): a colour each
+                    colour = colours[key_index % len(colours)]
                 points = run.series.get(key)
                 if not points:
                     continue
@@ -77,8 +120,9 @@ def draw_runs(runs: list[Run], title: str | None = None):
                     xs = _items_at(run, counts, xs)
                     if xs is None:
                         continue
-                ax.plot(xs, ys, style, color=colour, marker="o" if len(points) < 4 else None, markersize=3,
-                        label=f"{key.split('/')[0]}" if len(runs) == 1 else None)
+                marker = "*" if style == "*" else "o" if len(points) < 4 else None
+                ax.plot(xs, ys, style.replace("*", ""), color=colour, marker=marker, markersize=7 if style == "*" else 3,
+                        label=(key if len(keys) > 3 else key.split("/")[0]) if len(runs) == 1 else None)
         ax.set_title(panel_title)
         ax.set_xlabel(counts.split("/")[1] if against_items else "step")
         unit = next((k.split("/")[1].removesuffix("_per_s") for k, _ in keys if any(k in r.series for r in runs)), "")
@@ -87,7 +131,7 @@ def draw_runs(runs: list[Run], title: str | None = None):
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
         if len(runs) == 1 and len([k for k, _ in keys if k in runs[0].series]) > 1:
-            ax.legend(fontsize=8)
+            ax.legend(fontsize=8 if len(keys) <= 6 else 6, ncol=1 if len(keys) <= 6 else 2)
     for index in range(len(panels), rows * columns):
         axes[index // columns][index % columns].axis("off")
     if len(runs) > 1:  # one legend for the figure: a colour per run, named by what differs

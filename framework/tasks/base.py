@@ -15,6 +15,12 @@ class Task(ABC):
       reduces them with one all-reduce and then calls
     - `compute_metrics(sums)`, which turns the totals into the reported metrics (loss,
       perplexity, accuracy...). Metric names get a `val/` prefix when logged.
+    - `test_step(model, batch)` scores the test split the same way (`framework test`,
+      `trainer.test_at_end`); by default it is the validation step, and its metrics, from the
+      same `compute_metrics`, get a `test/` prefix.
+    - `predict_step(model, batch)` (`framework predict`) returns what the task predicts for each
+      sample of the batch: a dict of tensors whose first dimension is the batch (a class and its
+      probabilities; a sequence's loss). One row per sample is written, in the data's order.
     - `batch_size(batch)` counts samples for throughput.
 
     Manual optimization (several optimizers, e.g. a GAN): set `automatic_optimization = False`,
@@ -42,9 +48,22 @@ class Task(ABC):
     def validation_step(self, model: torch.nn.Module, batch) -> dict[str, torch.Tensor]:
         """Per-batch sums to accumulate (float tensors)."""
 
+    def test_step(self, model: torch.nn.Module, batch) -> dict[str, torch.Tensor]:
+        """Per-batch sums on the test split; by default the validation step's."""
+        return self.validation_step(model, batch)
+
+    def predict_step(self, model: torch.nn.Module, batch) -> dict[str, torch.Tensor]:
+        """Per-sample predictions {name: tensor of shape (B, ...)}; a task without one cannot be
+        used with `framework predict` (refused before launch)."""
+        raise NotImplementedError(f"{type(self).__name__} defines no predict_step")
+
+    @property
+    def can_predict(self) -> bool:
+        return type(self).predict_step is not Task.predict_step
+
     @abstractmethod
     def compute_metrics(self, sums: dict[str, torch.Tensor]) -> dict[str, float]:
-        """Metrics from the totals of every validation batch on every rank."""
+        """Metrics from the totals of every validation (or test) batch on every rank."""
 
     def batch_size(self, batch) -> int:
         first = batch[0] if isinstance(batch, (list, tuple)) else next(iter(batch.values()))

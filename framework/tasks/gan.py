@@ -55,6 +55,15 @@ class GANTask(Task):
         return {"d_loss": d_loss.double(), "g_loss": g_loss.double(), "distance": distance.double(),
                 "count": torch.tensor(float(real.shape[0]), dtype=torch.float64, device=real.device)}
 
+    def predict_step(self, model, batch) -> dict[str, torch.Tensor]:
+        """For each point: the discriminator's probability that it is real, and a generated
+        point (from noise seeded by the batch size, as validation's) beside it."""
+        (real,) = batch
+        g = torch.Generator().manual_seed(real.shape[0])
+        noise = torch.randn(real.shape[0], self.noise_dim, generator=g).to(real.device, real.dtype)
+        fake, _, real_logits = model(noise, real)
+        return {"real_probability": real_logits.float().sigmoid().reshape(-1), "generated": fake.float()}
+
     def compute_metrics(self, sums) -> dict[str, float]:
         n = sums["count"]
         return {"d_loss": (sums["d_loss"] / n).item(), "g_loss": (sums["g_loss"] / n).item(),

@@ -20,6 +20,7 @@ from torch.nn import functional as F
 
 from framework.errors import ConfigError
 from framework.tasks.base import Task
+from framework.tasks.metrics import Metrics
 
 IGNORE_INDEX = -100
 
@@ -55,6 +56,12 @@ class LanguageModeling(Task):
 
     throughput_unit = "tokens"
 
+    def __init__(self, metrics: list | None = None):
+        """metrics: torchmetrics metrics over the scored tokens besides loss and perplexity, e.g.
+        [{metric: MulticlassAccuracy, top_k: 5, name: top5_accuracy}] (framework/tasks/metrics.py;
+        num_classes: the vocabulary)."""
+        self.metrics = Metrics(metrics)
+
     def training_step(self, model, batch) -> torch.Tensor:
         logits, targets = logits_and_targets(model, batch)
         return F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX)
@@ -62,11 +69,26 @@ class LanguageModeling(Task):
     def validation_step(self, model, batch) -> dict[str, torch.Tensor]:
         logits, targets = logits_and_targets(model, batch)
         loss_sum = F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")
-        return {"loss_sum": loss_sum.double(), "tokens": (targets != IGNORE_INDEX).sum().double()}
+        sums = {"loss_sum": loss_sum.double(), "tokens": (targets != IGNORE_INDEX).sum().double()}
+        if self.metrics:
+            scored = targets != IGNORE_INDEX
+            sums.update(self.metrics.batch_sums(logits[scored] if not logits.is_meta else logits, targets[scored]
+                                                if not targets.is_meta else targets))
+        return sums
+
+    def predict_step(self, model, batch) -> dict[str, torch.Tensor]:
+        """Each sequence's mean next-token loss over its scored tokens, its perplexity, and the
+        number of tokens scored."""
+        tokens = batch["input_ids"] if isinstance(batch, Mapping) else batch[0]
+        logits, targets = logits_and_targets(model, batch)
+        losses = F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="none").view(tokens.shape[0], -1)
+        counts = (targets != IGNORE_INDEX).view(tokens.shape[0], -1).sum(dim=1)
+        loss = losses.sum(dim=1) / counts.clamp(min=1)
+        return {"loss": loss, "perplexity": loss.clamp(max=50.0).exp(), "tokens": counts}
 
     def compute_metrics(self, sums) -> dict[str, float]:
         loss = (sums["loss_sum"] / sums["tokens"].clamp(min=1)).item()
-        return {"loss": loss, "perplexity": math.exp(min(loss, 50.0))}
+        return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), **self.metrics.compute(sums)}
 
     def batch_size(self, batch) -> int:
         """Tokens in the batch (padding included: counting the mask would cost a device sync)."""

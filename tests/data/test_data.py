@@ -24,27 +24,44 @@ def test_stdlib_corpus_is_deterministic_and_split_by_file():
     assert str(files[0]).startswith(sysconfig.get_paths()["stdlib"])
 
 
+def _rows(dataset) -> set[tuple]:
+    return {tuple(x.tolist()) + (int(y),) for x, y in dataset}
+
+
 def test_digits_split():
     d = Digits()
-    train, val = d.train_dataset(), d.val_dataset()
-    assert len(train) + len(val) == 1797 and len(val) == 360
+    train, val, test = d.train_dataset(), d.val_dataset(), d.test_dataset()
+    assert (len(train), len(val), len(test)) == (1077, 360, 360) and d.has_test_split
     x, y = val[0]
     assert x.shape == (64,) and 0.0 <= x.min() and x.max() <= 1.0 and 0 <= y <= 9
+    assert len(_rows(test) & _rows(val)) <= 1 and len(_rows(test) & _rows(train)) <= 2  # a few images repeat in sklearn's set
+    assert sorted(int(y) for _, y in test) != [0] * 360 and len({int(y) for _, y in test}) == 10
+    none = Digits(test_every_nth=None)
+    assert not none.has_test_split and none.test_dataset() is None and len(none.train_dataset()) == 1437
+
+
+def test_stdlib_text_test_split_is_its_own_files():
+    d = StdlibText(max_bytes=400_000, block_size=16)
+    train, val, test = (s.tokens for s in (d.train_dataset(), d.val_dataset(), d.test_dataset()))
+    total = len(train) + len(val) + len(test)
+    assert 0.03 < len(test) / total < 0.3 and total <= 400_000
+    assert StdlibText(max_bytes=400_000, block_size=16, test_percent=0).test_dataset() is None
+    assert torch.equal(StdlibText(max_bytes=400_000, block_size=16, test_percent=0).val_dataset().tokens, val)
 
 
 def test_loader_resumes_mid_epoch():
     d = Digits(batch_size=100)
     strategy = SingleDeviceStrategy()
-    loader = build_loader(d, strategy, train=True, seed=5)
+    loader = build_loader(d, strategy, "train", seed=5)
     loader.sampler.set_epoch(3)
     it = iter(loader)
     next(it), next(it)
     state = loader.state_dict()
     rest = [y.tolist() for _, y in it]
-    again = build_loader(d, strategy, train=True, seed=5)
+    again = build_loader(d, strategy, "train", seed=5)
     again.load_state_dict(state)
     again.sampler.set_epoch(3)
     assert [y.tolist() for _, y in again] == rest
     rng = torch.get_rng_state()
-    list(build_loader(d, strategy, train=False, seed=5))
+    list(build_loader(d, strategy, "val", seed=5))
     assert torch.equal(rng, torch.get_rng_state())  # loaders never draw from the global RNG

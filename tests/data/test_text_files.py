@@ -164,3 +164,20 @@ def test_problems_of_rows_that_do_not_parse_and_of_plain_text(tmp_path):
         f"data.files: every file is empty ({tmp_path / 't' / 'a.txt'}); give files with text."]
     (tmp_path / "t" / "b.txt").write_text("some text")
     assert TextFiles(files=str(tmp_path / "t" / "*.txt")).problems() == []  # an empty text file among others reads
+
+
+def test_a_test_split_is_held_out_by_percent_or_given_as_files(corpus):
+    tmp_path, texts = corpus
+    assert not data(tmp_path).has_test_split and data(tmp_path, block_size=32).test_dataset() is None
+    held = data(tmp_path, block_size=32, val_percent=10, test_percent=20)
+    buckets = [zlib.crc32(str(i).encode()) % 100 for i in range(40)]
+    test_rows = [i for i, b in enumerate(buckets) if 10 <= b < 30]
+    stream = b"".join(texts[i].encode() for i in test_rows)
+    assert held.has_test_split and held.test_dataset()[0]["input_ids"].tolist() == list(stream[:32])
+    train_rows = [i for i, b in enumerate(buckets) if b >= 30]
+    assert held.train_dataset()[0]["input_ids"].tolist() == list(b"".join(texts[i].encode() for i in train_rows)[:32])
+    given = data(tmp_path, files=str(tmp_path / "a" / "part1.jsonl"), test_files=str(tmp_path / "a" / "part2.jsonl"),
+                 block_size=32)
+    assert given.test_dataset()[0]["input_ids"].tolist() == list(b"".join(t.encode() for t in texts[20:])[:32])
+    with pytest.raises(ConfigError, match="data.test_percent=95: with data.val_percent=5 no row is left"):
+        data(tmp_path, test_percent=95)

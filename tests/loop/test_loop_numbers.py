@@ -31,14 +31,14 @@ def test_accumulating_k_micro_batches_equals_one_batch_k_times_larger(tmp_path):
 
 
 def test_max_epochs_and_short_last_accumulation_group(tmp_path):
-    """1437 training images / 64 = 22 batches (drop_last); accumulate=5 makes groups of
-    5,5,5,5,2, so one epoch is 5 optimizer steps and two epochs are 10."""
+    """1077 training images / 64 = 16 batches (drop_last); accumulate=5 makes groups of
+    5,5,5,1, so one epoch is 4 optimizer steps and two epochs are 8."""
     out = tmp_path / "run"
     run_inprocess([*DIGITS, "trainer.max_steps=null", "trainer.max_epochs=2", "trainer.accumulate=5",
                    "trainer.val_every=1000"], out)
-    assert checkpoints(out)[-1].name == "step_000010"
+    assert checkpoints(out)[-1].name == "step_000008"
     meta = json.loads((checkpoints(out)[-1] / "meta.json").read_text())
-    assert (meta["step"], meta["epoch"]) == (10, 2)
+    assert (meta["step"], meta["epoch"]) == (8, 2)
 
 
 def test_validation_totals_cover_the_whole_val_set_and_metrics_are_logged(tmp_path):
@@ -73,13 +73,13 @@ def test_objective_is_returned(tmp_path):
 
 
 def test_epoch_interval_scheduler_steps_once_per_epoch(tmp_path):
-    """22 batches per epoch; StepLR(step_size=1, gamma=0.5) per epoch halves the LR at 22 and 44."""
+    """16 batches per epoch; StepLR(step_size=1, gamma=0.5) per epoch halves the LR at 16 and 32."""
     out = tmp_path / "run"
     run_inprocess([*DIGITS, "trainer.max_steps=50", "trainer.log_every=1", "scheduler=step",
                    "scheduler.step_size=1", "optimizer.lr=0.01", "trainer.val_every=1000"], out)
     lr = {int(r["step"]): float(r["lr/pg0"]) for r in csv.DictReader(open(out / "metrics.csv")) if r.get("lr/pg0")}
-    assert lr[22] == pytest.approx(0.01) and lr[23] == pytest.approx(0.005)
-    assert lr[44] == pytest.approx(0.005) and lr[45] == pytest.approx(0.0025)
+    assert lr[16] == pytest.approx(0.01) and lr[17] == pytest.approx(0.005)
+    assert lr[32] == pytest.approx(0.005) and lr[33] == pytest.approx(0.0025)
 
 
 def test_deterministic_runs_repeat_exactly(tmp_path):

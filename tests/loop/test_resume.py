@@ -45,8 +45,8 @@ def test_crash_then_resume_auto_continues_exactly(tmp_path):
 
 
 def test_resume_across_an_epoch_boundary_with_ckpt_path(tmp_path):
-    """Digits: 22 batches per epoch, accumulate=3 -> 8 steps per epoch (the last group short).
-    The resume at step 5 is mid-epoch; the run continues through the boundary into epoch 2."""
+    """Digits: 16 batches per epoch, accumulate=3 -> 6 steps per epoch (the last group short).
+    The resume at step 5 is mid-epoch; the run continues through the boundaries into epoch 2."""
     base = [*DIGITS, "model.dropout=0.2", "trainer.accumulate=3", "trainer.val_every=4",
             "scheduler.total_steps=12", "callbacks.checkpoint.every_n_steps=5", "callbacks.checkpoint.keep_last_k=5"]
     straight, first = tmp_path / "straight", tmp_path / "first"

@@ -162,3 +162,24 @@ def test_a_sweep_of_4_jobs_gives_a_comparison_figure_and_hparams_for_4_runs(tmp_
         assert [m.name.tag for m in experiment.metric_infos] == ["val/loss"]
         last = events.Scalars("val/loss")[-1].value  # the value the dashboard shows for the metric
         assert last == pytest.approx(summaries[job]["objective_value"], rel=1e-6)
+
+
+def test_every_logged_metric_gets_a_panel_and_patterns_choose_them(tmp_path):
+    from framework.errors import UserError
+    from framework.plotting.run_data import Run
+
+    series = {"train/loss": [(1, 2.0), (2, 1.5)], "val/loss": [(0, 2.2), (2, 1.6)], "test/loss": [(2, 1.7)],
+              "val/accuracy": [(0, 0.1), (2, 0.8)], "test/accuracy": [(2, 0.78)], "val/f1_score": [(0, 0.1), (2, 0.7)],
+              **{f"val/recall/{c}": [(0, 0.1), (2, 0.5 + c / 10)] for c in range(4)}, "train/d_loss": [(1, 0.5)]}
+    run = Run(tmp_path, series)
+
+    def panels(figure) -> dict[str, list[str]]:
+        return {ax.get_title(): [line.get_label() for line in ax.get_lines()] for ax in figure.axes if ax.get_title()}
+
+    drawn = panels(draw_runs([run]))
+    assert set(drawn) == {"loss", "accuracy", "f1_score", "recall", "d_loss"}
+    assert drawn["loss"] == ["train", "val", "test"] and drawn["accuracy"] == ["val", "test"]
+    assert drawn["recall"] == [f"val/recall/{c}" for c in range(4)]  # classes in one panel, a line each
+    assert set(panels(draw_runs([run], metrics=["f1*", "val/acc*"]))) == {"accuracy", "f1_score"}
+    with pytest.raises(UserError, match="nothing to draw matching nope: .* logged test/accuracy, test/loss"):
+        draw_runs([run], metrics=["nope"])

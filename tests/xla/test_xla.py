@@ -6,6 +6,10 @@ and SPMD mode are fixed once it starts)."""
 from __future__ import annotations
 
 import csv
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -115,7 +119,7 @@ def test_refused_before_the_runtime_starts(tmp_path, overrides, message):
 
 
 RECIPE_STEPS = ["trainer.max_steps=4", "trainer.val_every=2", "trainer.log_every=1", "trainer.progress_bar=false",
-                "trainer.plot=false", "callbacks.checkpoint.every_n_steps=2"]
+                "trainer.plot=false", "callbacks.checkpoint.every_n_steps=2", "trainer.test_at_end=true"]
 # recipe, its validation metrics, how far the steps after the first may drift from the CPU's (the
 # adversarial game amplifies XLA's rounding: 1% in 4 steps; the first validation is the same weights)
 RECIPES = {
@@ -129,7 +133,8 @@ RECIPES = {
 @pytest.mark.parametrize("task", list(RECIPES))
 def test_every_task_validates_under_the_xla_strategies_as_on_the_cpu(tmp_path, task):
     """The classifier once died at its first validation under XLA (a float64 count made on the CPU,
-    summed with device tensors); every built-in task trains and validates under single_xla and
+    summed with device tensors); every built-in task trains, validates and tests (at the end, and
+    with `framework test` / `framework predict` on the CPU run's checkpoint) under single_xla and
     xla_fsdp, with the CPU's numbers within XLA's rounding."""
     recipe, metrics, drift = RECIPES[task]
     runs = {"cpu": ["accelerator=cpu", "strategy=single_device"], "single_xla": [*XLA, "strategy=single_xla"],
@@ -145,3 +150,23 @@ def test_every_task_validates_under_the_xla_strategies_as_on_the_cpu(tmp_path, t
             first, *later = values[name][key]
             assert first == pytest.approx(values["cpu"][key][0], rel=2e-3, abs=2e-3), (name, key)
             assert later == pytest.approx(values["cpu"][key][1:], rel=drift, abs=drift), (name, key)
+
+    tested = {name: json.loads((tmp_path / "outputs" / name / "test_metrics.json").read_text())["metrics"]
+              for name in runs}
+    assert set(tested["cpu"]) == {key.replace("val/", "test/") for key in metrics}
+    for name in ("single_xla", "xla_fsdp"):
+        assert tested[name] == pytest.approx(tested["cpu"], rel=drift, abs=drift), name
+    # the CPU run's checkpoint, tested and predicted under each XLA strategy: the same weights
+    for name, overrides in list(runs.items())[1:]:
+        result = subprocess.run([sys.executable, "-m", "framework", "test", "outputs/cpu", *overrides], cwd=tmp_path,
+                                env={**os.environ, "PJRT_DEVICE": "CPU"}, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, (name, result.stderr[-3000:])
+        record = json.loads((tmp_path / "outputs/cpu/test_metrics.json").read_text())
+        assert record["strategy"] == name
+        assert record["metrics"] == pytest.approx(tested["cpu"], rel=2e-3, abs=2e-3), name
+        predicted = subprocess.run([sys.executable, "-m", "framework", "predict", "outputs/cpu", *overrides,
+                                    "-o", f"{name}.jsonl"], cwd=tmp_path, env={**os.environ, "PJRT_DEVICE": "CPU"},
+                                   capture_output=True, text=True, timeout=300)
+        assert predicted.returncode == 0, (name, predicted.stderr[-3000:])
+        rows = [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+        assert [row["index"] for row in rows] == list(range(len(rows))) and len(rows) > 0

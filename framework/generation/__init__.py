@@ -1,0 +1,1 @@
+"""Text from a trained language model: sampling settings and the decoding loop (`framework generate`)."""

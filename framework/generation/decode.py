@@ -1,0 +1,106 @@
+"""The decoding loop: a prompt's token ids in, the generated ids out.
+
+Three kinds of model:
+- one with `new_cache()` (the built-in GPT): the prompt is run once (prefill) and each new token
+  attends to the cached keys and values of the earlier ones; past the model's context the window
+  slides and is recomputed (absolute positions cannot be shifted inside a cache);
+- a Hugging Face model (`.generate` and `.config`): transformers' own generate, which has its own
+  cache, with the same settings;
+- any other model returning logits: the whole (cropped) sequence recomputed per token.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from framework.generation.sampling import Sampling, next_tokens
+from framework.tasks.language_modeling import output_logits
+
+
+@dataclass
+class Generated:
+    ids: list[int]
+    """The new token ids (the prompt not included)."""
+    seconds: float
+    """Wall time of the generation (prefill included)."""
+    stopped_at_eos: bool
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.ids) / max(self.seconds, 1e-9)
+
+
+def is_hub_model(model) -> bool:
+    return callable(getattr(model, "generate", None)) and hasattr(model, "config")
+
+
+def context_length(model) -> int | None:
+    """The longest sequence the model takes (None: not known)."""
+    if hasattr(model, "block_size"):
+        return int(model.block_size)
+    config = getattr(model, "config", None)
+    for field in ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"):
+        value = getattr(config, field, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def vocabulary_size(model) -> int | None:
+    config = getattr(model, "config", None)
+    if isinstance(getattr(config, "vocab_size", None), int):
+        return config.vocab_size
+    embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else getattr(model, "tok_emb", None)
+    return getattr(embedding, "num_embeddings", None)
+
+
+@torch.no_grad()
+def generate(model, prompt: list[int], sampling: Sampling, eos_id: int | None = None,
+             use_cache: bool = True) -> Generated:
+    """Generate up to sampling.max_new_tokens after `prompt` (stopping after eos_id)."""
+    model.eval()
+    device = next(model.parameters()).device
+    generator = torch.Generator().manual_seed(sampling.seed)
+    start = time.perf_counter()
+    ids = torch.tensor([prompt], dtype=torch.long, device=device)
+    if is_hub_model(model):
+        new = _hub_generate(model, ids, sampling, eos_id, use_cache)
+    else:
+        new = _own_generate(model, ids, sampling, eos_id, generator, use_cache)
+    seconds = time.perf_counter() - start
+    stopped = eos_id is not None and bool(new) and new[-1] == eos_id
+    return Generated(new, seconds, stopped)
+
+
+def _own_generate(model, ids: torch.Tensor, sampling: Sampling, eos_id, generator, use_cache: bool) -> list[int]:
+    context = context_length(model)
+    cache = model.new_cache(1) if use_cache and hasattr(model, "new_cache") else None
+    new: list[int] = []
+    window = ids
+    for _ in range(sampling.max_new_tokens):
+        if cache is not None and cache.length + window.shape[1] <= cache.capacity:
+            logits = output_logits(model(window, cache=cache))[:, -1]
+        else:  # no cache, or past the context: recompute the last `context` tokens
+            cache = None
+            logits = output_logits(model(ids[:, -context:] if context else ids))[:, -1]
+        token = next_tokens(logits, sampling, generator)
+        new.append(int(token))
+        if eos_id is not None and new[-1] == eos_id:
+            break
+        window = token.view(1, 1)
+        ids = torch.cat([ids, window], dim=1)
+    return new
+
+
+def _hub_generate(model, ids: torch.Tensor, sampling: Sampling, eos_id, use_cache: bool) -> list[int]:
+    options = {"max_new_tokens": sampling.max_new_tokens, "do_sample": not sampling.greedy, "use_cache": use_cache,
+               "attention_mask": torch.ones_like(ids), "pad_token_id": eos_id if eos_id is not None else 0}
+    if eos_id is not None:
+        options["eos_token_id"] = eos_id
+    if not sampling.greedy:  # transformers draws from torch's global generator
+        options.update(temperature=sampling.temperature, top_k=sampling.top_k or 0, top_p=sampling.top_p or 1.0)
+        torch.manual_seed(sampling.seed)
+    out = model.generate(ids, **options)
+    return out[0, ids.shape[1]:].tolist()

@@ -1,0 +1,101 @@
+"""The model and tokenizer `framework generate` (and `framework predict`) run: from a run's best
+checkpoint, one checkpoint directory, or a Hugging Face `from_pretrained` directory; built in one
+process on one device, in float32 unless asked otherwise."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from framework.checkpoint.convert import read_model_state
+from framework.checkpoint.format import read_meta
+from framework.checkpoint.load import find_checkpoint
+from framework.checkpoint.weights import fit_saved_state, load_error_summary
+from framework.config.resolvers import BYTES, tokenizer_file
+from framework.data.text_files import Tokenizer
+from framework.errors import CheckpointError, ConfigError
+from framework.generation.decode import context_length, vocabulary_size
+from framework.models.build import build_model
+
+HUB_CONFIG = "config.json"
+
+
+@dataclass
+class Loaded:
+    model: torch.nn.Module
+    tokenizer: Tokenizer
+    source: str
+    """What was loaded, said in one line (the checkpoint and why it was chosen, or the directory)."""
+    config: dict | None = None
+    """The run's config (None for a Hugging Face directory)."""
+
+
+def is_hub_directory(target: Path) -> bool:
+    return (target / HUB_CONFIG).is_file() and not (target / "config.yaml").is_file()
+
+
+def run_config(checkpoint: Path, run_dir: Path | None) -> dict:
+    if run_dir is not None:
+        return OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
+    config = read_meta(checkpoint).get("config")
+    if not config:
+        raise CheckpointError(f"{checkpoint}: its meta.json records no config and it is not inside a run directory; "
+                              "give the run directory that holds it.")
+    return config
+
+
+def load_model(target: Path, command: str, tokenizer: str | None = None, device: str = "cpu",
+               dtype: torch.dtype = torch.float32) -> Loaded:
+    """The model with the checkpoint's weights (or a Hugging Face directory's), in eval mode on
+    `device`, and its tokenizer: `tokenizer` if given, else the run's data.tokenizer (bytes for
+    the byte-level data), else the Hugging Face directory's own tokenizer.json."""
+    if is_hub_directory(target):
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(target, local_files_only=True, dtype=dtype)
+        spec = tokenizer or (str(target) if (target / "tokenizer.json").is_file() else None)
+        if spec is None:
+            raise ConfigError(f"{command} {target}: the directory has no tokenizer.json; give --tokenizer (a "
+                              "tokenizer.json, a directory holding one, or bytes).")
+        loaded = Loaded(model, _tokenizer(spec, command), f"{target} (Hugging Face directory)")
+    else:
+        checkpoint, run_dir, why = find_checkpoint(target, command)
+        config = run_config(checkpoint, run_dir)
+        model = build_model(OmegaConf.create(config["model"]))
+        _, state = read_model_state(checkpoint)
+        try:
+            model.load_state_dict(fit_saved_state(model, state))
+        except (RuntimeError, KeyError, ValueError) as err:
+            raise CheckpointError(f"{checkpoint} does not fit the model of its own config ({load_error_summary(err)})."
+                                  ) from err
+        spec = tokenizer or (config.get("data") or {}).get("tokenizer") or BYTES
+        loaded = Loaded(model, _tokenizer(spec, command), f"{checkpoint} ({why})", config)
+    loaded.model.to(device=device, dtype=dtype).eval()
+    check_vocabulary(loaded, command)
+    return loaded
+
+
+def _tokenizer(spec: str, command: str) -> Tokenizer:
+    if spec != BYTES:
+        tokenizer_file(spec)  # a missing file is named before the tokenizers library reads it
+    return Tokenizer(spec)
+
+
+def check_vocabulary(loaded: Loaded, command: str) -> None:
+    """A tokenizer whose ids the model has no embedding for cannot drive it."""
+    model_vocab = vocabulary_size(loaded.model)
+    if model_vocab is not None and loaded.tokenizer.vocab_size > model_vocab:
+        raise ConfigError(f"{command}: the tokenizer ({loaded.tokenizer.spec}) has {loaded.tokenizer.vocab_size} "
+                          f"tokens, the model's vocabulary {model_vocab}: they do not belong together. Give the "
+                          "tokenizer the model was trained with (--tokenizer).")
+
+
+def check_prompt(loaded: Loaded, ids: list[int], text: str, command: str) -> None:
+    context = context_length(loaded.model)
+    if not ids:
+        raise ConfigError(f"{command}: the prompt {text!r} has no token; give some text to continue.")
+    if context is not None and len(ids) > context:
+        raise ConfigError(f"{command}: the prompt is {len(ids)} tokens, longer than the model's context of {context}; "
+                          "shorten it (its last tokens are what the model would see).")

@@ -1,0 +1,105 @@
+"""`framework predict`: one row per sample, in the data's order, with what the task predicts;
+the rows agree with the test stage's metrics, for every built-in task."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from framework.cli import main as framework_main
+from framework.tasks.base import Task
+from framework.tasks.classification import Classification
+from tests.conftest import DIGITS, TINY_GPT, run_inprocess
+from tests.tasks.test_manual_optimization import GAN
+
+
+def rows_of(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("predict") / "digits"
+    run_inprocess(DIGITS + ["trainer.max_steps=20", "trainer.val_every=10", "trainer.test_at_end=true"], out)
+    return out
+
+
+def test_classifier_rows_are_the_test_split_in_order_and_score_what_the_test_scored(digits_run, tmp_path):
+    assert framework_main(["predict", str(digits_run), "-o", str(tmp_path / "p.jsonl")]) == 0
+    rows = rows_of(tmp_path / "p.jsonl")
+    assert [row["index"] for row in rows] == list(range(360))
+    assert all(abs(sum(row["probabilities"]) - 1) < 1e-5 and len(row["probabilities"]) == 10 for row in rows)
+    assert all(row["prediction"] == max(range(10), key=row["probabilities"].__getitem__) for row in rows)
+    tested = json.loads((digits_run / "test_metrics.json").read_text())["metrics"]
+    accuracy = sum(row["prediction"] == row["label"] for row in rows) / len(rows)
+    loss = -sum(math.log(row["probabilities"][row["label"]]) for row in rows) / len(rows)
+    assert accuracy == pytest.approx(tested["test/accuracy"], abs=1e-9)
+    assert loss == pytest.approx(tested["test/loss"], abs=1e-5)
+    # another split, parquet, a limit on the batches
+    pyarrow_parquet = pytest.importorskip("pyarrow.parquet")
+    assert framework_main(["predict", str(digits_run), "--split", "val", "trainer.val_batches=1",
+                           "-o", str(tmp_path / "v.parquet")]) == 0
+    table = pyarrow_parquet.read_table(tmp_path / "v.parquet").to_pylist()
+    assert [row["index"] for row in table] == list(range(256)) and set(table[0]) == {"index", "prediction",
+                                                                                   "probabilities", "label"}
+
+
+@pytest.mark.slow
+def test_two_processes_write_the_rows_one_process_writes(digits_run, tmp_path):
+    assert framework_main(["predict", str(digits_run), "-o", str(tmp_path / "one.jsonl")]) == 0
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "framework", "predict", str(digits_run), "strategy=fsdp", "devices=2",
+                             "-o", str(tmp_path / "two.jsonl")], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    one, two = rows_of(tmp_path / "one.jsonl"), rows_of(tmp_path / "two.jsonl")
+    assert [r["index"] for r in two] == [r["index"] for r in one] == list(range(360))
+    for a, b in zip(one, two):
+        assert a["prediction"] == b["prediction"] and a["label"] == b["label"]
+        assert b["probabilities"] == pytest.approx(a["probabilities"], abs=1e-6)
+    assert not list(tmp_path.glob(".*parts"))  # the ranks' parts are merged and removed
+
+
+@pytest.mark.parametrize("task", ["language_model", "gan"])
+def test_every_built_in_task_predicts(task, tmp_path):
+    out = tmp_path / "run"
+    if task == "language_model":
+        run_inprocess(TINY_GPT + ["trainer.max_steps=3", "trainer.test_at_end=true", "trainer.test_batches=2"], out)
+    else:
+        run_inprocess(GAN + ["trainer.max_steps=4", "trainer.val_every=2", "trainer.plot=false", "data.train_size=512",
+                             "data.val_size=128", "data.test_size=64"], out)
+    assert framework_main(["predict", str(out), "-o", str(tmp_path / "p.jsonl")]) == 0
+    rows = rows_of(tmp_path / "p.jsonl")
+    if task == "language_model":  # test_batches=2 of val_batch_size=32 blocks of 32 tokens
+        assert len(rows) == 64 and all(row["tokens"] == 32 for row in rows)
+        assert all(row["perplexity"] == pytest.approx(math.exp(row["loss"]), rel=1e-5) for row in rows)
+        tested = json.loads((out / "test_metrics.json").read_text())["metrics"]
+        assert sum(row["loss"] for row in rows) / len(rows) == pytest.approx(tested["test/loss"], abs=1e-5)
+    else:
+        assert len(rows) == 64 and all(0 <= row["real_probability"] <= 1 and len(row["generated"]) == 2
+                                       for row in rows)
+
+
+def test_what_cannot_be_predicted_is_refused(digits_run, tmp_path, capsys):
+    class Scores(Classification):
+        pass
+
+    class NoPredictions(Task):
+        def training_step(self, model, batch): ...
+
+        def validation_step(self, model, batch): ...
+
+        def compute_metrics(self, sums): ...
+
+    assert Scores().can_predict and not NoPredictions().can_predict
+    cases = [
+        (["-o", str(tmp_path / "p.csv")], "-o {}: write predictions to a .jsonl or .parquet file"),
+        (["data.test_every_nth=null", "-o", str(tmp_path / "p.jsonl")],
+         "framework predict --split test: the data (Digits) has no test split"),
+    ]
+    for args, fragment in cases:
+        assert framework_main(["predict", str(digits_run), *args]) == 2
+        assert fragment.format(tmp_path / "p.csv") in capsys.readouterr().err
+    assert not (tmp_path / "p.jsonl").exists()
