@@ -110,6 +110,16 @@ CASES = [
      "trainer.objective='val/acc' is never logged: a validation logs val/accuracy, val/loss. Did you mean val/accuracy?"),
     (TRAIN + ["model._target_=visoin.SmallCNN"], "model._target_=visoin.SmallCNN: no module named 'visoin' can be found"),
     (TRAIN + ["checkpoint_io=xla"], "checkpoint_io=xla with accelerator=cpu: this plugin serves XLA runs only"),
+    # after fit: test, predict, generate, metrics
+    (TRAIN + ["trainer.test_at_end=true", "data.test_percent=0"],
+     "trainer.test_at_end=true: the data (StdlibText) has no test split. Give it one"),
+    (TRAIN + ["trainer.objective=test/loss"], "trainer.objective='test/loss' is a test metric, logged only when the run "
+                                              "tests at its end: set trainer.test_at_end=true"),
+    (TRAIN + ["task.metrics=[MulticlassAUROC]"], "task.metrics[0] (MulticlassAUROC): its state preds, target keeps every "
+                                                 "prediction"),
+    (FRAMEWORK + ["test", "{tmp}"], "framework test {tmp}: not a run directory (it has no config.yaml)"),
+    (FRAMEWORK + ["predict", "{tmp}", "-o", "rows.csv"], "-o rows.csv: write predictions to a .jsonl or .parquet file"),
+    (FRAMEWORK + ["generate", "{tmp}", "--prompt", "def", "--top-p", "0"], "--top-p=0.0: must be in (0, 1]"),
 ]
 if importlib.util.find_spec("flash_attn") is None:  # a CUDA-only package: refused where it is not installed
     CASES.append((TRAIN + ["model=hf_causal_lm", "model.attn_implementation=flash_attention_2"],

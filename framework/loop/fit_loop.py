@@ -209,9 +209,7 @@ class FitLoop:
         sums = dict(w["values"])
         if self.manual is None:
             sums["loss"] = w["loss"]
-        keys = sorted(sums)  # one all-reduce per interval for every value
-        means = dict(zip(keys, self.strategy.reduce(torch.stack([sums[k] for k in keys]) / batches, "mean").tolist())) \
-            if keys else {}
+        means = self._window_means(sums, batches)
         unit, items = self.task.throughput_unit, w["items"] * self.strategy.world_size
         self.state.items_seen += items
         metrics = {**{f"train/{k}": v for k, v in means.items()}, f"train/{unit}_per_s": items / elapsed,
@@ -228,6 +226,23 @@ class FitLoop:
         w["values"] = {}
         w["batches"] = w["items"] = 0
         w["start"] = time.perf_counter()
+
+    def _window_means(self, sums: dict[str, torch.Tensor], batches: int) -> dict[str, float]:
+        """Each value's mean per batch over the window and the ranks, with one all-reduce for
+        all of them; a value with several elements (per-class counts) is logged as <key>/<i>."""
+        keys = sorted(sums)
+        if not keys:
+            return {}
+        flat = self.strategy.reduce(torch.cat([sums[k].reshape(-1) for k in keys]) / batches, "mean").tolist()
+        means, start = {}, 0
+        for key in keys:
+            size = sums[key].numel()
+            if sums[key].dim() == 0:
+                means[key] = flat[start]
+            else:
+                means.update({f"{key}/{i}": value for i, value in enumerate(flat[start:start + size])})
+            start += size
+        return means
 
     # ---- validation ---------------------------------------------------------------------
     def validate(self) -> dict[str, float]:

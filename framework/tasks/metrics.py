@@ -31,14 +31,16 @@ from framework.errors import ConfigError, did_you_mean
 PACKAGES = ("torchmetrics.classification", "torchmetrics.regression", "torchmetrics.text", "torchmetrics")
 PREFIX = "metric:"  # marks a torchmetrics state among a validation step's sums
 PREFIXES = ("Multiclass", "Multilabel", "Binary")
-INFERRED_NUM_CLASSES = 2  # only for the check at construction: the real value comes from the model's output
+# num_classes only for the check at construction (top_k and the like must fit); the real one is the model's output's
+INFERRED_NUM_CLASSES = 256
 
 
 def _torchmetrics():
     try:
         return importlib.import_module("torchmetrics")
     except ImportError as err:
-        raise ConfigError("task.metrics needs torchmetrics: pip install 'framework[metrics]' (or torchmetrics).") from err
+        raise ConfigError("task.metrics needs torchmetrics: pip install 'framework[metrics]' (or torchmetrics)."
+                          ) from err
 
 
 def _find_class(name: str, key: str):
@@ -127,7 +129,8 @@ class Metrics:
         for name in self.entries:
             metric = self.metric(name, preds)
             if preds.device.type == "meta":  # the check before launch: shapes only
-                states = {state: torch.zeros_like(default, device="meta") for state, default in metric._defaults.items()}
+                states = {state: torch.zeros_like(default, device="meta")
+                          for state, default in metric._defaults.items()}
             else:
                 metric.reset()
                 metric.update(preds.detach(), target)

@@ -89,3 +89,18 @@ def test_deterministic_runs_repeat_exactly(tmp_path):
     wa, wb = load_model_state(checkpoints(a)[-1]), load_model_state(checkpoints(b)[-1])
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert not torch.are_deterministic_algorithms_enabled()  # restored when the run ended
+
+
+def test_tensor_valued_training_values_and_validation_sums_are_logged_per_element(tmp_path, monkeypatch):
+    """A step may return per-class counts: a training value is logged as train/<key>/<i> (mean per
+    batch over the logging window), a validation sum adds up as a tensor."""
+    monkeypatch.setenv("FRAMEWORK_TRUST_ALLOW", "tests.helpers.")
+    out = tmp_path / "run"
+    run_inprocess([*DIGITS, "task._target_=tests.helpers.class_counts.ClassificationWithCounts", "trainer.max_steps=10",
+                   "trainer.val_every=5", "trainer.objective=val/macro_recall"], out)
+    rows = [r for r in csv.DictReader(open(out / "metrics.csv")) if r.get("train/predicted/0")]
+    assert [r["step"] for r in rows] == ["5", "10"]
+    for row in rows:  # each batch predicts 64 classes in all
+        assert sum(float(row[f"train/predicted/{c}"]) for c in range(10)) == pytest.approx(64.0)
+    recalls = [float(r["val/macro_recall"]) for r in csv.DictReader(open(out / "metrics.csv")) if r.get("val/macro_recall")]
+    assert len(recalls) == 3 and all(0.0 <= value <= 1.0 for value in recalls)
