@@ -95,7 +95,7 @@ JOBS = {
             model="MLP(in_features=64, hidden=128, depth=2, num_classes=10, dropout=0.1)",
             lr=3e-3, steps=1, val_batches=-1),
         "framework": [str(ROOT / "train.py"), "--config-dir", str(ROOT / "recipes"), "--config-name",
-                      "digits_classifier", "trainer.max_steps=1", "trainer.plot=false"],
+                      "digits_classifier", "trainer.max_steps=1", "trainer.plot=false", "trainer.test_at_end=false"],
         "default": None,
     },
 }

@@ -79,11 +79,32 @@ def friendly_message(err: Exception, search_dirs: list[Path], cfg_keys=None) -> 
     return text.splitlines()[0] if text else type(err).__name__
 
 
+def keys_lookup(compose_choices, overrides: list[str]):
+    """`keys_at(parent, failing_key)` for friendly_message: the keys under `parent` in the config
+    composed with only the other group choices of `overrides` (`compose_choices(choices)`)."""
+    def keys_at(parent: str, failing_key: str) -> list[str]:
+        try:
+            choices = [o for o in overrides if "=" in o and "." not in o.split("=")[0]
+                       and o.split("=")[0].lstrip("+~") != failing_key]
+            base = compose_choices(choices)
+            node = OmegaConf.select(base, parent) if parent else base
+        except Exception:
+            return []
+        return [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
+
+    return keys_at
+
+
+def search_dirs_of(config_dir) -> list[Path]:
+    """Where group options are looked for: the primary config's folder, then the shipped tree."""
+    return [Path(config_dir), conf_dir()] if config_dir else [conf_dir()]
+
+
 @contextmanager
 def composer(config_dir: Path):
     """Yields `compose(config_name, overrides)` for many compositions under one Hydra
     initialization (`framework list` composes one config per option)."""
-    search_dirs = [Path(config_dir), conf_dir()]
+    search_dirs = search_dirs_of(config_dir)
     GlobalHydra.instance().clear()
 
     def compose_one(config_name: str, overrides: list[str], with_hydra: bool = False) -> DictConfig:
@@ -91,16 +112,7 @@ def composer(config_dir: Path):
         try:
             return hydra_compose(config_name, overrides=overrides, return_hydra_config=with_hydra)
         except Exception as err:  # Hydra has no common base class for composition errors
-            def keys_at(parent: str, failing_key: str) -> list[str]:
-                try:  # the config with only the other group choices, to list the keys it has
-                    choices = [o for o in overrides if "=" in o and "." not in o.split("=")[0]
-                               and o.split("=")[0].lstrip("+~") != failing_key]
-                    base = hydra_compose(config_name, overrides=choices)
-                    node = OmegaConf.select(base, parent) if parent else base
-                except Exception:
-                    return []
-                return [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
-
+            keys_at = keys_lookup(lambda choices: hydra_compose(config_name, overrides=choices), overrides)
             raise ConfigError(friendly_message(err, search_dirs, keys_at)) from err
 
     try:
