@@ -276,6 +276,8 @@ def build_components(cfg: DictConfig, plugins: Plugins | None = None,
     activations, live again while backward recomputes it), and the metric names a validation logs."""
     with meta_device():
         model = build_model(cfg.model)
+        if cfg.get("adapter"):  # the adapter's layers, and its refusals (targets, rank), before launch
+            model = build(cfg.adapter, "adapter").apply(model)
     data = build(cfg.data, "data")
     sources = data.problems() + test_split_problems(cfg, data, stage)
     if sources:

@@ -112,6 +112,16 @@ def train_worker(config: dict, output_dir: str, stage: Stage = Stage()) -> FitRe
         warnings_once.restore()
 
 
+def adapted(model, adapter):
+    """The model with the adapter's layers injected (everything else frozen), or unchanged."""
+    return model if adapter is None else adapter.apply(model)
+
+
+def trainable_only(factory):
+    """An optimizer factory given only the parameters that train."""
+    return lambda params, *args, **kwargs: factory([p for p in params if p.requires_grad], *args, **kwargs)
+
+
 def _model_and_optimizer(cfg, strategy, task, pretrained: bool = True):
     """The model built and set up by the strategy with its optimizer (an engine such as DeepSpeed
     wraps both at once); `pretrained`: copy the weights a model built without them names."""
@@ -119,8 +129,11 @@ def _model_and_optimizer(cfg, strategy, task, pretrained: bool = True):
     strategy.configure_loop(loop_settings(cfg))
     talk = strategy.is_global_zero
     model_name = cfg.model._target_.rsplit(".", 1)[-1]
+    adapter = build(cfg.adapter, "adapter") if cfg.get("adapter") else None
     with announce_if_slow(f"building the model ({model_name})", talk, why=strategy.setup_note):
-        model = strategy.build_model(lambda: build_model(cfg.model))
+        model = strategy.build_model(lambda: adapted(build_model(cfg.model), adapter))
+    if adapter is not None:  # the optimizer holds the adapters' weights alone
+        optimizer_factory = trainable_only(optimizer_factory)
     if not task.automatic_optimization:  # one optimizer per named group of the task
         optimizer_factory = optimizer_set_factory(task, model, optimizer_factory)
     with announce_if_slow(f"{strategy.name}: setting up the model and optimizer", talk, why=strategy.setup_note):
@@ -182,7 +195,8 @@ def _trained(cfg, plugins, split: str):
     datamodule = build(cfg.data, "data")
     task = build(cfg.task, "task")
     talk = strategy.is_global_zero
-    model, _ = _model_and_optimizer(cfg, strategy, task, pretrained=False)  # the checkpoint holds every weight
+    # the checkpoint holds every weight, unless it is an adapter's: then the frozen ones come from the model's own
+    model, _ = _model_and_optimizer(cfg, strategy, task, pretrained=bool(cfg.get("adapter")))
     with announce_if_slow(f"loading the weights of {cfg.ckpt_path}", talk):
         meta = load_model_weights(strategy, model, Path(cfg.ckpt_path))
     with announce_if_slow(f"preparing the data ({cfg.data._target_.rsplit('.', 1)[-1]})", talk):

@@ -120,6 +120,11 @@ CASES = [
     (FRAMEWORK + ["test", "{tmp}"], "framework test {tmp}: not a run directory (it has no config.yaml)"),
     (FRAMEWORK + ["predict", "{tmp}", "-o", "rows.csv"], "-o rows.csv: write predictions to a .jsonl or .parquet file"),
     (FRAMEWORK + ["generate", "{tmp}", "--prompt", "def", "--top-p", "0"], "--top-p=0.0: must be in (0, 1]"),
+    # adapters
+    (TRAIN + ["adapter=lora", "adapter.target_modules=[qkvv]"], "adapter.target_modules: 'qkvv' match no linear layer "
+                                                                "of the model. Did you mean qkv?"),
+    (TRAIN + ["adapter=lora", "adapter.r=512"], "adapter.r=512: larger than blocks.0.attn.qkv's smaller dimension"),
+    (TRAIN + ["adapter=lora", "precision=bnb_nf4"], "adapter=lora with precision=bnb_nf4 (QLoRA): not supported yet"),
 ]
 if importlib.util.find_spec("flash_attn") is None:  # a CUDA-only package: refused where it is not installed
     CASES.append((TRAIN + ["model=hf_causal_lm", "model.attn_implementation=flash_attention_2"],

@@ -35,7 +35,7 @@ FLOORS = {
     "framework.strategy": 6,
     "framework.plugins": 7, "framework.data": 7, "framework.scheduler": 7, "framework.reproduce": 7,
     "framework.checkpoint": 7, "framework.planning": 7,
-    "framework.models": 8,
+    "framework.models": 8, "framework.adapter": 8,
     "framework.tasks": 9, "framework.loggers": 9, "framework.callbacks": 9, "framework.plotting": 9,
     "framework.sweeps": 10, "framework.generation": 10,
     "framework.loop": 11,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from framework.construction.named_state import ADAPTER_WEIGHTS
 from framework.errors import CheckpointError
 from framework.precision.quantized_layers import dequantize_weights, quantized_weight_keys
 
@@ -86,22 +87,30 @@ def initial_weights(model: torch.nn.Module, files: list[str]) -> dict[str, torch
     for name, tensor in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
         names.setdefault(id(tensor), []).append(name)
     wanted = {name for group in names.values() for name in group}
+    adapted = _adapted_names(wanted)
     mapped: dict[str, torch.Tensor] = {}
     for key, tensor in state.items():
         for candidate in (key, f"{prefix}.{key}", key.removeprefix(f"{prefix}.")):
-            if candidate in wanted:
-                mapped[candidate] = tensor
+            if candidate in wanted or candidate in adapted:
+                mapped[adapted.get(candidate, candidate)] = tensor
                 break
     for group in names.values():  # tied: one stored tensor serves every name of the parameter
         found = next((mapped[n] for n in group if n in mapped), None)
         for name in group:
             if found is not None:
                 mapped.setdefault(name, found)
-    missing = sorted(n for n in wanted if n not in mapped and not _optional_buffer(model, n))
+    missing = sorted(n for n in wanted if n not in mapped and not _optional_buffer(model, n)
+                     and not any(marker in n for marker in ADAPTER_WEIGHTS))  # an adapter's own: newer than the files
     if missing:
         raise CheckpointError(f"{files[0]}: no weights for {len(missing)} of the model's tensors (first: "
                               f"{missing[0]}); the files were saved from another architecture or config.")
     return mapped
+
+
+def _adapted_names(names) -> dict[str, str]:
+    """{a weight's name before adapters: its name in the adapted model} (peft moves an adapted
+    layer's own weight to `<layer>.base_layer.weight`)."""
+    return {name.replace(".base_layer.", "."): name for name in names if ".base_layer." in name}
 
 
 def _optional_buffer(model: torch.nn.Module, name: str) -> bool:
@@ -112,12 +121,16 @@ def _optional_buffer(model: torch.nn.Module, name: str) -> bool:
 
 
 def fit_saved_state(model: torch.nn.Module, state: dict) -> dict:
-    """A saved model state made to fit `model`'s layers when another precision saved it:
+    """A saved model state made to fit `model`'s layers when another precision saved it, or before
+    adapters were added (its weights moved to the adapted layers' `base_layer` names):
     - weights of a quantized run (precision=bnb_*) for layers that are not quantized here (another
       precision, or a layer now in skip_modules) dequantized to float32, the values the quantized
       run computed with; quantized layers load the stored form themselves (bit-exact);
     - TransformerEngine's fp8 scaling state (`<layer>._extra_state`, precision=te_fp8) dropped
       for a model whose layers have none."""
+    adapted = _adapted_names(dict(model.named_parameters()))
+    if adapted:  # weights saved before adapters were added: under the adapted layers' names
+        state = {adapted.get(k, k): v for k, v in state.items()}
     extra = [k for k in state if k.endswith("_extra_state")]
     if extra:
         own = set(model.state_dict())

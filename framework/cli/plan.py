@@ -10,8 +10,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig
 
+from framework.adapter.lora import count_parameters
 from framework.config.compatibility import processes_per_node
 from framework.config.compose import compose
 from framework.config.groups import PLUGIN_GROUPS
@@ -59,6 +61,12 @@ def plan(cfg: DictConfig, out=None) -> int:
     print(f"  {type(model).__name__}: {stats.params:,} trainable parameters; largest unit gathered at once: "
           f"{stats.largest_unit:,}", file=out)
     print(f"  units: {units.describe()}", file=out)
+    if resolved.get("adapter"):
+        trainable, frozen = count_parameters(model)
+        print(f"  adapter={resolved.adapter._target_.rsplit('.', 1)[-1].lower()}: {trainable:,} trainable parameters "
+              f"({100 * trainable / max(trainable + frozen, 1):.2f}% of {trainable + frozen:,}), {frozen:,} frozen "
+              f"({human_bytes(frozen * torch.empty((), dtype=plugins.precision.param_dtype).element_size())})",
+              file=out)
     frozen_params, frozen_bytes = plugins.precision.frozen_weights(model)
     if frozen_params:
         quantized, kept = plugins.precision.plan_layers(model)

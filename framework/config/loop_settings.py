@@ -19,6 +19,7 @@ class LoopSettings:
     clip_grad_value: float | None = None
     manual_optimization: bool = False  # the task steps its optimizers itself (framework/tasks/manual.py)
     activation_checkpointing: bool = False  # recompute each unit's activations in backward
+    adapter: str | None = None  # adapter=lora: only the adapters' weights train
 
 
 def loop_settings(cfg: DictConfig) -> LoopSettings:
@@ -27,4 +28,5 @@ def loop_settings(cfg: DictConfig) -> LoopSettings:
     return LoopSettings(micro_batch_size=cfg.data.get("batch_size", 1), accumulate=cfg.trainer.accumulate,
                         clip_grad_norm=cfg.trainer.clip_grad_norm, clip_grad_value=cfg.trainer.clip_grad_value,
                         manual_optimization=not getattr(task, "automatic_optimization", True),
-                        activation_checkpointing=bool(cfg.trainer.get("activation_checkpointing", False)))
+                        activation_checkpointing=bool(cfg.trainer.get("activation_checkpointing", False)),
+                        adapter=cfg.adapter._target_.rsplit(".", 1)[-1].lower() if cfg.get("adapter") else None)

@@ -97,6 +97,8 @@ class TrainConfig:
     """Callbacks by name (conf/callbacks; choose several with callbacks=[checkpoint,lr_monitor])."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """Loop settings."""
+    adapter: Any = None
+    """Trainable adapters on a frozen model (conf/adapter, e.g. lora); null: train every weight."""
     devices: Any = 1
     """Devices (processes) per node: a positive integer or 'auto'."""
     num_nodes: int = 1

@@ -7,6 +7,23 @@ from __future__ import annotations
 import torch
 
 
+# peft's names for an adapter's own weights (framework/adapter/lora.py)
+ADAPTER_WEIGHTS = (".lora_A.", ".lora_B.", ".lora_magnitude_vector")
+
+
+def may_be_missing(name: str, parameter: torch.nn.Parameter) -> bool:
+    """A parameter a state may lack: a frozen one (an adapter checkpoint holds the trainable
+    weights alone; the frozen ones are in the model already, from its pretrained weights or its
+    seeded initialisation), or an adapter's own (pretrained weights predate the adapter)."""
+    return not parameter.requires_grad or any(marker in name for marker in ADAPTER_WEIGHTS)
+
+
+def strict_load(module: torch.nn.Module, state: dict) -> bool:
+    """Whether loading `state` into `module` must find every key: False only when every parameter
+    it lacks may be missing (`may_be_missing`)."""
+    return not all(may_be_missing(n, p) for n, p in module.named_parameters() if n not in state)
+
+
 def _names_in_optimizer_order(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
     names = {id(p): n for n, p in model.named_parameters()}
     try:

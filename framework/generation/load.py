@@ -12,8 +12,11 @@ from omegaconf import OmegaConf
 from framework.checkpoint.convert import read_model_state
 from framework.checkpoint.format import read_meta
 from framework.checkpoint.load import find_checkpoint
+from framework.checkpoint.rng import seed_everything
 from framework.checkpoint.weights import fit_saved_state, load_error_summary
+from framework.config.build import build
 from framework.config.resolvers import BYTES, tokenizer_file
+from framework.construction.named_state import strict_load
 from framework.data.text_files import Tokenizer
 from framework.errors import CheckpointError, ConfigError
 from framework.generation.decode import context_length, vocabulary_size
@@ -63,10 +66,14 @@ def load_model(target: Path, command: str, tokenizer: str | None = None, device:
     else:
         checkpoint, run_dir, why = find_checkpoint(target, command)
         config = run_config(checkpoint, run_dir)
+        seed_everything(config.get("seed", 0))  # an adapter run's frozen weights, if not pretrained: its seeded init
         model = build_model(OmegaConf.create(config["model"]))
+        if config.get("adapter"):
+            model = build(OmegaConf.create(config["adapter"]), "adapter").apply(model)
         _, state = read_model_state(checkpoint)
         try:
-            model.load_state_dict(fit_saved_state(model, state))
+            state = fit_saved_state(model, state)
+            model.load_state_dict(state, strict=strict_load(model, state))
         except (RuntimeError, KeyError, ValueError) as err:
             raise CheckpointError(f"{checkpoint} does not fit the model of its own config ({load_error_summary(err)})."
                                   ) from err

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from framework.adapter.lora import is_adapted, trainable_names
 from framework.callbacks.checkpoint import ModelCheckpoint
 from framework.checkpoint.format import begin_checkpoint, finalize_checkpoint, is_sharded, load_checkpoint_files
 from framework.checkpoint.load import checkpoint_to_evaluate, load_model_weights
@@ -39,6 +40,8 @@ class FitLoop:
         self.train_loader = train_loader
         self.val_loader = val_loader
         self.test_loader = test_loader  # given when trainer.test_at_end: the best checkpoint is tested after fit
+        module = strategy.unwrap(model)
+        self._adapter_weights = trainable_names(module) if is_adapted(module) else None
         # Read on every step: plain attributes, not OmegaConf nodes (each node access costs
         # tens of microseconds, which a tiny model's step notices).
         self.trainer = _plain(trainer)
@@ -295,11 +298,14 @@ class FitLoop:
         }}
         if strategy.checkpoint_io.sharded:  # every rank writes its own part of one DCP directory
             shared, sharded = {}, strategy.sharded_state_dict(self.model, self.optimizer)
+            sharded["model"] = self._saved_weights(sharded["model"])
         else:
-            shared = {"model": strategy.model_state_dict(self.model),
+            shared = {"model": self._saved_weights(strategy.model_state_dict(self.model)),
                       "optimizer": strategy.optimizer_state_dict(self.model, self.optimizer)}
             sharded = None
         meta = {**self.run_meta, "epoch": self.state.epoch, "metrics": self.state.fresh_metrics()}
+        if self._adapter_weights is not None:
+            meta["adapter_weights"] = len(self._adapter_weights)
         with announce_if_slow(f"saving the checkpoint of step {self.state.step}", strategy.is_global_zero):
             self._pending_checkpoint = begin_checkpoint(strategy, self.checkpoint_dir, self.state.step, shared,
                                                         per_rank, meta, sharded=sharded)
@@ -307,6 +313,13 @@ class FitLoop:
             self._finalize_checkpoint(wait=True)
         # how long training stood still for this save (an async save: the copy off the live state)
         self.log_metrics({"checkpoint/blocked_s": time.perf_counter() - start})
+
+    def _saved_weights(self, state: dict) -> dict:
+        """The model state a checkpoint keeps: all of it, or with adapters only the trainable
+        weights (the frozen ones are the pretrained model's, rebuilt with the run's config)."""
+        if self._adapter_weights is None:
+            return state
+        return {name: value for name, value in state.items() if name in self._adapter_weights}
 
     def _finalize_checkpoint_if_written(self) -> None:
         """At a step boundary: finalize a background checkpoint once every rank's writes are done

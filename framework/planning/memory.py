@@ -159,6 +159,9 @@ def model_stats(cfg: DictConfig, plugins, model):
     params = sum(p.numel() for p in model.parameters() if p.requires_grad) - frozen_params
     units = plugins.strategy.units(model)
     param_bytes = torch.empty((), dtype=precision.param_dtype).element_size()
+    # weights frozen before the precision's turn (an adapter's base model): counted whole per rank,
+    # an upper bound for the sharding strategies, which shard them too
+    frozen_bytes += sum(p.numel() for p in model.parameters() if not p.requires_grad) * param_bytes
     mixed_half = precision.param_dtype == torch.float32 and precision.compute_dtype in (torch.float16, torch.bfloat16)
     largest = max((p.numel() for p in model.parameters() if p.requires_grad), default=0)
     stats = ModelStats(params, units.largest or params, param_bytes, mixed_half, optimizer_states(cfg), frozen_bytes,

@@ -75,7 +75,7 @@ class _QuantizedLayer:
 
 
 @cache
-def _bitsandbytes():
+def quiet_bitsandbytes():
     """bitsandbytes, imported on first use without two expected notes."""
     # Its CPU backend logs a warning when the optional `kernels` package (kernels fetched from the
     # Hugging Face hub) is absent; the framework never fetches code at run time, so that is expected.
@@ -91,7 +91,7 @@ def _bitsandbytes():
 @cache
 def layer_classes() -> dict:
     """{"4bit": Quantized4bitLinear, "int8": QuantizedInt8Linear}, built on first use."""
-    bnb = _bitsandbytes()
+    bnb = quiet_bitsandbytes()
     from bitsandbytes.functional import QuantState, int8_vectorwise_quant
     from bitsandbytes.nn.modules import fix_4bit_weight_quant_state_from_module
 
@@ -223,7 +223,7 @@ def dequantize_weights(state: dict, keys: dict[str, str]) -> dict:
             state.pop(prefix + "weight_format", None)
             state[key] = state[key].to(torch.float32) * (scale.unsqueeze(1) / 127.0)
         else:
-            functional = _bitsandbytes().functional
+            functional = quiet_bitsandbytes().functional
             stats = _pop_quant_stats(state, key)
             quant_state = functional.QuantState.from_dict(qs_dict=stats, device=state[key].device)
             state[key] = functional.dequantize_4bit(state[key], quant_state).to(torch.float32)

@@ -1,6 +1,7 @@
 """The Strategy base class: the only object the training loop talks to."""
 from __future__ import annotations
 
+import dataclasses
 from contextlib import nullcontext
 from typing import Any, Callable, ContextManager
 
@@ -15,6 +16,7 @@ from framework.checkpoint_io.torch import TorchCheckpointIO
 from framework.cluster.base import ClusterEnvironment
 from framework.cluster.local import LocalEnvironment
 from framework.config.loop_settings import LoopSettings
+from framework.construction.named_state import strict_load
 from framework.construction.prepare import checkpoint_activations, convert_precision, place_model
 from framework.construction.quantized_build import build_quantized
 from framework.construction.units import Units, choose_units
@@ -311,13 +313,14 @@ def _set_model_state(strategy: Strategy, model: torch.nn.Module, state: dict, op
     """A whole replica per rank (ddp) loads through the module's own loader, which also takes the
     state a module keeps beside its parameters (a quantized layer's statistics: DCP maps only
     parameter and buffer names through the wrapper); sharded models through DCP."""
+    strict = strict_load(strategy.unwrap(model), state)  # an adapter checkpoint: the trainable weights alone
     if not strategy.shards_states:
-        strategy.unwrap(model).load_state_dict(state)
+        strategy.unwrap(model).load_state_dict(state, strict=strict)
         return
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
     # DCP rewrites the dict it is given (key prefixes, DTensors): hand it a copy of the structure
-    set_model_state_dict(model, copy_structure(state), options=options)
+    set_model_state_dict(model, copy_structure(state), options=dataclasses.replace(options, strict=strict))
 
 
 def copy_structure(data: Any) -> Any:

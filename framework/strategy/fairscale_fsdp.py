@@ -9,6 +9,7 @@ from contextlib import nullcontext
 
 import torch
 
+from framework.construction.named_state import strict_load
 from framework.strategy.parallel import ParallelStrategy
 
 
@@ -67,7 +68,7 @@ class FairscaleFSDPStrategy(ParallelStrategy):
         return {k: v.detach().cpu() for k, v in state.items()} if self.is_global_zero else {}
 
     def load_model_state_dict(self, model, state: dict) -> None:
-        model.load_state_dict(state)
+        model.load_state_dict(state, strict=strict_load(model, state))
 
     def optimizer_state_dict(self, model, optimizer) -> dict:
         full = model.gather_full_optim_state_dict(optimizer)

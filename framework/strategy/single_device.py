@@ -1,7 +1,7 @@
 """`strategy=single_device`: one process on one device; nothing is wrapped."""
 from __future__ import annotations
 
-from framework.construction.named_state import load_optimizer_state_by_name, optimizer_state_by_name
+from framework.construction.named_state import load_optimizer_state_by_name, optimizer_state_by_name, strict_load
 from framework.strategy.base import Strategy
 
 
@@ -16,7 +16,7 @@ class SingleDeviceStrategy(Strategy):
         return model.state_dict()
 
     def load_model_state_dict(self, model, state: dict) -> None:
-        model.load_state_dict(state)
+        model.load_state_dict(state, strict=strict_load(model, state))
 
     def optimizer_state_dict(self, model, optimizer) -> dict:
         return optimizer_state_by_name(model, optimizer)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from framework.checkpoint_io.xla import to_cpu
-from framework.construction.named_state import load_optimizer_state_by_name, optimizer_state_by_name
+from framework.construction.named_state import load_optimizer_state_by_name, optimizer_state_by_name, strict_load
 from framework.strategy.base import Strategy
 
 
@@ -44,7 +44,8 @@ class SingleXLAStrategy(Strategy):
         return to_cpu(self.unwrap(model).state_dict())
 
     def load_model_state_dict(self, model, state: dict) -> None:
-        self.unwrap(model).load_state_dict(state)  # copied into the device tensors, keeping their sharding
+        module = self.unwrap(model)  # copied into the device tensors, keeping their sharding
+        module.load_state_dict(state, strict=strict_load(module, state))
 
     def optimizer_state_dict(self, model, optimizer) -> dict:
         return to_cpu(optimizer_state_by_name(self.unwrap(model), optimizer))

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import torch
 
 from framework.construction.meta_build import meta_device, sharded_build
+from framework.construction.named_state import may_be_missing
 from framework.construction.prepare import checkpoint_activations
 from framework.errors import ConfigError
 from framework.strategy.deepspeed.grad_buffer import release_gradient_buffer, zeros_on_demand
@@ -297,7 +298,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         state = {}
         seen = set()
         for name, param in params.items():
-            if id(param) in seen:
+            if id(param) in seen or not param.requires_grad:  # frozen (an adapter's base): no optimizer state
                 continue
             seen.add(id(param))
             entry = {key: safe_get_full_optimizer_state(param, key).detach().cpu() for key in tensor_keys}
@@ -318,6 +319,8 @@ class DeepSpeedStrategy(ParallelStrategy):
                 continue
             seen.add(id(param))
             if name not in state:
+                if may_be_missing(name, param):  # frozen, or an adapter's own weight (framework/adapter/)
+                    continue
                 raise ConfigError(f"the checkpoint has no weights for parameter '{name}'.")
             value = state[name].to(self.root_device, torch.float32)
             if hasattr(param, "ds_id") or hasattr(param, "_hp_mapping"):

@@ -1,0 +1,1 @@
+"""Adapters: a few trainable weights beside a frozen model (`adapter=lora`)."""
