@@ -38,10 +38,12 @@ def read_model_state(checkpoint: Path) -> tuple[dict, dict]:
     return meta, dequantize_weights(state, quantized) if quantized else state
 
 
-def export_weights(checkpoint: Path, out: Path, to: str = "torch") -> Path:
+def export_weights(checkpoint: Path, out: Path, to: str = "torch", state: dict | None = None) -> Path:
     """Write the model weights of `checkpoint` (a checkpoint directory of this framework) as a
-    plain state_dict: `torch` (torch.save, loads with weights_only) or `safetensors`."""
-    meta, state = read_model_state(checkpoint)
+    plain state_dict: `torch` (torch.save, loads with weights_only) or `safetensors`. `state`: the
+    weights to write instead of the checkpoint's own (an adapter run's, merged)."""
+    meta, saved = read_model_state(checkpoint)
+    state = saved if state is None else state
     out.parent.mkdir(parents=True, exist_ok=True)
     if to == "torch":
         TorchCheckpointIO().save(state, out)

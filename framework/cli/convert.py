@@ -7,6 +7,8 @@ import shutil
 from pathlib import Path
 
 from framework.checkpoint.convert import export_weights, import_deepspeed, read_model_state
+from framework.checkpoint.format import read_meta
+from framework.cli.adapter_export import adapter_config, merged_state, write_peft_directory
 from framework.config.resolvers import BYTES
 from framework.errors import ConfigError, ExitCode, UserError, report
 from framework.models.hf_causal_lm import is_hub_model, save_for_hub
@@ -17,9 +19,11 @@ def parser() -> argparse.ArgumentParser:
                                       description="export a checkpoint's weights, or import a DeepSpeed checkpoint")
     convert.add_argument("checkpoint", help="a checkpoint directory (or, with --from deepspeed, a DeepSpeed one)")
     convert.add_argument("out", help="the file (export), or the directory (--to hf, import) to write")
-    convert.add_argument("--to", choices=["torch", "safetensors", "hf"], default="torch",
-                         help="export format: a state_dict file (torch, safetensors), or hf: a directory that "
-                              "transformers' from_pretrained loads (Hugging Face models)")
+    convert.add_argument("--to", choices=["torch", "safetensors", "hf", "peft"], default="torch",
+                         help="export format: a state_dict file (torch, safetensors), hf: a directory that "
+                              "transformers' from_pretrained loads (Hugging Face models), peft: an adapter run's "
+                              "adapters as a directory peft.PeftModel.from_pretrained loads onto the base model; "
+                              "an adapter run's torch, safetensors and hf exports have the adapters merged in")
     convert.add_argument("--from", dest="source", choices=["framework", "deepspeed"], default="framework",
                          help="what CHECKPOINT is")
     convert.add_argument("--tag", default=None, help="with --from deepspeed: the tag (default: 'latest')")
@@ -29,7 +33,7 @@ def parser() -> argparse.ArgumentParser:
 def export_hub_directory(checkpoint: Path, out: Path) -> Path:
     """A checkpoint of a Hugging Face model (model=hf_causal_lm) as a from_pretrained directory,
     with the run's tokenizer when it used a local one."""
-    meta, state = read_model_state(checkpoint)
+    meta, state = merged_state(checkpoint) if adapter_config(read_meta(checkpoint)) else read_model_state(checkpoint)
     model_node = (meta.get("config") or {}).get("model") or {}
     if not is_hub_model(model_node):
         raise ConfigError(f"--to hf: {checkpoint} holds a {model_node.get('_target_', 'model of unknown type')}, not "
@@ -53,6 +57,11 @@ def main(argv: list[str]) -> int:
             out = import_deepspeed(Path(args.checkpoint), Path(args.out), tag=args.tag)
         elif args.to == "hf":
             out = export_hub_directory(Path(args.checkpoint), Path(args.out))
+        elif args.to == "peft":
+            out = write_peft_directory(Path(args.checkpoint), Path(args.out))
+        elif adapter_config(read_meta(Path(args.checkpoint))):  # the adapters merged into the weights
+            _, state = merged_state(Path(args.checkpoint))
+            out = export_weights(Path(args.checkpoint), Path(args.out), to=args.to, state=state)
         else:
             out = export_weights(Path(args.checkpoint), Path(args.out), to=args.to)
     except UserError as err:

@@ -66,22 +66,32 @@ def load_model(target: Path, command: str, tokenizer: str | None = None, device:
     else:
         checkpoint, run_dir, why = find_checkpoint(target, command)
         config = run_config(checkpoint, run_dir)
-        seed_everything(config.get("seed", 0))  # an adapter run's frozen weights, if not pretrained: its seeded init
-        model = build_model(OmegaConf.create(config["model"]))
-        if config.get("adapter"):
-            model = build(OmegaConf.create(config["adapter"]), "adapter").apply(model)
-        _, state = read_model_state(checkpoint)
-        try:
-            state = fit_saved_state(model, state)
-            model.load_state_dict(state, strict=strict_load(model, state))
-        except (RuntimeError, KeyError, ValueError) as err:
-            raise CheckpointError(f"{checkpoint} does not fit the model of its own config ({load_error_summary(err)})."
-                                  ) from err
+        model = rebuild(checkpoint, config)
         spec = tokenizer or (config.get("data") or {}).get("tokenizer") or BYTES
         loaded = Loaded(model, _tokenizer(spec, command), f"{checkpoint} ({why})", config)
     loaded.model.to(device=device, dtype=dtype).eval()
     check_vocabulary(loaded, command)
     return loaded
+
+
+def rebuild(checkpoint: Path, config: dict, adapter: bool = True) -> torch.nn.Module:
+    """The model of a run's config with the checkpoint's weights, on the CPU in float32. An adapter
+    run's model is rebuilt adapted (`adapter=False`: its base alone, before any weight is loaded),
+    its frozen weights from the config (the pretrained weights, or the run's seeded initialisation)."""
+    seed_everything(config.get("seed", 0))
+    model = build_model(OmegaConf.create(config["model"]))
+    if config.get("adapter") and not adapter:
+        return model
+    if config.get("adapter"):
+        model = build(OmegaConf.create(config["adapter"]), "adapter").apply(model)
+    _, state = read_model_state(checkpoint)
+    try:
+        state = fit_saved_state(model, state)
+        model.load_state_dict(state, strict=strict_load(model, state))
+    except (RuntimeError, KeyError, ValueError) as err:
+        raise CheckpointError(f"{checkpoint} does not fit the model of its own config ({load_error_summary(err)}).") \
+            from err
+    return model
 
 
 def _tokenizer(spec: str, command: str) -> Tokenizer:

@@ -108,3 +108,56 @@ def test_test_and_generate_rebuild_the_adapted_model(tmp_path):
     with torch.no_grad():
         loss = F.cross_entropy(loaded.model(x).reshape(-1, 256), y.reshape(-1)).item()
     assert loss == pytest.approx(at_end, abs=1e-5)
+
+
+def test_exports_merge_the_adapters_or_write_a_directory_peft_loads(tmp_path):
+    """--to safetensors: a plain model computing what the adapted one does; --to peft: a directory
+    that peft.PeftModel.from_pretrained loads onto the base model, the same outputs again."""
+    from peft import PeftModel
+    from safetensors.torch import load_file
+
+    from framework.cli import main as framework_main
+    from framework.generation.load import load_model
+
+    out = tmp_path / "run"
+    run_inprocess([*ADAPTED, "trainer.max_steps=3"], out)
+    checkpoint = checkpoints(out)[-1]
+    adapted = load_model(out, "test").model
+    x = torch.randint(0, 256, (2, 16))
+    with torch.no_grad():
+        expected = adapted(x)
+    assert framework_main(["convert", str(checkpoint), str(tmp_path / "merged.safetensors"), "--to", "safetensors"]) == 0
+    plain = GPT(n_layer=1, n_embd=32, n_head=2, block_size=32)
+    weights = load_file(str(tmp_path / "merged.safetensors"))
+    plain.load_state_dict({**weights, "head.weight": weights["tok_emb.weight"]})
+    with torch.no_grad():
+        torch.testing.assert_close(plain.eval()(x), expected, atol=1e-5, rtol=1e-5)
+    assert framework_main(["convert", str(checkpoint), str(tmp_path / "peft"), "--to", "peft"]) == 0
+    assert (tmp_path / "peft" / "adapter_config.json").is_file()
+    torch.manual_seed(1234)  # the run's seed: its base model's initialisation
+    base = GPT(n_layer=1, n_embd=32, n_head=2, block_size=32)
+    loaded = PeftModel.from_pretrained(base, str(tmp_path / "peft")).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), expected, atol=1e-5, rtol=1e-5)
+    assert framework_main(["convert", str(checkpoint), str(tmp_path / "peft"), "--to", "peft"]) == 2  # not empty
+
+
+def test_a_hugging_face_models_adapters_merge_into_a_from_pretrained_directory(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from framework.cli import main as framework_main
+    from framework.generation.load import load_model
+
+    out = tmp_path / "run"
+    tiny = [o for o in TINY_GPT if not o.startswith("model.")]
+    run_inprocess([*tiny, "data.block_size=32", "model=hf_causal_lm", "model.config.n_layer=1", "model.config.n_embd=32",
+                   "model.config.n_head=2", "model.config.n_positions=32", "adapter=lora", "adapter.r=4",
+                   "trainer.max_steps=3", "trainer.val_every=3"], out)
+    assert all("lora_" in name for name in load_model_state(checkpoints(out)[-1]))  # GPT-2's Conv1D layers adapted
+    adapted = load_model(out, "test").model
+    x = torch.randint(0, 256, (2, 16))
+    with torch.no_grad():
+        expected = adapted(x).logits
+    assert framework_main(["convert", str(checkpoints(out)[-1]), str(tmp_path / "hf"), "--to", "hf"]) == 0
+    merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", local_files_only=True).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(merged(x).logits, expected, atol=1e-4, rtol=1e-4)

@@ -1,0 +1,61 @@
+"""Exports of an adapter run's checkpoint (it holds the adapters' weights alone): the adapters as a
+peft directory that `peft.PeftModel.from_pretrained(base_model, DIR)` loads onto the base model,
+or the model with the adapters merged into its weights (`--to hf`, `torch`, `safetensors`)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from framework.adapter.lora import base_name
+from framework.checkpoint.format import read_meta
+from framework.config.build import build
+from framework.errors import ConfigError
+from framework.generation.load import rebuild
+
+
+def adapter_config(meta: dict) -> dict | None:
+    """The run's `adapter` config, if the checkpoint is an adapter run's."""
+    return (meta.get("config") or {}).get("adapter") or None
+
+
+def merged_state(checkpoint: Path) -> tuple[dict, dict]:
+    """(meta.json, the state of the model with the adapters merged into its weights), under the
+    names of the model without adapters: what the adapted model computes, as a plain model."""
+    from peft.tuners.lora import LoraLayer
+
+    meta = read_meta(checkpoint)
+    model = rebuild(checkpoint, meta["config"])
+    for module in model.modules():
+        if isinstance(module, LoraLayer):
+            module.merge()
+    state = {base_name(name): value for name, value in model.state_dict().items()
+             if "lora_" not in name and "modules_to_save" not in name}
+    return meta, state
+
+
+def write_peft_directory(checkpoint: Path, out: Path) -> Path:
+    """adapter_config.json and adapter_model.safetensors, written by peft itself from the base
+    model of the run's config with the checkpoint's adapters."""
+    from peft import LoraConfig, get_peft_model
+
+    meta = read_meta(checkpoint)
+    config = meta.get("config") or {}
+    if not adapter_config(meta):
+        raise ConfigError(f"--to peft: {checkpoint} is not an adapter run's checkpoint (its config has no adapter); "
+                          "export its weights with --to safetensors or --to hf.")
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"--to peft: {out} exists and is not empty; give a new directory.")
+    adapted = rebuild(checkpoint, config)
+    base = rebuild(checkpoint, config, adapter=False)
+    lora = build(OmegaConf.create(config["adapter"]), "adapter")
+    peft_model = get_peft_model(base, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                                 target_modules=lora.targets(base), use_dora=lora.use_dora,
+                                                 modules_to_save=lora.modules_to_save or None))
+    trained = {name: value for name, value in adapted.state_dict().items() if "lora_" in name}
+    missing = peft_model.base_model.model.load_state_dict(trained, strict=False)
+    if missing.unexpected_keys:
+        raise ConfigError(f"--to peft: the adapters of {checkpoint} do not fit peft's model of the same config "
+                          f"({missing.unexpected_keys[0]} ...).")
+    peft_model.save_pretrained(str(out))
+    return out
