@@ -299,10 +299,15 @@ def build_components(cfg: DictConfig, plugins: Plugins | None = None,
 def test_split_problems(cfg: DictConfig, data, stage: Stage) -> list[str]:
     """Testing (`framework test`, trainer.test_at_end, predictions of the test split) needs data
     with a test split."""
-    asked = {"test": "framework test", "predict": "framework predict --split test"}.get(stage.name) \
-        if stage.name == "test" or (stage.name == "predict" and stage.split == "test") else \
-        "trainer.test_at_end=true" if cfg.trainer.get("test_at_end") else None
-    if asked is None or data.has_test_split:
+    if stage.name == "test":
+        asked = "framework test"
+    elif stage.name == "predict" and stage.split == "test":
+        asked = "framework predict --split test"
+    elif cfg.trainer.get("test_at_end"):
+        asked = "trainer.test_at_end=true"
+    else:
+        return []
+    if data.has_test_split:
         return []
     return [f"{asked}: the data ({type(data).__name__}) has no test split. Give it one: data=digits "
             "data.test_every_nth=5, data=stdlib_text data.test_percent=10, data=text_files data.test_files=... or "

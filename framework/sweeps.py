@@ -25,6 +25,7 @@ from framework.config.overrides import defining_overrides
 from framework.errors import ExitCode, RunExit
 from framework.loggers.mlflow import close_sweep_run, open_sweep_run
 from framework.plotting.at_end import sweep_figures
+from framework.results import write_json
 from framework.sweep_record import SUMMARY_FILE, SWEEP_RECORD_FILE, SWEEP_SUMMARY_FILE
 
 
@@ -67,11 +68,7 @@ def finished_objective(output_dir: Path, job: SweepJob) -> tuple[bool, Any]:
 
 
 def write_summary(output_dir: Path, summary: dict) -> None:
-    path = Path(output_dir) / SUMMARY_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(summary, indent=2, default=str))
-    tmp.replace(path)
+    write_json(Path(output_dir) / SUMMARY_FILE, summary)
 
 
 def read_jobs(sweep_dir: Path) -> list[dict]:

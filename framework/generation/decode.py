@@ -32,7 +32,8 @@ class Generated:
         return len(self.ids) / max(self.seconds, 1e-9)
 
 
-def is_hub_model(model) -> bool:
+def has_own_generate(model) -> bool:
+    """A Hugging Face model: transformers' generate, with its own cache, decodes it."""
     return callable(getattr(model, "generate", None)) and hasattr(model, "config")
 
 
@@ -65,7 +66,7 @@ def generate(model, prompt: list[int], sampling: Sampling, eos_id: int | None = 
     generator = torch.Generator().manual_seed(sampling.seed)
     start = time.perf_counter()
     ids = torch.tensor([prompt], dtype=torch.long, device=device)
-    if is_hub_model(model):
+    if has_own_generate(model):
         new = _hub_generate(model, ids, sampling, eos_id, use_cache)
     else:
         new = _own_generate(model, ids, sampling, eos_id, generator, use_cache)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Callable
 
 import torch
 
@@ -52,14 +53,13 @@ class Task(ABC):
         """Per-batch sums on the test split; by default the validation step's."""
         return self.validation_step(model, batch)
 
-    def predict_step(self, model: torch.nn.Module, batch) -> dict[str, torch.Tensor]:
-        """Per-sample predictions {name: tensor of shape (B, ...)}; a task without one cannot be
-        used with `framework predict` (refused before launch)."""
-        raise NotImplementedError(f"{type(self).__name__} defines no predict_step")
+    #: `predict_step(model, batch) -> {name: tensor of shape (B, ...)}`, the per-sample predictions
+    #: `framework predict` writes; a task that leaves it None is refused there before launch
+    predict_step: Callable[[torch.nn.Module, object], dict[str, torch.Tensor]] | None = None
 
     @property
     def can_predict(self) -> bool:
-        return type(self).predict_step is not Task.predict_step
+        return self.predict_step is not None
 
     @abstractmethod
     def compute_metrics(self, sums: dict[str, torch.Tensor]) -> dict[str, float]:
