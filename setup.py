@@ -12,5 +12,6 @@ setup(
     packages=find_namespace_packages(include=["framework", "framework.*", "hydra_plugins", "hydra_plugins.*"])
     + list(SHIPPED_TREES),
     package_dir=SHIPPED_TREES,
-    package_data={name: ["*.yaml", "**/*.yaml"] for name in SHIPPED_TREES},
+    package_data={**{name: ["*.yaml", "**/*.yaml"] for name in SHIPPED_TREES},
+                  "framework.data": ["examples/*.jsonl"]},  # the example data (framework/data/examples)
 )

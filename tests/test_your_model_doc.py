@@ -68,7 +68,7 @@ def test_every_file_and_command_of_the_guide_works_as_shown(tmp_path):
             argv = [sys.executable, "-m", "framework", *argv[1:], *SHORT, "data.cache_dir=cache"]
             if any(name in " ".join(argv) for name in ("squares", "tiny_lm", "digits_cnn")):
                 argv.remove("data.cache_dir=cache")  # their data has no cache
-        elif argv[1] in ("test", "plot"):  # a run directory, as shown
+        elif argv[1] in ("test", "plot", "generate") or "chat_lora" in argv[2]:  # a run directory, as shown
             argv = [sys.executable, "-m", "framework", *argv[1:]]
         else:  # framework convert: the checkpoint a full-length run would have made is the last one here
             run_dir = tmp_path / argv[2].split("/checkpoints/")[0]
@@ -76,7 +76,7 @@ def test_every_file_and_command_of_the_guide_works_as_shown(tmp_path):
                     str(sorted((run_dir / "checkpoints").glob("step_*"))[-1]), *argv[3:]]
         result = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, f"{shlex.join(argv)}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
-    for name in ("gpt2_fsdp", "gpt2_cli", "llama", "llama_whole", "hf_recipe", "tiny_lm"):
+    for name in ("gpt2_fsdp", "gpt2_cli", "llama", "llama_whole", "hf_recipe", "tiny_lm", "chat_lora"):
         with open(tmp_path / "outputs" / name / "metrics.csv") as f:
             assert [r["step"] for r in csv.DictReader(f) if r.get("train/loss")] == ["1", "2"], name
     with open(tmp_path / "outputs" / "squares" / "metrics.csv") as f:
@@ -86,3 +86,6 @@ def test_every_file_and_command_of_the_guide_works_as_shown(tmp_path):
     assert tested["world_size"] == 2 and {"test/f1_score", "test/recall/9", "test/accuracy"} <= set(tested["metrics"])
     assert (tmp_path / "outputs" / "digits_cnn" / "metrics.png").is_file()
     assert (tmp_path / "exported" / "model.safetensors").is_file() and (tmp_path / "exported" / "tokenizer.json").is_file()
+    assert json.loads((tmp_path / "chat_adapters" / "adapter_config.json").read_text())["r"] == 8
+    chat_rows = (tmp_path / "chat.jsonl").read_text().splitlines()
+    assert len(chat_rows) > 20 and set(json.loads(chat_rows[0])) == {"prompt", "response"}

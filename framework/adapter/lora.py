@@ -112,11 +112,18 @@ class LoRA:
         if missing:
             raise ConfigError(f"adapter.modules_to_save: {', '.join(missing)} is no module of the model.")
         config = LoraConfig(r=self.r, lora_alpha=self.alpha, lora_dropout=self.dropout, target_modules=targets,
-                            use_dora=self.use_dora, bias="none")
+                            use_dora=self.use_dora, bias="none", fan_in_fan_out=fan_in_fan_out(model, targets))
         model = inject_adapter_in_model(config, model)
         for name, parameter in model.named_parameters():
             parameter.requires_grad = "lora_" in name or any(name.startswith(m + ".") for m in self.modules_to_save)
         return model
+
+
+def fan_in_fan_out(model: nn.Module, targets: list[str]) -> bool:
+    """Whether the targets store their weight as (in, out): GPT-2's Conv1D layers (peft needs to be
+    told, else it warns once per layer and sets it itself)."""
+    modules = dict(model.named_modules())
+    return any(type(modules[name]).__name__ == "Conv1D" for name in targets)
 
 
 def _dims(module: nn.Module) -> tuple[int, int]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from framework.adapter.lora import base_name
+from framework.adapter.lora import base_name, fan_in_fan_out
 from framework.checkpoint.format import read_meta
 from framework.config.build import build
 from framework.errors import ConfigError
@@ -49,9 +49,11 @@ def write_peft_directory(checkpoint: Path, out: Path) -> Path:
     adapted = rebuild(checkpoint, config)
     base = rebuild(checkpoint, config, adapter=False)
     lora = build(OmegaConf.create(config["adapter"]), "adapter")
+    targets = lora.targets(base)
     peft_model = get_peft_model(base, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                                 target_modules=lora.targets(base), use_dora=lora.use_dora,
-                                                 modules_to_save=lora.modules_to_save or None))
+                                                 target_modules=targets, use_dora=lora.use_dora,
+                                                 modules_to_save=lora.modules_to_save or None,
+                                                 fan_in_fan_out=fan_in_fan_out(base, targets)))
     trained = {name: value for name, value in adapted.state_dict().items() if "lora_" in name}
     missing = peft_model.base_model.model.load_state_dict(trained, strict=False)
     if missing.unexpected_keys:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from framework.checkpoint.convert import export_weights, import_deepspeed, read_model_state
 from framework.checkpoint.format import read_meta
+from framework.checkpoint.load import find_checkpoint
 from framework.cli.adapter_export import adapter_config, merged_state, write_peft_directory
 from framework.config.resolvers import BYTES
 from framework.errors import ConfigError, ExitCode, UserError, report
@@ -17,7 +18,8 @@ from framework.models.hf_causal_lm import is_hub_model, save_for_hub
 def parser() -> argparse.ArgumentParser:
     convert = argparse.ArgumentParser(prog="framework convert",
                                       description="export a checkpoint's weights, or import a DeepSpeed checkpoint")
-    convert.add_argument("checkpoint", help="a checkpoint directory (or, with --from deepspeed, a DeepSpeed one)")
+    convert.add_argument("checkpoint", help="a checkpoint directory, or a run directory (its best checkpoint; with "
+                         "--from deepspeed: a DeepSpeed checkpoint directory)")
     convert.add_argument("out", help="the file (export), or the directory (--to hf, import) to write")
     convert.add_argument("--to", choices=["torch", "safetensors", "hf", "peft"], default="torch",
                          help="export format: a state_dict file (torch, safetensors), hf: a directory that "
@@ -55,15 +57,20 @@ def main(argv: list[str]) -> int:
     try:
         if args.source == "deepspeed":
             out = import_deepspeed(Path(args.checkpoint), Path(args.out), tag=args.tag)
-        elif args.to == "hf":
-            out = export_hub_directory(Path(args.checkpoint), Path(args.out))
+            print(f"wrote {out}")
+            return ExitCode.OK
+        checkpoint, _, why = find_checkpoint(Path(args.checkpoint).expanduser(), "framework convert")
+        if why != "given":
+            print(f"framework convert: {checkpoint} ({why})")
+        if args.to == "hf":
+            out = export_hub_directory(checkpoint, Path(args.out))
         elif args.to == "peft":
-            out = write_peft_directory(Path(args.checkpoint), Path(args.out))
-        elif adapter_config(read_meta(Path(args.checkpoint))):  # the adapters merged into the weights
-            _, state = merged_state(Path(args.checkpoint))
-            out = export_weights(Path(args.checkpoint), Path(args.out), to=args.to, state=state)
+            out = write_peft_directory(checkpoint, Path(args.out))
+        elif adapter_config(read_meta(checkpoint)):  # the adapters merged into the weights
+            _, state = merged_state(checkpoint)
+            out = export_weights(checkpoint, Path(args.out), to=args.to, state=state)
         else:
-            out = export_weights(Path(args.checkpoint), Path(args.out), to=args.to)
+            out = export_weights(checkpoint, Path(args.out), to=args.to)
     except UserError as err:
         report(err)
         return ExitCode.USER_ERROR

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from framework.data.chat_template import ChatTemplate
 from framework.errors import ConfigError, ExitCode, UserError, report
 from framework.generation.decode import generate
 from framework.generation.load import check_prompt, load_model
@@ -41,6 +42,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", default=None, help="bytes, or a tokenizer.json / a directory holding one")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    p.add_argument("--chat", action="store_true", help="each prompt is a user's message: rendered with the run's "
+                   "chat template (or --chat-template), the reply printed alone, ending at the end of its turn")
+    p.add_argument("--chat-template", default=None, help="with --chat: a built-in template's name, a .jinja file, or "
+                   "Jinja inline (default: the run's data.chat_template, else the tokenizer's own)")
+    p.add_argument("--system", default=None, help="with --chat: a system message before each prompt")
     p.add_argument("-o", "--output", help="write one JSON line per prompt to this file")
     return p
 
@@ -75,8 +81,18 @@ def main(argv: list[str]) -> int:
                             top_k=args.top_k, top_p=args.top_p, seed=args.seed).check()
         prompts = read_prompts(args)
         loaded = load_model(Path(args.target).expanduser(), COMMAND, args.tokenizer, args.device, DTYPES[args.dtype])
-        encoded = loaded.tokenizer.encode(prompts)
-        for text, ids in zip(prompts, encoded):
+        texts, stop = prompts, None
+        if args.chat:
+            given = args.chat_template or ((loaded.config or {}).get("data") or {}).get("chat_template")
+            template = ChatTemplate.choose(given, loaded.tokenizer.spec)
+            system = [{"role": "system", "content": args.system}] if args.system else []
+            texts = [template.render([*system, {"role": "user", "content": p}], add_generation_prompt=True)
+                     for p in prompts]
+            stop = loaded.tokenizer.encode([template.turn_end()])[0] if template.turn_end() else None
+        elif args.chat_template or args.system:
+            raise ConfigError(f"{COMMAND}: --chat-template and --system go with --chat.")
+        encoded = loaded.tokenizer.encode(texts)
+        for text, ids in zip(texts, encoded):
             check_prompt(loaded, ids, text, COMMAND)
     except UserError as err:
         report(err)
@@ -85,13 +101,15 @@ def main(argv: list[str]) -> int:
     eos = None if args.no_stop else loaded.tokenizer.eos_id
     rows = []
     for text, ids in zip(prompts, encoded):
-        result = generate(loaded.model, ids, sampling, eos_id=eos, use_cache=not args.no_cache)
-        completion = loaded.tokenizer.decode(result.ids)
-        print(text + completion, flush=True)
+        result = generate(loaded.model, ids, sampling, eos_id=eos, use_cache=not args.no_cache, stop=stop)
+        completion = loaded.tokenizer.decode(result.ids[:len(result.ids) - len(stop)] if result.stopped and stop
+                                             else result.ids)
+        print(completion if args.chat else text + completion, flush=True)
         print(f"-- {len(result.ids)} tokens in {result.seconds:.2f} s ({result.tokens_per_s:.1f} tokens/s)"
-              f"{', stopped at end-of-text' if result.stopped_at_eos else ''}", file=sys.stderr, flush=True)
+              f"{', stopped at the end of its turn' if result.stopped and stop else ''}"
+              f"{', stopped at end-of-text' if result.stopped and not stop else ''}", file=sys.stderr, flush=True)
         rows.append({"prompt": text, "completion": completion, "new_tokens": len(result.ids),
-                     "stopped_at_eos": result.stopped_at_eos, "tokens_per_s": round(result.tokens_per_s, 2)})
+                     "stopped": result.stopped, "tokens_per_s": round(result.tokens_per_s, 2)})
     if args.output:
         out = Path(args.output)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -74,6 +74,16 @@ def stdlib_dir() -> str:
     return sysconfig.get_paths()["stdlib"]
 
 
+def example_data(name: str) -> str:
+    """`${example_data:stdlib_chat.jsonl}`: a data file that ships with the framework
+    (framework/data/examples)."""
+    path = Path(__file__).resolve().parent.parent / "data" / "examples" / str(name)
+    if not path.is_file():
+        raise ConfigError(f"${{example_data:{name}}}: the framework ships no such example "
+                          f"(it has {', '.join(sorted(p.name for p in path.parent.glob('*.jsonl')))}).")
+    return str(path)
+
+
 def register() -> None:
     if not OmegaConf.has_resolver("job_name"):
         OmegaConf.register_new_resolver("job_name", job_name, use_cache=True)
@@ -81,3 +91,5 @@ def register() -> None:
         OmegaConf.register_new_resolver("vocab_size", vocab_size)
     if not OmegaConf.has_resolver("stdlib_dir"):
         OmegaConf.register_new_resolver("stdlib_dir", stdlib_dir)
+    if not OmegaConf.has_resolver("example_data"):
+        OmegaConf.register_new_resolver("example_data", example_data)

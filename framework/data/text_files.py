@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import functools
 import glob
+import itertools
 import json
 import os
 import zlib
@@ -83,6 +84,18 @@ class Tokenizer:
             return [list(text.encode("utf-8")) for text in texts]
         return [e.ids for e in self._tokenizer.encode_batch(texts, add_special_tokens=False)]
 
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[int]]:
+        """One text's token ids and, for each, the index of the character where it starts."""
+        if self._tokenizer is None:
+            ids, starts = [], []
+            for index, char in enumerate(text):
+                encoded = char.encode("utf-8", errors="replace")
+                ids += encoded
+                starts += [index] * len(encoded)
+            return ids, starts
+        encoding = self._tokenizer.encode(text, add_special_tokens=False)
+        return encoding.ids, [start for start, _ in encoding.offsets]
+
     def decode(self, ids: list[int]) -> str:
         """Text of token ids (bytes that are not valid UTF-8 become U+FFFD)."""
         if self._tokenizer is None:
@@ -139,30 +152,46 @@ def _named(files: list[str], most: int = 3) -> str:
     return ", ".join(files[:most]) + (f" and {len(files) - most} more" if len(files) > most else "")
 
 
-def _columns(path: str, fmt: str) -> list[str] | str:
-    """The field names of a file's first row (a string saying what is wrong when it cannot tell)."""
+def first_rows(path: str, fmt: str, count: int = 1) -> list[dict] | str:
+    """A file's first `count` rows as dicts (a string saying what is wrong when they do not read)."""
     try:
         if fmt == "json":
+            rows = []
             with open(path, encoding="utf-8") as f:
-                line = next((ln for ln in f if ln.strip()), "")
-            if not line:
-                return "holds only blank lines"
-            row = json.loads(line)
-            return list(row) if isinstance(row, dict) else f"has a first row that is not a JSON object ({line[:60]!r})"
+                for line in (ln for ln in f if ln.strip()):
+                    row = json.loads(line)
+                    if not isinstance(row, dict):
+                        return f"has a {'first ' if not rows else ''}row that is not a JSON object ({line[:60]!r})"
+                    rows.append(row)
+                    if len(rows) == count:
+                        break
+            return rows or "holds only blank lines"
         if fmt == "csv":
             with open(path, newline="", encoding="utf-8") as f:
-                return next(csv.reader(f), [])
+                return list(itertools.islice(csv.DictReader(f), count))
         if fmt == "parquet":
             import pyarrow.parquet
 
-            return list(pyarrow.parquet.read_schema(path).names)
-    except (OSError, UnicodeDecodeError, ValueError) as err:
+            return next(pyarrow.parquet.ParquetFile(path).iter_batches(batch_size=count)).to_pylist()
+    except (OSError, UnicodeDecodeError, ValueError, StopIteration) as err:
         return f"does not read as {fmt} ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
     return []
 
 
+def _columns(path: str, fmt: str) -> list[str] | str:
+    """The field names of a file's first row (a string saying what is wrong when it cannot tell)."""
+    if fmt == "csv":  # the header, even with no row under it
+        try:
+            with open(path, newline="", encoding="utf-8") as f:
+                return next(csv.reader(f), [])
+        except (OSError, UnicodeDecodeError) as err:
+            return f"does not read as csv ({type(err).__name__}: {err})"
+    rows = first_rows(path, fmt)
+    return rows if isinstance(rows, str) else list(rows[0]) if rows else []
+
+
 class TokenRows(Dataset):
-    """A processed `datasets` table as tensors: {"input_ids": LongTensor}."""
+    """A processed `datasets` table as tensors: {"input_ids": LongTensor, ...} (every column)."""
 
     def __init__(self, table):
         self.table = table.with_format("torch")
@@ -171,11 +200,12 @@ class TokenRows(Dataset):
         return len(self.table)
 
     def __getitem__(self, i: int):
-        return {"input_ids": self.table[int(i)]["input_ids"].long()}
+        return {name: column.long() for name, column in self.table[int(i)].items()}
 
 
 class PadCollate:
-    """Pads a batch of rows to its longest: input_ids (pad_id), attention_mask, labels (-100 on padding)."""
+    """Pads a batch of rows to its longest: input_ids (pad_id), attention_mask, labels (-100 on
+    padding; a row's own labels where it has them, else its input_ids)."""
 
     def __init__(self, pad_id: int):
         self.pad_id = pad_id
@@ -183,11 +213,12 @@ class PadCollate:
     def __call__(self, rows):
         length = max(len(r["input_ids"]) for r in rows)
         ids = torch.full((len(rows), length), self.pad_id, dtype=torch.long)
+        labels = torch.full((len(rows), length), -100, dtype=torch.long)
         mask = torch.zeros((len(rows), length), dtype=torch.long)
         for i, row in enumerate(rows):
-            ids[i, :len(row["input_ids"])] = row["input_ids"]
-            mask[i, :len(row["input_ids"])] = 1
-        return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+            n = len(row["input_ids"])
+            ids[i, :n], labels[i, :n], mask[i, :n] = row["input_ids"], row.get("labels", row["input_ids"]), 1
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
 class TextFiles(DataModule):
@@ -260,7 +291,8 @@ class TextFiles(DataModule):
         return found
 
     # ---- preprocessing (once, cached) ---------------------------------------------------
-    def _load(self, files: list[str], key: str):
+    def _read(self, files: list[str], key: str):
+        """The files' rows as one `datasets` table (every column)."""
         import datasets
 
         datasets.disable_progress_bars()
@@ -268,11 +300,15 @@ class TextFiles(DataModule):
         if self.format == "text":
             options = {"sample_by": self.text_unit, "keep_linebreaks": True}
         try:
-            table = datasets.load_dataset(self.format, data_files={"train": files}, split="train",
-                                          cache_dir=self.cache_dir, **options)
+            return datasets.load_dataset(self.format, data_files={"train": files}, split="train",
+                                         cache_dir=self.cache_dir, **options)
         except Exception as err:  # a malformed file: named, with the reader's reason
             raise ConfigError(f"{key}: {self.format} files that do not read ({_named(files)}; {type(err).__name__}"
                               f"{': ' + str(err).splitlines()[0] if str(err) else ''}).") from err
+
+    def _load(self, files: list[str], key: str):
+        """The rows' text, as the single column "text"."""
+        table = self._read(files, key)
         field = "text" if self.format == "text" else self.text_field
         if field not in table.column_names:
             raise ConfigError(f"data.text_field={field!r}: the {key} files have no such column (they have "

@@ -25,7 +25,8 @@ class Generated:
     """The new token ids (the prompt not included)."""
     seconds: float
     """Wall time of the generation (prefill included)."""
-    stopped_at_eos: bool
+    stopped: bool
+    """Whether it stopped at the end-of-text token or the stop sequence (before max_new_tokens)."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -59,23 +60,30 @@ def vocabulary_size(model) -> int | None:
 
 @torch.no_grad()
 def generate(model, prompt: list[int], sampling: Sampling, eos_id: int | None = None,
-             use_cache: bool = True) -> Generated:
-    """Generate up to sampling.max_new_tokens after `prompt` (stopping after eos_id)."""
+             use_cache: bool = True, stop: list[int] | None = None) -> Generated:
+    """Generate up to sampling.max_new_tokens after `prompt`, stopping after eos_id or after the
+    token sequence `stop` (a chat template's end of turn); the ids returned include either."""
     model.eval()
     device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(sampling.seed)
     start = time.perf_counter()
     ids = torch.tensor([prompt], dtype=torch.long, device=device)
+    stop = list(stop or [])
     if has_own_generate(model):
-        new = _hub_generate(model, ids, sampling, eos_id, use_cache)
+        new = _hub_generate(model, ids, sampling, eos_id, use_cache, stop)
     else:
-        new = _own_generate(model, ids, sampling, eos_id, generator, use_cache)
+        new = _own_generate(model, ids, sampling, eos_id, generator, use_cache, stop)
     seconds = time.perf_counter() - start
-    stopped = eos_id is not None and bool(new) and new[-1] == eos_id
+    stopped = (eos_id is not None and bool(new) and new[-1] == eos_id) or ends_with(new, stop)
     return Generated(new, seconds, stopped)
 
 
-def _own_generate(model, ids: torch.Tensor, sampling: Sampling, eos_id, generator, use_cache: bool) -> list[int]:
+def ends_with(ids: list[int], stop: list[int]) -> bool:
+    return bool(stop) and ids[-len(stop):] == stop
+
+
+def _own_generate(model, ids: torch.Tensor, sampling: Sampling, eos_id, generator, use_cache: bool,
+                  stop: list[int]) -> list[int]:
     context = context_length(model)
     cache = model.new_cache(1) if use_cache and hasattr(model, "new_cache") else None
     new: list[int] = []
@@ -88,16 +96,24 @@ def _own_generate(model, ids: torch.Tensor, sampling: Sampling, eos_id, generato
             logits = output_logits(model(ids[:, -context:] if context else ids))[:, -1]
         token = next_tokens(logits, sampling, generator)
         new.append(int(token))
-        if eos_id is not None and new[-1] == eos_id:
+        if (eos_id is not None and new[-1] == eos_id) or ends_with(new, stop):
             break
         window = token.view(1, 1)
         ids = torch.cat([ids, window], dim=1)
     return new
 
 
-def _hub_generate(model, ids: torch.Tensor, sampling: Sampling, eos_id, use_cache: bool) -> list[int]:
+def _hub_generate(model, ids: torch.Tensor, sampling: Sampling, eos_id, use_cache: bool, stop: list[int]) -> list[int]:
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class EndsWith(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.tensor([ends_with(row[ids.shape[1]:].tolist(), stop) for row in input_ids])
+
     options = {"max_new_tokens": sampling.max_new_tokens, "do_sample": not sampling.greedy, "use_cache": use_cache,
                "attention_mask": torch.ones_like(ids), "pad_token_id": eos_id if eos_id is not None else 0}
+    if stop:
+        options["stopping_criteria"] = StoppingCriteriaList([EndsWith()])
     if eos_id is not None:
         options["eos_token_id"] = eos_id
     if not sampling.greedy:  # transformers draws from torch's global generator

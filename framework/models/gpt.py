@@ -30,6 +30,17 @@ class KVCache:
         return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
 
 
+def packed_mask(position_ids: torch.Tensor) -> torch.Tensor:
+    """(B, 1, T, T), True where query t may attend to key s: s <= t within the same sequence, a
+    sequence starting wherever a position does not follow the one before it by 1."""
+    starts = torch.ones_like(position_ids, dtype=torch.bool)
+    starts[:, 1:] = position_ids[:, 1:] - position_ids[:, :-1] != 1
+    sequence = starts.cumsum(dim=1)
+    t = position_ids.shape[1]
+    causal = torch.ones(t, t, dtype=torch.bool, device=position_ids.device).tril()
+    return ((sequence[:, :, None] == sequence[:, None, :]) & causal)[:, None]
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, n_embd: int, n_head: int, dropout: float):
         super().__init__()
@@ -39,11 +50,13 @@ class CausalSelfAttention(nn.Module):
         self.dropout = dropout
         self.resid_drop = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """`mask` (B, 1, T, T), True where a position may attend (packed rows); None: causal."""
         b, t, c = x.shape
         q, k, v = self.qkv(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
-        mask, causal = None, True
+        causal = mask is None
         if cache is not None and cache.length:  # new positions after cached ones: each sees the cache and
             k, v = cache.append(layer, k, v)    # the new positions up to itself
             causal = False
@@ -67,8 +80,9 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(n_embd, 4 * n_embd), nn.GELU(), nn.Linear(4 * n_embd, n_embd),
                                  nn.Dropout(dropout))
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x), cache, layer)
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x), cache, layer, mask)
         return x + self.mlp(self.ln2(x))
 
 
@@ -103,18 +117,25 @@ class GPT(nn.Module):
             nn.init.zeros_(module.bias)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                cache: KVCache | None = None) -> torch.Tensor:
+                position_ids: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
         """Logits (B, T, vocab). `attention_mask` (padded dict batches) needs no use: attention is
         causal and padding ends a row, so no real token attends to it (its labels are -100).
-        `cache` (generation): input_ids are the positions after those cached, and are cached too."""
+        `position_ids` (B, T) (packed rows): a position that does not follow the one before it by 1
+        starts a new sequence, which attends only to itself. `cache` (generation): input_ids are
+        the positions after those cached, and are cached too."""
         t = input_ids.shape[1]
         start = cache.length if cache is not None else 0
         if start + t > self.block_size:
             raise ValueError(f"sequence of {start + t} tokens exceeds model.block_size={self.block_size}")
-        pos = torch.arange(start, start + t, device=input_ids.device)
+        mask = None
+        if position_ids is not None:
+            pos = position_ids
+            mask = packed_mask(position_ids)
+        else:
+            pos = torch.arange(start, start + t, device=input_ids.device)
         x = self.drop(self.tok_emb(input_ids) + self.pos_emb(pos))
         for layer, block in enumerate(self.blocks):
-            x = block(x, cache, layer) if cache is not None else block(x)
+            x = block(x, cache, layer) if cache is not None else block(x, mask=mask)
         if cache is not None:
             cache.length += t
         return self.head(self.ln_f(x))

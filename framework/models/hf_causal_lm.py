@@ -49,6 +49,7 @@ def _transformers():
     except ImportError as err:
         raise ConfigError("model: a Hugging Face model needs transformers: pip install 'framework[hf]'") from err
     transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()  # "Loading weights" bars on every from_pretrained
     return transformers
 
 
@@ -224,6 +225,15 @@ def causal_lm(config: dict | None = None, config_dir: str | None = None, pretrai
             model.pretrained_weights = [str(p) for p in weight_files(directory)]
     if gradient_checkpointing:
         model.gradient_checkpointing_enable()
+    return for_training(model)
+
+
+def for_training(model: nn.Module) -> nn.Module:
+    """No key/value cache in training forwards: nothing reuses it, and transformers keeps packed
+    rows' sequences apart (by their position_ids) only without one. Generation asks for a cache
+    itself (framework/generation/decode.py)."""
+    if getattr(model, "config", None) is not None and hasattr(model.config, "use_cache"):
+        model.config.use_cache = False
     return model
 
 
@@ -237,12 +247,12 @@ def from_pretrained(model_class: str, pretrained_model_name_or_path: str, **kwar
         raise ConfigError(f"model._target_={model_class}.from_pretrained: transformers has no {model_class}.")
     directory = local_directory(pretrained_model_name_or_path, "model.pretrained_model_name_or_path")
     if not in_sharded_build():
-        return cls.from_pretrained(directory, local_files_only=True, **kwargs)
+        return for_training(cls.from_pretrained(directory, local_files_only=True, **kwargs))
     config = kwargs.pop("config", None) or transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
     build = getattr(cls, "from_config", None) or cls._from_config
     model = build(config, **{k: v for k, v in kwargs.items() if k in ("dtype", "attn_implementation")})
     model.pretrained_weights = [str(p) for p in weight_files(directory)]
-    return model
+    return for_training(model)
 
 
 def _from_config(auto, cfg, dtype: torch.dtype, initialise: bool) -> nn.Module:

@@ -5,6 +5,9 @@ measures the activations the step keeps for backward (what `framework plan` adds
 """
 from __future__ import annotations
 
+import inspect
+from collections.abc import Mapping
+
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
@@ -58,6 +61,24 @@ def check_context(model, batch) -> None:
                 "pretrained model's positions cannot grow).")
 
 
+def takes(function, name: str) -> bool:
+    """Whether `function` accepts the keyword argument `name` (by name, or through **kwargs)."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return True  # no signature to read: no verdict
+    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in parameters)
+
+
+def check_packing(model, batch) -> None:
+    """Packed rows (several samples in one row, kept apart by position_ids) need a model that takes
+    position_ids: one that does not would let the samples attend to each other, or fail."""
+    if isinstance(batch, Mapping) and "position_ids" in batch and not takes(model.forward, "position_ids"):
+        raise ConfigError(f"data.packing=true: the data packs several samples into each row and keeps them apart "
+                          f"by position_ids, but the model ({type(model).__name__}) takes no position_ids. Set "
+                          "data.packing=false (each sample a row of its own, padded per batch).")
+
+
 def validation_metric_names(model, data, task) -> set[str] | None:
     """The metric names a validation logs (val/<name>), from the task's own validation step run on
     an example batch on the meta device and its compute_metrics on stand-in totals; None when that
@@ -81,6 +102,7 @@ def check_fit(model, data, task, batch_size: int = 2) -> int:
         return 0
     batch = data.example_batch(batch_size)
     check_context(model, batch)
+    check_packing(model, batch)
     meta_batch = tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, batch)
     params = {p.untyped_storage()._cdata for p in model.parameters() if p.is_meta}
     saved: dict[int, int] = {}

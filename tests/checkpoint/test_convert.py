@@ -23,9 +23,12 @@ def gpt_checkpoint(tmp_path_factory):
     return checkpoints(out)[-1]
 
 
-def test_export_torch(tmp_path, gpt_checkpoint):
-    result = convert(str(gpt_checkpoint), "--to", "torch", str(tmp_path / "w.pt"))
+@pytest.mark.parametrize("given", ["checkpoint", "run directory"])
+def test_export_torch(tmp_path, gpt_checkpoint, given):
+    source = gpt_checkpoint if given == "checkpoint" else gpt_checkpoint.parent.parent  # its best (the only) one
+    result = convert(str(source), "--to", "torch", str(tmp_path / "w.pt"))
     assert result.returncode == 0, result.stderr
+    assert (f"framework convert: {gpt_checkpoint} (" in result.stdout) == (given == "run directory")
     exported = torch.load(tmp_path / "w.pt", weights_only=True)
     want = load_model_state(gpt_checkpoint)
     assert set(exported) == set(want) and all(torch.equal(exported[k], want[k]) for k in want)
@@ -55,7 +58,7 @@ def test_export_a_sharded_dcp_checkpoint(tmp_path):
 
 def test_convert_errors(tmp_path):
     missing = convert(str(tmp_path / "nope"), "--to", "torch", str(tmp_path / "w.pt"))
-    assert missing.returncode == 2 and "no such checkpoint directory" in missing.stderr
+    assert missing.returncode == 2 and "nope: no such directory; give a run directory" in missing.stderr
 
 
 @pytest.mark.slow

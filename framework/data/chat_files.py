@@ -1,0 +1,233 @@
+"""Instruction and chat data: local JSON lines (or parquet, CSV) of conversations, rendered with a
+chat template and tokenised so that only the responses are scored.
+
+A row is a conversation: `messages` (a list of {role, content}), or a `prompt` and a `response`
+(a user turn and an assistant turn; an optional `system` field, or data.system_prompt, goes
+first). The text is rendered with the tokenizer's chat template (framework/data/chat_template.py)
+or one given in YAML; the labels are -100 everywhere but on the tokens of the scored roles'
+messages (the assistant's, by default), so the loss counts responses only.
+
+Packing (the default) puts several conversations in one row of block_size tokens, each one whole,
+with position_ids that start again at 0 for each: the built-in GPT and Hugging Face's models
+(transformers' packed-sequence masks) then keep conversations from attending to each other. A
+model that takes no position_ids is refused with packing; data.packing=false gives each
+conversation a row of its own, padded per batch.
+
+Preprocessing happens once and is cached by `datasets`, as for data=text_files (whose file
+handling, splits and cache this reuses).
+"""
+from __future__ import annotations
+
+import torch
+
+from framework.config.resolvers import BYTES
+from framework.config.types import NonNegativeInt, PositiveInt
+from framework.data.chat_template import ChatTemplate
+from framework.data.text_files import TextFiles, first_rows, loaded_tokenizer
+from framework.errors import ConfigError
+
+IGNORE_INDEX = -100
+CHECKED_ROWS = 20  # rows of each file rendered before launch (the rest when the data is prepared)
+
+
+class Fields:
+    """Which fields of a row hold the conversation."""
+
+    def __init__(self, messages: str, prompt: str, response: str, system: str, system_prompt: str | None):
+        self.messages, self.prompt, self.response, self.system = messages, prompt, response, system
+        self.system_prompt = system_prompt
+
+    def names(self) -> str:
+        return f"'{self.messages}' (a list of {{role, content}}) nor '{self.prompt}' and '{self.response}'"
+
+    def holds_conversation(self, columns) -> bool:
+        return self.messages in columns or (self.prompt in columns and self.response in columns)
+
+    def conversation(self, row: dict) -> list[dict]:
+        """The row's messages as [{role, content}], the system prompt first where it has none."""
+        if row.get(self.messages) is not None:
+            messages = row[self.messages]
+            if not isinstance(messages, list) or not all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                                                         and isinstance(m.get("content"), str) for m in messages):
+                raise ConfigError(f"data.messages_field={self.messages!r}: a row's messages must be a list of "
+                                  f"{{role, content}} objects with text values (one row has {str(messages)[:80]!r}).")
+            messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+        elif row.get(self.prompt) is not None and row.get(self.response) is not None:
+            messages = [{"role": "user", "content": str(row[self.prompt])},
+                        {"role": "assistant", "content": str(row[self.response])}]
+            if row.get(self.system):
+                messages.insert(0, {"role": "system", "content": str(row[self.system])})
+        else:
+            raise ConfigError(f"data: a row has neither {self.names()} (it has {', '.join(row) or 'no field'}); "
+                              "set data.messages_field, or data.prompt_field and data.response_field, to the "
+                              "fields that hold the conversation.")
+        if self.system_prompt and not any(m["role"] == "system" for m in messages):
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        return messages
+
+
+def _preview(messages: list[dict]) -> str:
+    text = next((m["content"] for m in messages if m["role"] != "system"), "")
+    return repr(text[:60] + ("..." if len(text) > 60 else ""))
+
+
+class _RenderChat:
+    """The map function from rows to input_ids and labels (a class, so `datasets` hashes it for
+    its cache: every argument that changes the result is an attribute)."""
+
+    def __init__(self, tokenizer: str, template: ChatTemplate, fields: Fields, scored_roles: list[str],
+                 block_size: int, drop_unscorable: bool):
+        self.tokenizer, self.fields, self.scored_roles = tokenizer, fields, list(scored_roles)
+        self.template_source, self.template_origin = template.source, template.origin
+        self.special_tokens = template.special_tokens
+        self.block_size, self.drop_unscorable = block_size, drop_unscorable
+
+    def tokenise(self, row: dict, template: ChatTemplate) -> tuple[list[int], list[int]] | None:
+        """(input_ids, labels) of one conversation, cut to block_size; None when nothing in the
+        block is scored and such rows are dropped."""
+        messages = self.fields.conversation(row)
+        text, spans = template.scored_text(messages, self.scored_roles)
+        ids, starts = loaded_tokenizer(self.tokenizer).encode_with_offsets(text)
+        scored = [any(s <= start < e for s, e in spans) for start in starts]
+        labels = [t if keep else IGNORE_INDEX for t, keep in zip(ids, scored)]
+        if labels:
+            labels[0] = IGNORE_INDEX  # no token predicts a row's first
+        ids, labels = ids[:self.block_size], labels[:self.block_size]
+        if all(label == IGNORE_INDEX for label in labels):
+            if self.drop_unscorable:
+                return None
+            why = (f"has no message of a scored role ({', '.join(self.scored_roles)})" if not spans else
+                   f"is {len(starts)} tokens, longer than data.block_size={self.block_size}, and no response starts "
+                   "within the block")
+            raise ConfigError(f"data: a conversation (its first message: {_preview(messages)}) {why}: nothing in it "
+                              "is left to score. Raise data.block_size, shorten or remove it, or set "
+                              "data.drop_unscorable=true to leave such conversations out.")
+        return ids, labels
+
+    def __call__(self, rows):
+        out = {"input_ids": [], "labels": []}
+        template = ChatTemplate(self.template_source, self.template_origin, self.special_tokens)
+        for row in (dict(zip(rows, values)) for values in zip(*rows.values())):
+            tokenised = self.tokenise(row, template)
+            if tokenised is not None:
+                out["input_ids"].append(tokenised[0])
+                out["labels"].append(tokenised[1])
+        return out
+
+
+class _PackChat:
+    """Packs whole conversations into rows of exactly block_size tokens, position_ids starting at
+    0 for each (the rest of a row is padding: pad_id, labels -100, positions of its own)."""
+
+    def __init__(self, block_size: int, pad_id: int):
+        self.block_size, self.pad_id = block_size, pad_id
+
+    def __call__(self, rows):
+        out = {"input_ids": [], "labels": [], "position_ids": []}
+        ids, labels, positions = [], [], []
+
+        def close():
+            pad = self.block_size - len(ids)
+            out["input_ids"].append(ids + [self.pad_id] * pad)
+            out["labels"].append(labels + [IGNORE_INDEX] * pad)
+            out["position_ids"].append(positions + list(range(pad)))
+
+        for row_ids, row_labels in zip(rows["input_ids"], rows["labels"]):
+            if len(ids) + len(row_ids) > self.block_size:
+                close()
+                ids, labels, positions = [], [], []
+            ids, labels = ids + row_ids, labels + row_labels
+            positions += range(len(row_ids))
+        if ids:
+            close()
+        return out
+
+
+class ChatFiles(TextFiles):
+    """Local conversations, rendered with a chat template, responses scored."""
+
+    def __init__(self, files: str | list[str], val_files: str | list[str] | None = None, val_percent: PositiveInt = 5,
+                 test_files: str | list[str] | None = None, test_percent: NonNegativeInt = 0,
+                 format: str | None = None, messages_field: str = "messages", prompt_field: str = "prompt",
+                 response_field: str = "response", system_field: str = "system", system_prompt: str | None = None,
+                 chat_template: str | None = None, scored_roles: list[str] | None = None, tokenizer: str = BYTES,
+                 block_size: PositiveInt = 512, packing: bool = True, drop_unscorable: bool = False,
+                 cache_dir: str | None = None, num_proc: PositiveInt | None = None, **loader):
+        """files, val_files, val_percent, test_files, test_percent, format, tokenizer, cache_dir,
+        num_proc: as data=text_files (format: json, parquet or csv); messages_field: the field
+        holding a conversation as a list of {role, content}; prompt_field, response_field: the
+        fields of a one-turn row (used when a row has no messages); system_field: a one-turn
+        row's optional system message; system_prompt: a system message put first in every
+        conversation that has none (null: none); chat_template: a built-in template's name
+        (chatml), a .jinja file, or a Jinja template inline (null: the tokenizer's own, from its
+        tokenizer_config.json or chat_template.jinja); scored_roles: the roles whose messages the
+        loss counts (null: [assistant]); block_size: tokens per row (a longer conversation is cut);
+        packing: several whole conversations per row, kept apart by position_ids (false: one per
+        row, padded per batch); drop_unscorable: leave out conversations with nothing to score
+        within the block (false: refuse them)."""
+        super().__init__(files=files, val_files=val_files, val_percent=val_percent, test_files=test_files,
+                         test_percent=test_percent, format=format, text_field=messages_field, tokenizer=tokenizer,
+                         block_size=block_size, packing=packing, add_eos=False, cache_dir=cache_dir,
+                         num_proc=num_proc, **loader)
+        if self.format == "text":
+            raise ConfigError("data.format=text: chat data needs rows with fields (JSON lines, parquet or CSV), "
+                              "each a conversation; plain text is data=text_files.")
+        self.fields = Fields(messages_field, prompt_field, response_field, system_field, system_prompt)
+        self.scored_roles = list(scored_roles or ["assistant"])
+        self.drop_unscorable = drop_unscorable
+        self.template = ChatTemplate.choose(chat_template, self.tokenizer.spec)
+
+    def problems(self) -> list[str]:
+        """Each file's first rows: fields that hold a conversation, conversations the template
+        renders (roles it knows), something to score within the block."""
+        found = []
+        for key, files in (("data.files", self.files), ("data.val_files", self.val_files or []),
+                           ("data.test_files", self.test_files or [])):
+            for path in files:
+                rows = first_rows(path, self.format, CHECKED_ROWS)
+                if isinstance(rows, str):
+                    found.append(f"{key}: {path} {rows}.")
+                    continue
+                if not rows:
+                    found.append(f"{key}: {path} has no row; remove it from {key} or fill it.")
+                    continue
+                if not self.fields.holds_conversation(rows[0]):
+                    found.append(f"{key}: {path}'s rows have neither {self.fields.names()} (its first row has "
+                                 f"{', '.join(rows[0]) or 'no field'}); set data.messages_field, or "
+                                 "data.prompt_field and data.response_field, to the fields that hold the "
+                                 "conversation.")
+                    continue
+                try:
+                    for row in rows:
+                        self._renderer().tokenise(row, self.template)
+                except ConfigError as err:
+                    found.append(f"{key}: {path}: {str(err).removeprefix('data: ')}")
+                if len(found) >= 10:
+                    return found + [f"{key}: (more files not checked after 10 problems)"]
+        return found
+
+    def _load(self, files: list[str], key: str):
+        table = self._read(files, key)
+        if not self.fields.holds_conversation(table.column_names):
+            raise ConfigError(f"{key}: the rows have neither {self.fields.names()} (they have "
+                              f"{', '.join(table.column_names)}); set data.messages_field, or data.prompt_field and "
+                              "data.response_field.")
+        return table
+
+    def _renderer(self) -> _RenderChat:
+        return _RenderChat(self.tokenizer.spec, self.template, self.fields, self.scored_roles, self.block_size,
+                           self.drop_unscorable)
+
+    def _process(self, table):
+        table = table.map(self._renderer(), batched=True, remove_columns=table.column_names, num_proc=self.num_proc)
+        if not self.packing:
+            return table
+        return table.map(_PackChat(self.block_size, self.tokenizer.pad_id), batched=True, batch_size=1000,
+                         remove_columns=table.column_names, num_proc=self.num_proc)
+
+    def example_batch(self, size: int = 2):
+        """A batch of the right shape and keys, without reading the files."""
+        ids = torch.zeros(size, self.block_size, dtype=torch.long)
+        if self.packing:
+            return {"input_ids": ids, "labels": ids, "position_ids": torch.arange(self.block_size).repeat(size, 1)}
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
