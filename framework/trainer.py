@@ -112,11 +112,6 @@ def train_worker(config: dict, output_dir: str, stage: Stage = Stage()) -> FitRe
         warnings_once.restore()
 
 
-def adapted(model, adapter):
-    """The model with the adapter's layers injected (everything else frozen), or unchanged."""
-    return model if adapter is None else adapter.apply(model)
-
-
 def trainable_only(factory):
     """An optimizer factory given only the parameters that train."""
     return lambda params, *args, **kwargs: factory([p for p in params if p.requires_grad], *args, **kwargs)
@@ -131,7 +126,7 @@ def _model_and_optimizer(cfg, strategy, task, pretrained: bool = True):
     model_name = cfg.model._target_.rsplit(".", 1)[-1]
     adapter = build(cfg.adapter, "adapter") if cfg.get("adapter") else None
     with announce_if_slow(f"building the model ({model_name})", talk, why=strategy.setup_note):
-        model = strategy.build_model(lambda: adapted(build_model(cfg.model), adapter))
+        model = strategy.build_model(lambda: build_model(cfg.model), adapter)
     if adapter is not None:  # the optimizer holds the adapters' weights alone
         optimizer_factory = trainable_only(optimizer_factory)
     if not task.automatic_optimization:  # one optimizer per named group of the task

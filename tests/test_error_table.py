@@ -124,7 +124,13 @@ CASES = [
     (TRAIN + ["adapter=lora", "adapter.target_modules=[qkvv]"], "adapter.target_modules: 'qkvv' match no linear layer "
                                                                 "of the model. Did you mean qkv?"),
     (TRAIN + ["adapter=lora", "adapter.r=512"], "adapter.r=512: larger than blocks.0.attn.qkv's smaller dimension"),
-    (TRAIN + ["adapter=lora", "precision=bnb_nf4"], "adapter=lora with precision=bnb_nf4 (QLoRA): not supported yet"),
+    # chat data
+    (TRAIN + ["data=chat_files", "data.chat_template=null"], "data.chat_template: the tokenizer has no chat template "
+                                                             "(byte-level tokens have none); give one"),
+    (TRAIN + ["data=chat_files", "data.files={tmp}/rows.jsonl"], "rows.jsonl's rows have neither 'messages' (a list of "
+                                                                 "{role, content}) nor 'prompt' and 'response'"),
+    (TRAIN + ["data=chat_files", "model.block_size=16"], "longer than data.block_size=16, and no response starts "
+                                                         "within the block: nothing in it is left to score"),
 ]
 if importlib.util.find_spec("flash_attn") is None:  # a CUDA-only package: refused where it is not installed
     CASES.append((TRAIN + ["model=hf_causal_lm", "model.attn_implementation=flash_attention_2"],

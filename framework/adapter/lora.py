@@ -37,8 +37,14 @@ def family(model: nn.Module) -> str:
     return str(getattr(config, "model_type", None) or type(model).__name__)
 
 
+def is_linear(module: nn.Module) -> bool:
+    """A layer peft's LoRA wraps (by class name, through its bases: the framework's quantized layers
+    are bitsandbytes' Linear4bit and Linear8bitLt)."""
+    return any(cls.__name__ in LINEAR_TYPES for cls in type(module).__mro__)
+
+
 def linear_names(model: nn.Module) -> list[str]:
-    return [name for name, module in model.named_modules() if type(module).__name__ in LINEAR_TYPES and name]
+    return [name for name, module in model.named_modules() if name and is_linear(module)]
 
 
 def is_adapted(model: nn.Module) -> bool:

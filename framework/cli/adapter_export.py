@@ -3,6 +3,7 @@ peft directory that `peft.PeftModel.from_pretrained(base_model, DIR)` loads onto
 or the model with the adapters merged into its weights (`--to hf`, `torch`, `safetensors`)."""
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -50,10 +51,12 @@ def write_peft_directory(checkpoint: Path, out: Path) -> Path:
     base = rebuild(checkpoint, config, adapter=False)
     lora = build(OmegaConf.create(config["adapter"]), "adapter")
     targets = lora.targets(base)
-    peft_model = get_peft_model(base, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                                 target_modules=targets, use_dora=lora.use_dora,
-                                                 modules_to_save=lora.modules_to_save or None,
-                                                 fan_in_fan_out=fan_in_fan_out(base, targets)))
+    with warnings.catch_warnings():  # peft asks transformers 5 a deprecated question about checkpointing
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+        peft_model = get_peft_model(base, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                                     target_modules=targets, use_dora=lora.use_dora,
+                                                     modules_to_save=lora.modules_to_save or None,
+                                                     fan_in_fan_out=fan_in_fan_out(base, targets)))
     trained = {name: value for name, value in adapted.state_dict().items() if "lora_" in name}
     missing = peft_model.base_model.model.load_state_dict(trained, strict=False)
     if missing.unexpected_keys:

@@ -101,18 +101,6 @@ def _missing_libraries(p: Plan) -> list[str]:
 
 RULES: list[Rule] = [
     Rule(
-        lambda p: p.loop.adapter is not None and _quantized(p),
-        lambda p: f"adapter={p.loop.adapter} with precision={_prec(p)} (QLoRA): not supported yet: the quantized build "
-        "would quantize the adapters' own layers too. Use adapter=lora with precision=32, bf16 or 16 (the frozen "
-        "weights then stay in that precision).",
-    ),
-    Rule(
-        lambda p: p.loop.adapter is not None and getattr(p.strategy, "stage", None) == 3,
-        lambda p: f"adapter={p.loop.adapter} with strategy={_strat(p)}: not supported yet: ZeRO-3 partitions the "
-        "adapters' weights as they are made, before peft initialises them, so B would not start at zero. Use "
-        "strategy=fsdp (the frozen model sharded too) or deepspeed_stage_2.",
-    ),
-    Rule(
         lambda p: p.loop.adapter is not None and getattr(p.checkpoint_io, "sharded", False),
         lambda p: f"adapter={p.loop.adapter} with checkpoint_io={p.names['checkpoint_io']}: an adapter's checkpoint "
         "holds its trainable weights alone (a few MB), written whole; use checkpoint_io=torch (or async).",

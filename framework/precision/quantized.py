@@ -91,10 +91,14 @@ class QuantizedPrecision(Precision):
     def plan_layers(self, model: torch.nn.Module) -> tuple[list[str], list[str]]:
         """(names of the linear layers to quantize, names of those kept with the reason)."""
         tied = _tied_weights(model)
+        # an adapted model (QLoRA): its frozen layers are quantized, the adapters' own layers train
+        adapted = any(not p.requires_grad for p in model.parameters())
         chosen, kept = [], []
         for name, module in model.named_modules():
             if not _is_linear(module):
                 continue
+            if adapted and module.weight.requires_grad:
+                continue  # an adapter's layer (not listed: there are two per adapted layer)
             if self._skipped_by_name(name):
                 kept.append(f"{name} (skip_modules)")
             elif id(module.weight) in tied:

@@ -31,6 +31,11 @@ def move_to_device(data: Any, device: torch.device) -> Any:
     return map_tensors(data, lambda t: t.to(device, non_blocking=True))
 
 
+
+def with_adapter(model: torch.nn.Module, adapter) -> torch.nn.Module:
+    """The model with the adapter's layers injected (everything else frozen), or unchanged."""
+    return model if adapter is None else adapter.apply(model)
+
 class Strategy:
     """Composes the other four plugins and exposes everything the loop needs: it wraps the model
     and optimizer, owns the processes and collectives, backward and step, and the state dicts.
@@ -139,14 +144,16 @@ class Strategy:
         return self.global_rank == 0
 
     # ---- model and optimizer -----------------------------------------------------------
-    def build_model(self, factory: Callable[[], torch.nn.Module]) -> torch.nn.Module:
-        """Build the model for `setup` (after `configure_loop`). The base class builds it whole;
-        sharding strategies build it so that no rank holds all of it (framework/construction/meta_init.py);
-        under a quantized precision its layers are quantized as they are made
-        (framework/construction/quantized_build.py)."""
+    def build_model(self, factory: Callable[[], torch.nn.Module], adapter=None) -> torch.nn.Module:
+        """Build the model for `setup` (after `configure_loop`), with the adapter (the `adapter`
+        group's object: its `apply(model)` injects trainable layers and freezes the rest) applied
+        to it. The base class builds it whole; sharding strategies build it so that no rank holds
+        all of it (framework/construction/meta_init.py); under a quantized precision its layers are
+        quantized as they are made (framework/construction/quantized_build.py), and the adapter
+        comes after, so its own layers stay in full precision (QLoRA)."""
         if getattr(self.precision, "quantizes_while_building", False):
-            return build_quantized(factory, self.precision)
-        return factory()
+            return with_adapter(build_quantized(factory, self.precision), adapter)
+        return with_adapter(factory(), adapter)
 
     def units(self, model: torch.nn.Module) -> Units:
         """The model's units (framework/construction/units.py): what sharding strategies gather

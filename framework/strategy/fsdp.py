@@ -13,6 +13,7 @@ from framework.config.types import PositiveInt
 from framework.construction.meta_init import InitLog, build_on_meta, replay
 from framework.construction.units import DEFAULT_MIN_UNIT_PARAMS, Units, choose_units
 from framework.errors import ConfigError
+from framework.strategy.base import with_adapter
 from framework.strategy.parallel import ParallelStrategy
 
 
@@ -58,13 +59,15 @@ class FSDPStrategy(ParallelStrategy):
         return []
 
     # ---- building: on the meta device, then shards only --------------------------------
-    def build_model(self, factory):
+    def build_model(self, factory, adapter=None):
+        """On the meta device, the adapter's layers too (their initialisation is recorded with the
+        rest and replayed into the shards)."""
         if not self.meta_init:
-            return factory()
-        model, log = build_on_meta(factory)
+            return with_adapter(factory(), adapter)
+        model, log = build_on_meta(lambda: with_adapter(factory(), adapter))
         if log.problem:
             self._say(f"{self.name}: building {type(model).__name__} whole on every rank before sharding: {log.problem}")
-            return factory()
+            return with_adapter(factory(), adapter)
         self._init_log = log
         return model
 

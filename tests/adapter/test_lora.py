@@ -61,18 +61,54 @@ def test_an_adapter_run_resumes_exactly(tmp_path):
     assert_resume_is_exact(ADAPTED, tmp_path, steps=4)
 
 
+def test_qlora_quantizes_the_frozen_layers_and_keeps_the_adapters_in_float():
+    """precision=bnb_nf4 + adapter=lora: the model is built with its linear layers quantized as they
+    are made, then the adapters wrap those quantized layers; they stay float32 and train, and with
+    B at zero the adapted model computes what the quantized one does."""
+    pytest.importorskip("bitsandbytes")
+    from framework.construction.quantized_build import build_quantized
+    from framework.precision.bnb_nf4 import BnbNF4Precision
+
+    precision = BnbNF4Precision(compute_dtype="fp32")
+    torch.manual_seed(0)
+    quantized = build_quantized(lambda: GPT(n_layer=1, n_embd=32, n_head=2, block_size=16), precision)
+    torch.manual_seed(0)
+    adapted = LoRA(r=4).apply(build_quantized(lambda: GPT(n_layer=1, n_embd=32, n_head=2, block_size=16), precision))
+    qkv = adapted.blocks[0].attn.qkv
+    assert "4bit" in type(qkv.base_layer).__name__ and type(qkv.lora_A.default) is torch.nn.Linear
+    assert qkv.lora_A.default.weight.dtype == torch.float32 and qkv.lora_A.default.weight.requires_grad
+    assert precision.plan_layers(adapted)[0] == []  # the base layers are quantized, the adapters' stay float
+    # a model that could not be built quantized is quantized after: its base layers, never the adapters'
+    assert precision.plan_layers(LoRA(r=4).apply(GPT(n_layer=1, n_embd=32, n_head=2, block_size=16)))[0] == [
+        f"blocks.0.{m}.base_layer" for m in ("attn.qkv", "attn.proj", "mlp.0", "mlp.2")]
+    x = torch.randint(0, 256, (2, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(adapted(x), quantized(x))
+
+
+def test_a_qlora_run_trains_the_adapters_alone_and_resumes_exactly(tmp_path):
+    pytest.importorskip("bitsandbytes")
+    straight, _ = assert_resume_is_exact([*ADAPTED, "precision=bnb_nf4", "precision.compute_dtype=fp32"], tmp_path,
+                                         steps=4)
+    saved = load_model_state(straight)
+    assert saved and all("lora_" in name for name in saved)
+
+
 @pytest.mark.slow
 def test_every_strategy_trains_the_adapters_as_one_process_does(tmp_path):
     """From one base model's weights (a plain GPT's file: its names mapped onto the adapted layers),
-    the frozen base sharded (fsdp) or replicated, the adapters train the same. ZeRO-3 is refused
-    (the compatibility table: zero.Init partitions the adapters' weights before peft sets B to zero)."""
+    the frozen base sharded (fsdp, ZeRO-3: the adapters made whole after zero.Init, partitioned by
+    deepspeed.initialize) or replicated, the adapters train the same."""
     torch.manual_seed(0)
     base = GPT(n_layer=1, n_embd=32, n_head=2, block_size=32)
     torch.save(base.state_dict(), tmp_path / "base.pt")
     losses = {}
     two = ["devices=2", "data.batch_size=4", f"ckpt_path={tmp_path / 'base.pt'}"]
+    qlora = ["precision=bnb_nf4", "precision.compute_dtype=fp32"]
     for name, overrides in {"one": [], "ddp": ["strategy=ddp", *two], "fsdp": ["strategy=fsdp", *two],
-                            "zero2": ["strategy=deepspeed_stage_2", *two]}.items():
+                            "zero2": ["strategy=deepspeed_stage_2", *two], "zero3": ["strategy=deepspeed_stage_3", *two],
+                            "qlora": [*qlora, "data.batch_size=8", f"ckpt_path={tmp_path / 'base.pt'}"],
+                            "qlora_ddp": [*qlora, "strategy=ddp", *two]}.items():
         batch = [] if overrides else ["data.batch_size=8", f"ckpt_path={tmp_path / 'base.pt'}"]
         result = run_train([*ADAPTED, "trainer.max_steps=4", f"name={name}", *batch, *overrides], tmp_path)
         assert result.returncode == 0, result.stderr[-3000:]
@@ -80,10 +116,12 @@ def test_every_strategy_trains_the_adapters_as_one_process_does(tmp_path):
 
         losses[name] = [float(r["val/loss"]) for r in csv.DictReader(open(tmp_path / "outputs" / name / "metrics.csv"))
                         if r.get("val/loss")]
-    for name in ("ddp", "fsdp", "zero2"):
+    for name in ("ddp", "fsdp", "zero2", "zero3"):
         assert len(losses[name]) == 3 and losses[name] == pytest.approx(losses["one"], abs=1e-5), name
-    refused = run_train([*ADAPTED, "strategy=deepspeed_stage_3", "devices=2", "name=zero3"], tmp_path)
-    assert refused.returncode == 2 and "adapter=lora with strategy=deepspeed_stage_3: not supported yet" in refused.stderr
+    assert losses["qlora_ddp"] == pytest.approx(losses["qlora"], abs=1e-5)  # QLoRA: the 4-bit base replicated
+    assert losses["qlora"] != pytest.approx(losses["one"], abs=1e-5)  # it is the quantized base that trains
+    zero3 = load_model_state(checkpoints(tmp_path / "outputs" / "zero3")[-1])
+    assert zero3 and all("lora_" in name for name in zero3)  # gathered whole from the partitions: adapters alone
 
 
 def test_test_and_generate_rebuild_the_adapted_model(tmp_path):

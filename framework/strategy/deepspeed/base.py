@@ -23,6 +23,7 @@ from framework.strategy.deepspeed.grad_buffer import release_gradient_buffer, ze
 from framework.strategy.deepspeed.imports import deepspeed_package, muon_left_uncompiled
 from framework.strategy.deepspeed.master_weights import shared_master_partitions
 from framework.strategy.deepspeed.sizes import nvme_param_swap, zero_sizes
+from framework.strategy.base import with_adapter
 from framework.strategy.parallel import ParallelStrategy
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
@@ -190,12 +191,14 @@ class DeepSpeedStrategy(ParallelStrategy):
         return []
 
     # ---- model and optimizer ------------------------------------------------------------
-    def build_model(self, factory):
+    def build_model(self, factory, adapter=None):
         """ZeRO-3: built inside `deepspeed.zero.Init`, which partitions each submodule's
         parameters as soon as it is constructed (its `apply` gathers one module at a time), so
-        no rank ever holds the whole model and the weights are an ordinary build's."""
+        no rank ever holds the whole model and the weights are an ordinary build's. An adapter is
+        applied after, outside it: peft initialises its layers whole (B at zero), and
+        `deepspeed.initialize` partitions them with the rest."""
         if self.stage != 3 or not self.partitioned_init:
-            return factory()
+            return super().build_model(factory, adapter)
         deepspeed = deepspeed_package()
 
         # zero.Init replaces torch.Tensor.__new__; a first import of torch._dynamo inside it (a
@@ -209,7 +212,8 @@ class DeepSpeedStrategy(ParallelStrategy):
                 shape = factory()
         with deepspeed.zero.Init(config_dict_or_path=self.deepspeed_config(shape), remote_device=remote,
                                  pin_memory=self.accelerator.name == "cuda"), sharded_build():
-            return factory()
+            model = factory()
+        return with_adapter(model, adapter)
 
     def setup(self, model, optimizer_factory):
         deepspeed = deepspeed_package()
