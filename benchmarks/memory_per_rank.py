@@ -43,12 +43,12 @@ RUN = ["model.block_size=128", "model.dropout=0.0", "data.batch_size=4", "data.v
 
 
 def train(workdir: Path, strategy: str, devices: int, model: list[str], extra=(), cap=None, worker_cap=None,
-          steps=3) -> dict:
+          steps=3, run=RUN) -> dict:
     out = workdir / f"run{len(list(workdir.iterdir()))}"
-    command = [sys.executable, str(ROOT / "train.py"), f"strategy={strategy}", f"devices={devices}", *model, *RUN,
+    command = [sys.executable, str(ROOT / "train.py"), f"strategy={strategy}", f"devices={devices}", *model, *run,
                f"trainer.max_steps={steps}", *extra, f"hydra.run.dir={out}"]
     result = cgroup.run(command, cap_bytes=cap, cwd=workdir, worker_cap_bytes=worker_cap)
-    row = {"ok": result.returncode == 0, "job_peak": result.peak_bytes, "oom": result.oom_killed,
+    row = {"ok": result.returncode == 0, "job_peak": result.peak_bytes, "oom": result.oom_killed, "out": out,
            "seconds": result.seconds, "tail": result.stderr[-1500:], "worker_peaks": result.worker_peaks}
     if row["ok"]:
         ranks = json.loads((out / "memory.json").read_text())["ranks"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import torch
 from omegaconf import DictConfig
 
 from framework.adapter.lora import count_parameters
@@ -65,7 +64,7 @@ def plan(cfg: DictConfig, out=None) -> int:
         trainable, frozen = count_parameters(model)
         print(f"  adapter={resolved.adapter._target_.rsplit('.', 1)[-1].lower()}: {trainable:,} trainable parameters "
               f"({100 * trainable / max(trainable + frozen, 1):.2f}% of {trainable + frozen:,}), {frozen:,} frozen "
-              f"({human_bytes(frozen * torch.empty((), dtype=plugins.precision.param_dtype).element_size())})",
+              f"({human_bytes(stats.frozen_bytes)}{', quantized layers included' if plugins.precision.frozen_weights(model)[0] else ''})",
               file=out)
     frozen_params, frozen_bytes = plugins.precision.frozen_weights(model)
     if frozen_params:

@@ -30,7 +30,9 @@ class ModelStats:
     optimizer_states: int = 2
     """Optimizer state tensors per parameter (Adam 2, SGD with momentum 1, plain SGD 0)."""
     frozen_bytes: int = 0
-    """Bytes of weights that never train (a quantized precision's frozen layers), held whole by every rank."""
+    """Bytes of weights that never train (a quantized precision's frozen layers, an adapter's base
+    model): no gradient or optimizer state; sharded like the rest of the weights where a strategy
+    shards weights (fsdp, ZeRO-3), else held whole by every rank."""
     largest_param: int = 0
     """Elements of the largest trainable parameter (NVMe offload swaps one parameter per buffer)."""
 
@@ -63,19 +65,21 @@ def fully_sharded(stats: ModelStats, world_size: int, offload: bool = False) -> 
     """FSDP: all states sharded over N ranks, plus one gathered unit's weights and gradients."""
     per_param = stats.param_bytes * (2 + stats.optimizer_states)
     gathered = 2 * stats.param_bytes * stats.largest_unit
-    sharded = per_param * stats.params / world_size
+    sharded = per_param * stats.params / world_size + stats.frozen_bytes / world_size
+    frozen = f" + {human_bytes(stats.frozen_bytes)} frozen/N" if stats.frozen_bytes else ""
     if offload:
         return MemoryEstimate(gathered, sharded, f"{_coefficient(2 * stats.param_bytes)}L")
     return MemoryEstimate(sharded + gathered, formula=f"{_coefficient(per_param)}Ψ/N + "
-                                                      f"{_coefficient(2 * stats.param_bytes)}L")
+                                                      f"{_coefficient(2 * stats.param_bytes)}L{frozen}")
 
 
 def optimizer_sharded(stats: ModelStats, world_size: int) -> MemoryEstimate:
     """Weights replicated, gradients and optimizer state sharded (fairscale OSS + ShardedDDP)."""
     p = stats.param_bytes
     sharded = p * (1 + stats.optimizer_states)
-    return MemoryEstimate(p * stats.params + sharded * stats.params / world_size,
-                          formula=f"{_coefficient(p)}Ψ + {_coefficient(sharded)}Ψ/N")
+    frozen = f" + {human_bytes(stats.frozen_bytes)} frozen" if stats.frozen_bytes else ""
+    return MemoryEstimate(p * stats.params + sharded * stats.params / world_size + stats.frozen_bytes,
+                          formula=f"{_coefficient(p)}Ψ + {_coefficient(sharded)}Ψ/N{frozen}")
 
 
 def zero(stats: ModelStats, world_size: int, stage: int, offload_optimizer: str = "none",
@@ -105,6 +109,9 @@ def zero(stats: ModelStats, world_size: int, stage: int, offload_optimizer: str 
         replicated_part, sharded = 0, w + master + states + grad32
         formula = f"{live}L + {_coefficient(sharded)}Ψ/N"
     device = replicated_part * psi + sharded * psi / n + (live * stats.largest_unit if stage == 3 else 0)
+    if stats.frozen_bytes:  # weights without gradients or optimizer state: partitioned by ZeRO-3 alone
+        device += stats.frozen_bytes / n if stage == 3 else stats.frozen_bytes
+        formula += f" + {human_bytes(stats.frozen_bytes)} frozen{'/N' if stage == 3 else ''}"
     host = disk = 0.0
     if offload_optimizer != "none" and stage >= 1:
         keep = w if stage == 3 and offload_parameters == "none" else 0  # the weight shard stays unless offloaded too
@@ -155,13 +162,16 @@ def model_stats(cfg: DictConfig, plugins, model):
     shard: the same rule as the run, framework/construction/units.py), and the byte sizes that the
     strategies' memory formulas need, for the model built on the meta device."""
     precision = plugins.precision
-    frozen_params, frozen_bytes = precision.frozen_weights(model)
-    params = sum(p.numel() for p in model.parameters() if p.requires_grad) - frozen_params
+    quantized_params, quantized_bytes = precision.frozen_weights(model)
+    params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)  # an adapter's base model
+    if frozen:  # QLoRA: the precision quantizes the adapted model's frozen layers
+        frozen -= quantized_params
+    else:  # a quantized precision alone freezes the layers it quantizes
+        params -= quantized_params
     units = plugins.strategy.units(model)
     param_bytes = torch.empty((), dtype=precision.param_dtype).element_size()
-    # weights frozen before the precision's turn (an adapter's base model): counted whole per rank,
-    # an upper bound for the sharding strategies, which shard them too
-    frozen_bytes += sum(p.numel() for p in model.parameters() if not p.requires_grad) * param_bytes
+    frozen_bytes = quantized_bytes + frozen * param_bytes
     mixed_half = precision.param_dtype == torch.float32 and precision.compute_dtype in (torch.float16, torch.bfloat16)
     largest = max((p.numel() for p in model.parameters() if p.requires_grad), default=0)
     stats = ModelStats(params, units.largest or params, param_bytes, mixed_half, optimizer_states(cfg), frozen_bytes,

@@ -10,7 +10,8 @@ import pytest
 
 from framework.cli.plan import plan
 from framework.config.build import build
-from framework.planning.memory import ModelStats, fully_sharded, model_stats, optimizer_sharded, replicated, zero
+from framework.planning.memory import (ModelStats, estimate, fully_sharded, model_stats, optimizer_sharded, replicated,
+                                       zero)
 from framework.runner import prepare
 from tests.cli.helpers import framework_cmd
 from tests.conftest import compose_cfg
@@ -69,6 +70,38 @@ def test_model_is_counted_on_the_meta_device():
     assert stats.params == sum(p.numel() for p in real.parameters())
     assert [type(m).__name__ for m in units.modules] == ["Block"] * 3
     assert stats.largest_unit == sum(p.numel() for p in real.blocks[0].parameters())
+
+
+@pytest.mark.parametrize("overrides,sharded", [([], False), (["precision=bnb_nf4"], False),
+                                               (["strategy=fsdp", "devices=2"], True),
+                                               (["strategy=deepspeed_stage_3", "devices=2"], True)])
+def test_an_adapters_frozen_base_is_counted_once_per_rank_or_sharded(overrides, sharded):
+    """adapter=lora: Ψ is the adapters' parameters; the frozen base is counted in float32 (in 4 bits
+    for its quantized layers under QLoRA) whole per rank, or divided by N where the strategy
+    shards weights."""
+    if "precision=bnb_nf4" in overrides:
+        pytest.importorskip("bitsandbytes")
+    cfg = compose_cfg(["adapter=lora", "model.n_layer=2", "model.n_embd=64", "model.n_head=4", *overrides])
+    prepared = prepare(cfg)
+    stats, _ = model_stats(cfg, prepared.plugins, prepared.model)
+    params = dict(prepared.model.named_parameters())
+    assert stats.params == sum(p.numel() for name, p in params.items() if "lora_" in name)
+    frozen = sum(p.numel() for name, p in params.items() if "lora_" not in name)
+    if "precision=bnb_nf4" in overrides:
+        quantized = sum(p.numel() for name, p in params.items() if name.endswith("base_layer.weight"))
+        expected = (frozen - quantized) * 4 + prepared.plugins.precision.frozen_weights(prepared.model)[1]
+        assert 0 < expected < frozen * 4 * 0.6
+    else:
+        expected = frozen * 4
+    assert stats.frozen_bytes == expected
+    layer_bytes = 16 * stats.params / (2 if sharded else 1) + expected / (2 if sharded else 1)
+    assert estimate(prepared.plugins.strategy, stats, prepared.world_size).device - (8 * stats.largest_unit if sharded else 0) == pytest.approx(layer_bytes)
+
+
+def estimate_of(prepared, stats):
+    from framework.planning.memory import estimate
+
+    return estimate(prepared.plugins.strategy, stats, prepared.plugins.cluster.world_size())
 
 
 @pytest.mark.parametrize("overrides,formula", [
