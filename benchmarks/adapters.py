@@ -1,7 +1,8 @@
 """Adapters side by side: a full fine-tune in fp32 against LoRA in fp32, LoRA in bf16 mixed
 precision and QLoRA (nf4), on a ~100M and a ~400M Hugging Face GPT-2 (random init of those
 shapes: nothing is downloaded), trained on the chat example that ships with the framework
-(recipe hf_lora_chat, byte tokens, rows of 256 tokens, batch 4), one process on the CPU.
+(recipe hf_lora_chat, byte tokens, rows of 256 tokens, batch 4, each GPT-2 block's activations
+recomputed in backward so that the model states dominate), one process on the CPU.
 
 Per row: the trainable share of the parameters, the training peak of the process above its
 baseline (the memory_monitor callback) and the whole job's peak (its cgroup, benchmarks/cgroup.py),
@@ -27,12 +28,13 @@ import cgroup  # noqa: E402
 from memory_per_rank import GiB, MiB, train  # noqa: E402
 from results_table import publish  # noqa: E402
 
-STEPS = 6
+STEPS = 4
 RECIPE = ["model=hf_causal_lm", "data=chat_files"]  # what recipe hf_lora_chat chooses (its adapter: SETTINGS)
 SIZES = {"~100M": ["model.config.n_layer=14", "model.config.n_embd=768", "model.config.n_head=12"],
          "~400M": ["model.config.n_layer=24", "model.config.n_embd=1152", "model.config.n_head=16"]}
 RUN = ["data.block_size=256", "data.batch_size=4", "data.val_batch_size=4", "trainer.val_at_start=false",
-       f"trainer.val_every={STEPS}", "trainer.val_batches=4", "trainer.log_every=1", "trainer.progress_bar=false",
+       f"trainer.val_every={STEPS}", "trainer.val_batches=2", "trainer.activation_checkpointing=true",
+       "trainer.log_every=1", "trainer.progress_bar=false",
        "trainer.plot=false", "logger=[csv]", "callbacks=[checkpoint,memory_monitor]",
        "optimizer.lr=0.0005"]
 SETTINGS = {"full fine-tune, fp32": [],
@@ -58,8 +60,9 @@ def main() -> None:
     if why:
         sys.exit(f"adapters: {why}")
     lines = [f"Hugging Face GPT-2 shapes (random init, byte tokens), the chat example, batch 4 x 256 tokens, AdamW, "
-             f"{STEPS} steps, one process on the CPU. Training peak: above the process's baseline (torch and data "
-             "loaded), memory_monitor; whole job: its cgroup. Step time: median after the first step.", "",
+             f"{STEPS} steps, activation checkpointing per block, one process on the CPU. Training peak: above the "
+             "process's baseline (torch and data loaded), memory_monitor; whole job: its cgroup. Step time: median "
+             "after the first step.", "",
              "| model | setting | trainable | training peak (MiB) | vs full | whole job (MiB) | step (s) "
              "| checkpoint (MiB) | vs full | val loss |",
              "|---|---|---|---|---|---|---|---|---|---|"]

@@ -64,7 +64,8 @@ def plan(cfg: DictConfig, out=None) -> int:
         trainable, frozen = count_parameters(model)
         print(f"  adapter={resolved.adapter._target_.rsplit('.', 1)[-1].lower()}: {trainable:,} trainable parameters "
               f"({100 * trainable / max(trainable + frozen, 1):.2f}% of {trainable + frozen:,}), {frozen:,} frozen "
-              f"({human_bytes(stats.frozen_bytes)}{', quantized layers included' if plugins.precision.frozen_weights(model)[0] else ''})",
+              f"({human_bytes(stats.frozen_bytes)}"
+              f"{', quantized layers included' if plugins.precision.frozen_weights(model)[0] else ''})",
               file=out)
     frozen_params, frozen_bytes = plugins.precision.frozen_weights(model)
     if frozen_params:

@@ -19,7 +19,7 @@ from framework.checkpoint.load import checkpoint_to_evaluate, load_model_weights
 from framework.checkpoint.rng import rng_state, set_rng_state
 from framework.checkpoint.weights import fit_saved_state, is_weights_file, load_error_summary
 from framework.checkpoint_io.dcp_reader import STATE_DIR
-from framework.console import announce_if_slow
+from framework.console import announce_if_slow, human_bytes
 from framework.data.loaders import batches_yielded, skip_to
 from framework.errors import CheckpointError, ConfigError
 from framework.loop.evaluation import score
@@ -335,7 +335,10 @@ class FitLoop:
             return
         pending, self._pending_checkpoint = self._pending_checkpoint, None
         path = finalize_checkpoint(self.strategy, pending)  # waits for the writes itself
-        self.say(f"saved checkpoint {path}")
+        if self.strategy.is_global_zero:  # its size: what an adapter run's checkpoint saves shows here
+            size = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+            self.say(f"saved checkpoint {path} ({human_bytes(size)}"
+                     f"{', the adapters alone' if self._adapter_weights is not None else ''})")
         self._hook("on_checkpoint_saved", path)
 
     def _fit(self, state: dict) -> dict:
