@@ -64,9 +64,10 @@ class CPUAccelerator(Accelerator):
         return_freed_memory: give freed buffers of 1 MiB and more back to the OS at once (glibc's
         mmap threshold fixed at 1 MiB). Sharding frees and reallocates buffers of many sizes, which
         glibc's adaptive threshold otherwise keeps in the heap: measured on a 85M GPT, fsdp's peak
-        per rank 0.94 GiB instead of 2.1 GiB and growing, for about 15% slower steps. null: on for
-        strategies that shard (fsdp, DeepSpeed, ddp_sharded) and quantized precisions (bnb_*),
-        off otherwise."""
+        per rank 0.94 GiB instead of 2.1 GiB and growing, for about 15% slower steps; a LoRA run of a
+        ~100M GPT-2 peaked at 708 MiB instead of 1805 (benchmarks/adapters.py). null: on for
+        strategies that shard (fsdp, DeepSpeed, ddp_sharded), quantized precisions (bnb_*) and
+        adapter runs, off otherwise."""
         self._max = max_processes
         self.return_freed_memory = return_freed_memory
 

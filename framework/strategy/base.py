@@ -151,6 +151,8 @@ class Strategy:
         all of it (framework/construction/meta_init.py); under a quantized precision its layers are
         quantized as they are made (framework/construction/quantized_build.py), and the adapter
         comes after, so its own layers stay in full precision (QLoRA)."""
+        if adapter is not None:  # a run for little memory: freed buffers go back to the OS, as under sharding
+            self.accelerator.setup_host_memory(True)
         if getattr(self.precision, "quantizes_while_building", False):
             return with_adapter(build_quantized(factory, self.precision), adapter)
         return with_adapter(factory(), adapter)
