@@ -11,7 +11,7 @@ the median step time after the first step, the checkpoint's size on disk (model 
 and the validation loss after STEPS steps. The issue's goals: QLoRA's peak <= 0.25x the full
 fine-tune's, LoRA at rank 8 trains <= 1% of the parameters, an adapter checkpoint <= 2% of a full one.
 
-    .venv/bin/python benchmarks/adapters.py        (as root; about half an hour)
+    .venv/bin/python benchmarks/adapters.py [~100M] [~400M]   (as root; ~10 minutes for ~100M, far more for ~400M)
 """
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ import tempfile
 from pathlib import Path
 
 import torch
+
+from framework.accelerator.cpu import CPUAccelerator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cgroup  # noqa: E402
@@ -41,10 +43,14 @@ RUN = ["data.block_size=256", "data.batch_size=4", "data.val_batch_size=4", "tra
        "accelerator=cpu", "accelerator.return_freed_memory=true",
        "trainer.plot=false", "logger=[csv]", "callbacks=[checkpoint,memory_monitor]",
        "optimizer.lr=0.0005"]
+# bf16 math is emulated on a CPU without AVX512-BF16 or AMX (many times slower than float32; the
+# compatibility table warns): there the bf16 row is not run and QLoRA's layers compute in float32
+FAST_BF16 = CPUAccelerator().fast_bf16()
 SETTINGS = {"full fine-tune, fp32": [],
             "LoRA r=8, fp32": ["adapter=lora"],
-            "LoRA r=8, bf16": ["adapter=lora", "precision=bf16"],
-            "QLoRA r=8, nf4": ["adapter=lora", "precision=bnb_nf4"]}
+            "LoRA r=8, bf16": ["adapter=lora", "precision=bf16"] if FAST_BF16 else None,
+            f"QLoRA r=8, nf4 (computing in {'bf16' if FAST_BF16 else 'fp32'})":
+                ["adapter=lora", "precision=bnb_nf4", f"precision.compute_dtype={'bf16' if FAST_BF16 else 'fp32'}"]}
 
 
 def measured(out: Path) -> dict:
@@ -70,10 +76,14 @@ def main() -> None:
              "| model | setting | trainable | training peak (MiB) | vs full | whole job (MiB) | step (s) "
              "| checkpoint (MiB) | vs full | val loss |",
              "|---|---|---|---|---|---|---|---|---|---|"]
+    chosen = sys.argv[1:] or list(SIZES)  # e.g. `adapters.py ~100M`: one size
     with tempfile.TemporaryDirectory() as tmp:
-        for size, shape in SIZES.items():
+        for size, shape in ((s, SIZES[s]) for s in chosen):
             full = None
             for setting, extra in SETTINGS.items():
+                if extra is None:
+                    lines.append(f"| {size} | {setting} | not run: this CPU has no bf16 hardware | | | | | | | |")
+                    continue
                 row = train(Path(tmp), "single_device", 1, [*RECIPE, *shape], [*extra, "name=bench"], cap=22 * GiB,
                             steps=STEPS, run=RUN)
                 if not row["ok"]:

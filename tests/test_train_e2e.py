@@ -101,6 +101,13 @@ def test_debug_shows_the_traceback(tmp_path):
     assert result.returncode != 0 and "Traceback" in result.stderr
 
 
+def test_bf16_warns_loudly_only_on_a_cpu_without_bf16_hardware(tmp_path):
+    result = run_train(["precision=bf16", "name=bf16", "trainer.max_steps=2", *TINY_GPT], tmp_path)
+    assert result.returncode == 0, result.stderr
+    warned = "WARNING: precision=bf16 on accelerator=cpu: this device has no bf16 hardware" in result.stderr
+    assert warned != CPUAccelerator().fast_bf16()  # the predicate the compatibility table uses
+
+
 def test_fp16_warns_loudly_only_on_a_cpu_without_fp16_hardware(tmp_path):
     result = run_train(["precision=16", "name=fp16", "trainer.max_steps=2", *TINY_GPT], tmp_path)
     assert result.returncode == 0, result.stderr

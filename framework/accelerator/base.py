@@ -70,6 +70,10 @@ class Accelerator(ABC):
         """Whether fp16 math runs in hardware (if not, precision=16 is warned about)."""
         return True
 
+    def fast_bf16(self) -> bool:
+        """Whether bf16 math runs in hardware (if not, precision=bf16 is warned about)."""
+        return True
+
     def fp8_support(self) -> str | None:
         """None when this device runs fp8 matmuls (precision=te_fp8), else why not."""
         return f"accelerator={self.name} has no fp8 matmuls"

@@ -257,7 +257,8 @@ RULES: list[Rule] = [
         lambda p: _quantized(p) and getattr(p.precision, "compute_dtype_name", "") == "fp16"
         and not p.accelerator.fast_fp16(),
         lambda p: f"precision={_prec(p)} with precision.compute_dtype=fp16 on accelerator={_acc(p)}: this device has "
-        "no fp16 hardware, so the quantized layers will compute many times slower than with compute_dtype=bf16.",
+        "no fp16 hardware, so the quantized layers will compute many times slower than with "
+        f"compute_dtype={'bf16' if p.accelerator.fast_bf16() else 'fp32'}.",
         level="warn",
     ),
     Rule(
@@ -277,8 +278,25 @@ RULES: list[Rule] = [
     Rule(
         lambda p: p.names["precision"] in ("16", "16_true") and not p.accelerator.fast_fp16(),
         lambda p: f"precision={p.names['precision']} on accelerator={_acc(p)}: this device has no "
-        "fp16 hardware, so half precision will run many times slower than precision=32; "
-        "precision=bf16 is the fast mixed precision here.",
+        "fp16 hardware, so half precision will run many times slower than precision=32"
+        f"{'; precision=bf16 is the fast mixed precision here' if p.accelerator.fast_bf16() else ''}.",
+        level="warn",
+    ),
+    Rule(
+        lambda p: p.names["precision"] in ("bf16", "bf16_true") and p.accelerator.supports_bf16()
+        and not p.accelerator.fast_bf16(),
+        lambda p: f"precision={p.names['precision']} on accelerator={_acc(p)}: this device has no "
+        "bf16 hardware (AVX512-BF16 or AMX on a CPU), so bf16 math will run many times slower than "
+        "precision=32"
+        f"{'; precision=16 is the fast mixed precision here' if p.accelerator.fast_fp16() else ''}.",
+        level="warn",
+    ),
+    Rule(
+        lambda p: _quantized(p) and getattr(p.precision, "compute_dtype_name", "") == "bf16"
+        and not p.accelerator.fast_bf16(),
+        lambda p: f"precision={_prec(p)} with precision.compute_dtype=bf16 on accelerator={_acc(p)}: this device "
+        "has no bf16 hardware, so the quantized layers will compute many times slower than with "
+        "precision.compute_dtype=fp32.",
         level="warn",
     ),
 ]

@@ -25,9 +25,11 @@ def test_every_shipped_option_is_listed_with_a_description():
 
 
 @pytest.mark.parametrize("fast_fp16", [False, True], ids=["cpu-without-fp16", "cpu-with-fp16"])
-def test_usability_follows_the_compatibility_table(monkeypatch, fast_fp16):
-    # both kinds of CPU this project's machines have, whichever this one is (the code's own predicate)
+@pytest.mark.parametrize("fast_bf16", [False, True], ids=["without-bf16", "with-bf16"])
+def test_usability_follows_the_compatibility_table(monkeypatch, fast_fp16, fast_bf16):
+    # every kind of CPU this project's machines have, whichever this one is (the code's own predicates)
     monkeypatch.setattr(CPUAccelerator, "fast_fp16", lambda self: fast_fp16)
+    monkeypatch.setattr(CPUAccelerator, "fast_bf16", lambda self: fast_bf16)
     options = [o for o in discover(["accelerator", "strategy", "precision", "logger"])]
     check_usable(options)
     by_name = {(o.group, o.name): o for o in options}
@@ -44,6 +46,9 @@ def test_usability_follows_the_compatibility_table(monkeypatch, fast_fp16):
         assert "fp16" not in fp16.note
     else:
         assert "no fp16 hardware" in fp16.note and "slower" in fp16.note
+        assert ("precision=bf16 is the fast mixed precision here" in fp16.note) == fast_bf16
+    bf16 = by_name["precision", "bf16"]
+    assert bf16.problem is None and ("no bf16 hardware" in bf16.note) != fast_bf16
 
 
 def test_list_command_for_one_group_and_a_typo():
