@@ -77,6 +77,7 @@ bench: $(BENCH_BIN)/.installed
 	$(BENCH_BIN)/python benchmarks/memory_per_rank.py
 	$(BENCH_BIN)/python benchmarks/after_training.py
 	$(BENCH_BIN)/python benchmarks/checkpoint_io.py
+	$(BENCH_BIN)/python benchmarks/adapters.py "~100M"
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) $(XLA_VENV) $(GPU_VENV) outputs multirun .pytest_cache
