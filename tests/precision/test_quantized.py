@@ -265,9 +265,23 @@ def test_fp16_compute_warned_where_the_device_has_no_fp16():
     if prepared.plugins.accelerator.fast_fp16():
         assert fp16 == []
     else:
+        faster = "bf16" if prepared.plugins.accelerator.fast_bf16() else "fp32"
         assert fp16 == ["precision=bnb_nf4 with precision.compute_dtype=fp16 on accelerator=cpu: this device has no "
                         "fp16 hardware, so the quantized layers will compute many times slower than with "
-                        "compute_dtype=bf16."]
+                        f"compute_dtype={faster}."]
+
+
+def test_bf16_compute_warned_where_the_device_has_no_bf16():
+    """The quantized precisions compute in bf16 by default: emulated, many times slower, on a CPU
+    without bf16 hardware (the table's own predicate decides, on every kind of machine)."""
+    prepared = prepare(compose_cfg([*TINY_GPT, "precision=bnb_nf4"]), strict=False)
+    bf16 = [w for w in prepared.warnings if "compute_dtype=bf16" in w]
+    if prepared.plugins.accelerator.fast_bf16():
+        assert bf16 == []
+    else:
+        assert bf16 == ["precision=bnb_nf4 with precision.compute_dtype=bf16 on accelerator=cpu: this device has no "
+                        "bf16 hardware, so the quantized layers will compute many times slower than with "
+                        "precision.compute_dtype=fp32."]
 
 
 def test_refused_without_bitsandbytes(monkeypatch):
