@@ -77,7 +77,9 @@ def test_resume_is_bit_exact_and_checkpoints_move_between_xla_and_the_cpu(tmp_pa
     # (2026-11-26) the same code, before and after that session's changes, resumed within rounding
     # but not bit for bit (not investigated): within float32 rounding there
     torch.testing.assert_close(load_model_state(a), load_model_state(b), rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(load_optimizer_state(a), load_optimizer_state(b), rtol=1e-5, atol=1e-6)
+    optimizer_a, optimizer_b = load_optimizer_state(a), load_optimizer_state(b)
+    assert optimizer_a["param_groups"] == optimizer_b["param_groups"]
+    torch.testing.assert_close(optimizer_a["state"], optimizer_b["state"], rtol=1e-5, atol=1e-6)
     # an xla_fsdp checkpoint continued on the CPU, and a CPU (single_device) one on XLA
     on_cpu = train(tmp_path, "on_cpu", "accelerator=cpu", "trainer.max_steps=6", f"ckpt_path={a}")
     assert "resumed from" in on_cpu.stdout and losses(tmp_path, "on_cpu")[-1] < losses(tmp_path, "straight")[0]
