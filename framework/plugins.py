@@ -28,6 +28,7 @@ def build_plugins(cfg: DictConfig) -> Plugins:
                      checkpoint_io=checkpoint_io, cluster=cluster)
     try:
         strategy.devices = accelerator.resolve_devices(cfg.get("devices", 1))
+        strategy.num_nodes = int(cfg.get("num_nodes", 1))
     except (TypeError, ValueError):
         pass  # a bad `devices` value is reported by the checks that read it
     return Plugins(accelerator, precision, checkpoint_io, cluster, strategy)

@@ -1,5 +1,6 @@
 """One walker over nested containers of tensors, for every place that moves, casts or copies a
-batch or a state (ground floor: imports nothing of the framework)."""
+batch or a state, and a rank's part of a whole tensor laid out as a DTensor is (ground floor:
+imports nothing of the framework)."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -19,3 +20,25 @@ def map_tensors(data: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     if isinstance(data, (list, tuple)):
         return type(data)(map_tensors(v, fn) for v in data)
     return data
+
+
+def local_part(full: torch.Tensor, like) -> torch.Tensor:
+    """This rank's part of `full` laid out as the DTensor `like` (`full` itself for a plain tensor).
+    On a 2-D mesh (model_parallel, hsdp) the last dimension's placement is applied first and
+    FSDP's then splits that rank's part along its dimension, as fully_shard lays out a parameter
+    it shards on top of another split (its strided shard on the first dimension means exactly
+    that)."""
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    if not isinstance(like, DTensor):
+        return full
+    mesh, part = like.device_mesh, full.detach()
+    with torch.no_grad():
+        for dim in reversed(range(mesh.ndim)):
+            placement = like.placements[dim]
+            if dim < mesh.ndim - 1 and isinstance(placement, _StridedShard):
+                placement = Shard(placement.dim)
+            sub = mesh[mesh.mesh_dim_names[dim]] if mesh.ndim > 1 else mesh
+            part = distribute_tensor(part, sub, [placement], src_data_rank=None).to_local()
+    return part

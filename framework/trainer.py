@@ -218,8 +218,9 @@ def _predict(cfg, config: dict, plugins, output_dir: Path, stage: Stage) -> FitR
     rows = 0
     with open(path, "w", encoding="utf-8") as out:
         for index, row in predict(strategy, model, loader, task.predict_step):
-            out.write(json.dumps({"index": index, **row}) + "\n")
-            rows += 1
+            if strategy.data_parallel.reports:  # a tensor-parallel rank's group has one rank write its rows
+                out.write(json.dumps({"index": index, **row}) + "\n")
+                rows += 1
     strategy.barrier()  # every rank's file is complete before rank zero's process merges them
     return FitResult({"rows": float(rows)})
 

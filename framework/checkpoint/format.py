@@ -131,6 +131,7 @@ def finalize_checkpoint(strategy, pending: PendingCheckpoint) -> Path:
     if strategy.is_global_zero:
         files = {p.relative_to(partial).as_posix(): p.stat().st_size for p in sorted(partial.rglob("*")) if p.is_file()}
         meta = {"format_version": FORMAT_VERSION, "step": pending.step, "world_size": strategy.world_size,
+                "data_parallel_size": strategy.data_parallel.size,
                 "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "versions": versions(), **pending.meta,
                 "files": files}
         tmp = partial / f".{META}.tmp"

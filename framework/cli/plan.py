@@ -55,6 +55,9 @@ def plan(cfg: DictConfig, out=None) -> int:
     else:
         print(f"  {world} process(es) = devices {devices} x num_nodes {resolved.num_nodes}; "
               f"{ranks_per_node(devices, resolved.num_nodes)}", file=out)
+    describe_layout = getattr(plugins.strategy, "describe_layout", None)  # a 2-D mesh: hsdp, model_parallel
+    for line in describe_layout(world, model) if describe_layout and not prepared.refusals else ():
+        print(f"  {line}", file=out)
     stats, units = model_stats(resolved, plugins, model)
     print("model", file=out)
     print(f"  {type(model).__name__}: {stats.params:,} trainable parameters; largest unit gathered at once: "

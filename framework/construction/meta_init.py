@@ -11,9 +11,14 @@ GPT's `_init_weights` replaces) run on a scratch tensor only to draw their rando
 each parameter's last call, `write(name, full)` keeps this rank's part (a DTensor's shard) and the
 full tensor is dropped: a rank holds its shards plus one parameter at a time, never the model.
 
+A buffer computed in a constructor (a rotary embedding's inverse frequencies: Llama, Qwen2, ...)
+cannot be recorded, but where it belongs to a small module without parameters that is made from
+the model's config (`Module(config)`, as Hugging Face builds them), that module is built again on
+the CPU after the shards are made and its buffers are copied over.
+
 What cannot be replayed (values made by a random factory such as `torch.randn` in `__init__`,
-a buffer computed from other tensors, an initialiser reading another meta tensor) is reported
-by `replay_problem`, and the strategy then builds the model whole, saying why.
+another computed buffer, an initialiser reading another meta tensor) is reported in the log's
+`problem`, and the strategy then builds the model whole, saying why.
 """
 from __future__ import annotations
 
@@ -58,6 +63,7 @@ class InitLog:
 
     ops: list[_Op] = field(default_factory=list)
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> the meta tensor (shape, dtype)
+    rebuilt: dict[str, nn.Module] = field(default_factory=dict)  # owner name -> a module whose buffers are rebuilt
     problem: str | None = None  # why it cannot be replayed; None when it can
 
 
@@ -77,6 +83,7 @@ def resolve(model: nn.Module, record: list) -> InitLog:
             log.tensors[name] = tensor
             by_storage.setdefault(_storage(tensor), name)
     initialised = set()
+    buffer_names = {name for name, _ in model.named_buffers()}
     for func, args, kwargs in record:
         label = getattr(func, "__name__", str(func))
         if func in RANDOM_FACTORIES:
@@ -86,6 +93,11 @@ def resolve(model: nn.Module, record: list) -> InitLog:
         # None: a tensor the model dropped after initialising it (nn.Linear's weight that GPT
         # replaces by the tied embedding): replayed on scratch, for the random numbers it drew
         name = by_storage.get(_storage(target))
+        owner = name.rpartition(".")[0] if name in buffer_names else None
+        if owner is not None and _rebuildable(model.get_submodule(owner)):  # made again for real after
+            log.rebuilt[owner] = model.get_submodule(owner)
+            initialised.add(name)
+            continue
         others = [a for a in [*args[1:], *kwargs.values()] if isinstance(a, torch.Tensor) and a is not target]
         if any(o.is_meta for o in others):
             log.problem = f"its constructor calls {label} with another tensor's values, which the meta device lacks"
@@ -96,10 +108,20 @@ def resolve(model: nn.Module, record: list) -> InitLog:
                                                       target.storage_offset()), whole, (elements, target.dtype)))
         initialised.add(name)
     buffers = [n for n, _ in model.named_buffers() if n in log.tensors and n not in initialised]
-    if buffers:
-        log.problem = (f"its buffer {buffers[0]} is computed in its constructor, which the meta device cannot "
-                       "record")
+    for name in buffers:
+        owner = name.rpartition(".")[0]
+        if _rebuildable(model.get_submodule(owner)):
+            log.rebuilt[owner] = model.get_submodule(owner)
+        else:
+            log.problem = (f"its buffer {name} is computed in its constructor, which the meta device cannot "
+                           "record")
+            break
     return log
+
+
+def _rebuildable(module: nn.Module) -> bool:
+    """A module without parameters made from a config alone (Hugging Face's rotary embeddings)."""
+    return next(module.parameters(), None) is None and getattr(module, "config", None) is not None
 
 
 def _covers(view: torch.Tensor, tensor: torch.Tensor) -> bool:
@@ -140,3 +162,8 @@ def replay(log: InitLog, write: Callable[[str, torch.Tensor], None]) -> None:
         _call(op, live[op.name])
         if i == last[op.name]:
             write(op.name, live.pop(op.name))
+    for owner, module in log.rebuilt.items():  # computed buffers: the module made again, for real
+        with torch.device("cpu"):
+            fresh = type(module)(module.config)
+        for name, buffer in fresh.named_buffers(recurse=False):
+            write(f"{owner}.{name}" if owner else name, buffer)

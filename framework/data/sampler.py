@@ -9,9 +9,10 @@ def rank_sampler(dataset: Dataset, strategy, shuffle: bool, seed: int, drop_last
     """This rank's share of `dataset` under `strategy` (its world size and rank). `even=True`
     (training) gives every rank the same number of samples (DistributedSampler, reshuffled by
     seed + epoch); `even=False` (evaluation) gives each sample to exactly one rank."""
+    share = strategy.data_parallel  # tensor-parallel ranks share one
     if not even:
-        return ShardSampler(len(dataset), strategy.world_size, strategy.global_rank)
-    return DistributedSampler(dataset, num_replicas=strategy.world_size, rank=strategy.global_rank,
+        return ShardSampler(len(dataset), share.size, share.rank)
+    return DistributedSampler(dataset, num_replicas=share.size, rank=share.rank,
                               shuffle=shuffle, seed=seed, drop_last=drop_last)
 
 

@@ -73,6 +73,8 @@ def evaluate(strategy, model: torch.nn.Module, loader, step: Step) -> dict[str, 
     flat = torch.cat([(sums[key] if key in sums else torch.zeros(shape, dtype=torch.float64,
                                                                    device=strategy.root_device)).reshape(-1)
                       for key, shape in shapes.items()])
+    if not strategy.data_parallel.reports:  # a tensor-parallel rank: its group's first rank counts the same samples
+        flat = torch.zeros_like(flat)
     flat = strategy.reduce(flat, "sum").cpu()  # one collective for every sum
     totals, start = {}, 0
     for key, shape in shapes.items():

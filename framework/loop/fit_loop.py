@@ -213,7 +213,7 @@ class FitLoop:
         if self.manual is None:
             sums["loss"] = w["loss"]
         means = self._window_means(sums, batches)
-        unit, items = self.task.throughput_unit, w["items"] * self.strategy.world_size
+        unit, items = self.task.throughput_unit, w["items"] * self.strategy.data_parallel.size
         self.state.items_seen += items
         metrics = {**{f"train/{k}": v for k, v in means.items()}, f"train/{unit}_per_s": items / elapsed,
                    f"train/{unit}": float(self.state.items_seen)}
@@ -369,14 +369,17 @@ class FitLoop:
         loop = objects["loop"]
         self.state.load_state_dict(loop["state"])
         saved_world = int(meta.get("world_size", strategy.world_size))
-        if saved_world == strategy.world_size:
+        saved_shares = int(meta.get("data_parallel_size", saved_world))  # how many shares the data was dealt in
+        if saved_world == strategy.world_size and saved_shares == strategy.data_parallel.size:
             self.train_loader.load_state_dict(loop["train_loader"])
             set_rng_state(loop["rng"])
         else:
-            self._translate_data_position(loop, saved_world)
+            self._translate_data_position(loop, saved_shares)
             set_rng_state(loop["rng"])  # rank zero's streams: a new world size cannot continue the old ones
+            dealt = ("the data order within this epoch is re-dealt" if saved_shares != strategy.data_parallel.size else
+                     f"the data continues where it stopped (dealt in {saved_shares} shares, as before)")
             self.say(f"resuming a checkpoint of {saved_world} process(es) with {strategy.world_size}: weights, "
-                     "optimizer, step and epoch are exact; the data order within this epoch is re-dealt")
+                     f"optimizer, step and epoch are exact; {dealt}")
         if self.scheduler is not None and loop["scheduler"] is not None:
             self.scheduler.load_state_dict(loop["scheduler"])
         strategy.precision.load_state_dict(loop["precision"])
@@ -391,13 +394,13 @@ class FitLoop:
             logger.truncate(self.state.step)
         self.say(f"resumed from {path} at step {self.state.step} (epoch {self.state.epoch})")
 
-    def _translate_data_position(self, loop: dict, saved_world: int) -> None:
+    def _translate_data_position(self, loop: dict, saved_shares: int) -> None:
         """Continue the epoch after the same number of samples, dealt to a different number of
-        ranks: skip as many of this rank's batches as cover the samples already seen, rounded down
-        to a whole accumulation group."""
-        seen = batches_yielded(loop["train_loader"]) * saved_world  # batches, all ranks together
+        ranks (data-parallel shares): skip as many of this rank's batches as cover the samples
+        already seen, rounded down to a whole accumulation group."""
+        seen = batches_yielded(loop["train_loader"]) * saved_shares  # batches, all shares together
         k = self.trainer.accumulate
-        skip = (seen // self.strategy.world_size) // k * k
+        skip = (seen // self.strategy.data_parallel.size) // k * k
         skip = min(skip, len(self.train_loader))
         self.state.batch_in_epoch = skip
         self.train_loader.sampler.set_epoch(self.state.epoch)

@@ -45,6 +45,7 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, n_embd: int, n_head: int, dropout: float):
         super().__init__()
         self.n_head = n_head
+        self.head_dim = n_embd // n_head
         self.qkv = nn.Linear(n_embd, 3 * n_embd)
         self.proj = nn.Linear(n_embd, n_embd)
         self.dropout = dropout
@@ -53,9 +54,9 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
         """`mask` (B, 1, T, T), True where a position may attend (packed rows); None: causal."""
-        b, t, c = x.shape
-        q, k, v = self.qkv(x).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        qkv = self.qkv(x)  # under tensor parallelism: this rank's heads, all positions (framework/strategy/model_parallel.py)
+        b, t, _ = qkv.shape
+        q, k, v = (z.view(b, t, -1, self.head_dim).transpose(1, 2) for z in qkv.chunk(3, dim=2))
         causal = mask is None
         if cache is not None and cache.length:  # new positions after cached ones: each sees the cache and
             k, v = cache.append(layer, k, v)    # the new positions up to itself
@@ -66,7 +67,7 @@ class CausalSelfAttention(nn.Module):
             cache.append(layer, k, v)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
                                            dropout_p=self.dropout if self.training else 0.0)
-        return self.resid_drop(self.proj(y.transpose(1, 2).reshape(b, t, c)))
+        return self.resid_drop(self.proj(y.transpose(1, 2).reshape(b, t, -1)))
 
 
 class Block(nn.Module):
@@ -91,6 +92,14 @@ class GPT(nn.Module):
 
     #: the modules a sharding strategy wraps as units by default (strategy.wrap_modules=null)
     sharding_units = ("Block",)
+    #: how strategy=model_parallel splits it (framework/construction/tensor_parallel.py): each rank
+    #: computes its share of the heads and of the MLP's hidden units
+    tensor_parallel_plan = {"blocks.*.attn.qkv": "colwise_fused3", "blocks.*.attn.proj": "rowwise",
+                            "blocks.*.mlp.0": "colwise", "blocks.*.mlp.2": "rowwise"}
+    #: with strategy.sequence_parallel=true: the blocks' norms (and the residual stream between
+    #: the split layers) run on a share of the positions, gathered whole before the final norm
+    sequence_parallel_plan = {"blocks.0": "split_sequence", "blocks.*.ln1": "sequence_parallel",
+                              "blocks.*.ln2": "sequence_parallel", "ln_f": "gather_sequence"}
 
     def __init__(self, vocab_size: PositiveInt = 256, block_size: PositiveInt = 128, n_layer: PositiveInt = 4,
                  n_head: PositiveInt = 4, n_embd: PositiveInt = 128, dropout: NonNegativeFloat = 0.0):

@@ -135,7 +135,8 @@ def estimate(strategy, stats: ModelStats, world_size: int) -> MemoryEstimate:
     """Bytes per rank under `strategy`, by its `memory_layout` and the settings that layout reads
     (fsdp's cpu_offload; DeepSpeed's stage and offload devices). Under SPMD one process drives all
     of a node's devices, so states shard over every device of every process."""
-    shards = world_size * (strategy.devices if strategy.spmd else 1)
+    shards = (strategy.state_shards(world_size) if hasattr(strategy, "state_shards")  # hsdp: one shard group
+              else world_size * (strategy.devices if strategy.spmd else 1))
     layout = strategy.memory_layout
     if layout == "fully_sharded":
         return fully_sharded(stats, shards, offload=getattr(strategy, "cpu_offload", False))

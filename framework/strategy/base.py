@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Any, Callable, ContextManager
 
 import torch
@@ -16,13 +17,14 @@ from framework.checkpoint_io.torch import TorchCheckpointIO
 from framework.cluster.base import ClusterEnvironment
 from framework.cluster.local import LocalEnvironment
 from framework.config.loop_settings import LoopSettings
+from framework.construction.compile import compile_units
 from framework.construction.named_state import strict_load
 from framework.construction.prepare import checkpoint_activations, convert_precision, place_model
 from framework.construction.quantized_build import build_quantized
 from framework.construction.units import Units, choose_units
 from framework.precision.base import Precision
 from framework.precision.fp32 import FP32Precision
-from framework.tensors import map_tensors
+from framework.tensors import local_part, map_tensors
 
 _REDUCE_OPS = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}
 
@@ -90,6 +92,10 @@ class Strategy:
     native_libraries: tuple[str, ...] = ()
     #: one process drives all of a node's devices (XLA SPMD): `devices` starts no processes
     spmd: bool = False
+    # Flags only some strategies set (the table reads them with a default): `supports_compile`
+    # (True; False where an engine wraps and drives the model itself, or XLA compiles the step) and
+    # `splits_layers` (False; True under tensor parallelism). 2-D strategies also offer
+    # `state_shards(world)` and `describe_layout(world, model)` to `framework plan`.
     #: whether `sharded_state_dict` hands out each rank's own part (DTensor shards, or replicas
     #: that DCP writes once); strategies that keep state in their own layout hand out full state
     supports_sharded_state: bool = True
@@ -107,8 +113,10 @@ class Strategy:
         self.cluster = cluster or LocalEnvironment()
         self.root_device = torch.device("cpu")
         self.loop_settings = LoopSettings()
-        #: devices per node (the `devices` key), set when the plugins are built (framework/plugins.py)
+        #: devices per node and nodes (the `devices` and `num_nodes` keys), set when the plugins are
+        #: built (framework/plugins.py)
         self.devices = 1
+        self.num_nodes = 1
 
     def configure_loop(self, settings: LoopSettings) -> None:
         """Told once, before `setup`, how the loop will accumulate and clip."""
@@ -143,6 +151,12 @@ class Strategy:
     def is_global_zero(self) -> bool:
         return self.global_rank == 0
 
+    @property
+    def data_parallel(self) -> "DataParallel":
+        """How the data is dealt over the ranks (framework/data/sampler.py): one share each, except
+        under model_parallel, whose tensor-parallel ranks compute one batch together."""
+        return DataParallel(self.world_size, self.global_rank)
+
     # ---- model and optimizer -----------------------------------------------------------
     def build_model(self, factory: Callable[[], torch.nn.Module], adapter=None) -> torch.nn.Module:
         """Build the model for `setup` (after `configure_loop`), with the adapter (the `adapter`
@@ -166,6 +180,8 @@ class Strategy:
     def setup(self, model: torch.nn.Module, optimizer_factory: Callable[..., torch.optim.Optimizer]):
         model = convert_precision(model, self.precision, self.is_global_zero)
         checkpoint_activations(model, self.units, self.loop_settings.activation_checkpointing, self.is_global_zero)
+        if self.loop_settings.compile:
+            compile_units(model, self.units, self.is_global_zero)
         model = place_model(model, self.root_device)
         model = self.wrap_model(model)
         return model, optimizer_factory(model.parameters())
@@ -264,20 +280,16 @@ class Strategy:
         set_optimizer_state_dict(model, optimizer, copy_structure(state), options=_full_state_options(loading=True))
 
     # ---- sharded checkpoint state (checkpoint_io=dcp) -------------------------------------
-    def sharded_state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    def sharded_state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
         """Collective: {"model": ..., "optimizer": ...} keyed by parameter name as in the full
-        state, but each rank holding only its part, for a DCP write by every rank."""
+        state, but each rank holding only its part, for a DCP write by every rank (no
+        "optimizer" without one)."""
         if not self.supports_sharded_state:
-            return {"model": self.model_state_dict(model), "optimizer": self.optimizer_state_dict(model, optimizer)}
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-            get_optimizer_state_dict,
-        )
-
-        options = StateDictOptions(full_state_dict=False)
-        return {"model": get_model_state_dict(model, options=options),
-                "optimizer": get_optimizer_state_dict(model, optimizer, options=options)}
+            state = {"model": self.model_state_dict(model)}
+            if optimizer is not None:
+                state["optimizer"] = self.optimizer_state_dict(model, optimizer)
+            return state
+        return _live_sharded(model, optimizer)
 
     def load_sharded_state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
                                 state_dir) -> None:
@@ -289,27 +301,64 @@ class Strategy:
             if optimizer is not None:
                 self.load_optimizer_state_dict(model, optimizer, full["optimizer"])
             return
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-            set_optimizer_state_dict,
-        )
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         options = StateDictOptions(full_state_dict=False)
-        if optimizer is None:
-            template = {"model": get_model_state_dict(model, options=options)}
-        else:  # shaped like this rank's shards; DCP fills it in place
-            template = self.sharded_state_dict(model, optimizer)
+        live = _live_sharded(model, optimizer)  # this rank's own tensors
+        # laid out as they were written: the live tensors themselves, or copies where the strategy
+        # writes another layout (model_parallel's fused layers), placed back after the read
+        template = self.sharded_state_dict(model, optimizer)
         sharded.load_into(template, state_dir)
-        _set_model_state(self, model, template["model"], options)
+        state = _into_live(live, template)
+        _set_model_state(self, model, state["model"], options)
         if optimizer is not None:
-            set_optimizer_state_dict(model, optimizer, template["optimizer"], options=options)
+            set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
 
     def teardown(self) -> None:
         self.checkpoint_io.close()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    """The data dealt in `size` shares, this rank computing share `rank`; `reports`: whether its
+    scored samples and predictions count (one rank of each group that computes the same batch)."""
+
+    size: int
+    rank: int
+    reports: bool = True
+
+
+def _live_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
+    """This rank's parts: the model's and optimizer's own tensors (DCP loads into them in place)."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=False)
+    state = {"model": get_model_state_dict(model, options=options)}
+    if optimizer is not None:
+        state["optimizer"] = get_optimizer_state_dict(model, optimizer, options=options)
+    return state
+
+
+def _into_live(live: Any, loaded: Any) -> Any:
+    """`loaded` (read by DCP into `template`) with each tensor that is not the live one written into
+    the live one, this rank's part of it; other values (settings, step counts) as loaded."""
+    if isinstance(live, dict) and isinstance(loaded, dict):
+        return {key: _into_live(live[key], value) if key in live else value for key, value in loaded.items()}
+    if isinstance(live, list) and isinstance(loaded, list) and len(live) == len(loaded):
+        return [_into_live(a, b) for a, b in zip(live, loaded)]
+    if isinstance(live, torch.Tensor) and isinstance(loaded, torch.Tensor) and loaded is not live:
+        whole = loaded.full_tensor() if hasattr(loaded, "full_tensor") else loaded
+        with torch.no_grad():
+            (live.to_local() if hasattr(live, "to_local") else live).copy_(local_part(whole, live))
+        return live
+    return loaded
 
 
 def _full_state_options(loading: bool = False):

@@ -15,6 +15,7 @@ from framework.construction.units import DEFAULT_MIN_UNIT_PARAMS, Units, choose_
 from framework.errors import ConfigError
 from framework.strategy.base import with_adapter
 from framework.strategy.parallel import ParallelStrategy
+from framework.tensors import local_part
 
 
 class FSDPStrategy(ParallelStrategy):
@@ -73,7 +74,7 @@ class FSDPStrategy(ParallelStrategy):
 
     def _materialise(self, model: torch.nn.Module) -> None:
         """Allocate this rank's shards and fill them with the recorded initialisation."""
-        from torch.distributed.tensor import DTensor, distribute_tensor
+        from torch.distributed.tensor import DTensor
 
         log, self._init_log = self._init_log, None
         model.to_empty(device="cpu" if self.cpu_offload else self.root_device)
@@ -83,17 +84,21 @@ class FSDPStrategy(ParallelStrategy):
             target = getattr(model.get_submodule(owner), leaf)
             full = full.to(target.dtype)
             if isinstance(target, DTensor):
-                full = distribute_tensor(full, target.device_mesh, target.placements, src_data_rank=None)
-                target.to_local().copy_(full.to_local())
+                target.to_local().copy_(local_part(full, target))
             else:
                 target.copy_(full)
 
         replay(log, write)
 
+    def shard_mesh(self):
+        """The device mesh FSDP shards over: every rank (hsdp and model_parallel: a 2-D mesh, or a
+        dimension of one)."""
+        return init_device_mesh(self.root_device.type, (self.world_size,))
+
     def _shard_kwargs(self) -> dict:
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
-        kwargs = {"mesh": init_device_mesh(self.root_device.type, (self.world_size,)),
+        kwargs = {"mesh": self.shard_mesh(),
                   "reshard_after_forward": self.reshard_after_forward,
                   "offload_policy": (CPUOffloadPolicy(pin_memory=self.root_device.type == "cuda")  # pinning needs a GPU
                                      if self.cpu_offload else OffloadPolicy())}

@@ -152,3 +152,18 @@ def test_checkpointed_activations_count_the_inputs_kept_and_one_unit_recomputed(
     kept = check_fit(prepared.model, build(cfg.data, "data"), build(cfg.task, "task"), int(cfg.data.batch_size))
     assert 0 < kept < whole / 4
     assert prepared.activation_bytes == kept + (whole - kept) // 4
+
+
+def test_plan_shows_the_2d_mesh_and_what_tensor_parallelism_splits():
+    out = io.StringIO()
+    plan(compose_cfg(["strategy=model_parallel", "devices=4", "strategy.tensor_parallel_size=2",
+                      "strategy.sequence_parallel=true", "model.n_layer=2"]), out)
+    text = out.getvalue()
+    assert "mesh: 2 data-parallel x 2 tensor-parallel ranks" in text
+    assert re.search(r"tensor parallel: 8 layers split by GPT.tensor_parallel_plan \(2 colwise_fused3, 4 rowwise, "
+                     r"2 colwise\); [\d,]+ parameters split", text), text
+    assert "sequence parallel: 4 norms on a share of the positions" in text and "compatibility: ok" in text
+    hybrid = io.StringIO()
+    plan(compose_cfg(["strategy=hsdp", "devices=4", "strategy.shard_size=2"]), hybrid)
+    assert "mesh: 2 replica(s) x 2 shard(s): the states are sharded over 2 rank(s)" in hybrid.getvalue()
+    assert "16Ψ/N + 8L" in hybrid.getvalue()

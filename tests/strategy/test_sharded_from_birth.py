@@ -10,6 +10,9 @@ from framework.construction.meta_init import build_on_meta, replay
 from framework.construction.units import choose_units
 from framework.models.gpt import GPT
 from framework.models.mlp import MLP
+from framework.strategy.fsdp import FSDPStrategy
+from framework.strategy.hsdp import HSDPStrategy
+from framework.strategy.model_parallel import ModelParallelStrategy
 from tests.conftest import TINY_GPT, assert_state_equal, checkpoints, load_model_state, run_inprocess
 
 
@@ -28,6 +31,33 @@ def test_replayed_initialisation_is_the_ordinary_build(factory):
     assert set(written) == {n for n, _ in reference.named_parameters()}
     for name, param in reference.named_parameters():
         assert torch.equal(written[name], param), name
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_rotary_families_are_built_on_meta_too(family):
+    """Llama and Qwen2 compute their rotary buffers in a constructor: that parameterless module is
+    built again on the CPU after the shards are made; everything else is replayed as for the GPT."""
+    pytest.importorskip("transformers")
+    from framework.models.hf_causal_lm import causal_lm
+
+    def factory():
+        return causal_lm(config={"model_type": family, "hidden_size": 32, "intermediate_size": 64, "vocab_size": 64,
+                                 "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2})
+
+    torch.manual_seed(3)
+    reference = factory()
+    after_reference = torch.rand(4)
+    torch.manual_seed(3)
+    model, log = build_on_meta(factory)
+    assert log.problem is None and list(log.rebuilt) == ["model.rotary_emb"]
+    written = {}
+    replay(log, written.__setitem__)
+    assert torch.equal(torch.rand(4), after_reference)
+    for name, tensor in [*reference.named_parameters(), *reference.named_buffers()]:
+        assert torch.equal(written[name], tensor), name
+    for strategy in (FSDPStrategy(), HSDPStrategy(), ModelParallelStrategy()):  # no rank builds it whole first
+        built = strategy.build_model(factory)
+        assert all(t.is_meta for t in [*built.parameters(), *built.buffers()]) and strategy._init_log is not None
 
 
 def test_what_cannot_be_replayed_is_named():

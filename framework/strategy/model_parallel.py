@@ -1,0 +1,261 @@
+"""`strategy=model_parallel`: 2-D parallelism, FSDP2 over data-parallel ranks x tensor parallelism.
+
+The ranks form a (data_parallel, tensor_parallel) mesh. Within a tensor-parallel group every
+rank computes the same batch with its share of each split layer (heads, MLP hidden units:
+framework/construction/tensor_parallel.py), so a layer's weights and activations are divided
+among them; across the groups FSDP2 shards what remains and each group reads its own share of
+the data. Built on the meta device and materialised shard by shard, as fsdp is.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+
+from framework.config.types import PositiveInt
+from framework.construction import tensor_parallel
+from framework.errors import ConfigError
+from framework.strategy.base import DataParallel
+from framework.strategy.fsdp import FSDPStrategy
+from framework.tensors import local_part, map_tensors
+
+MESH_DIMS = ("data_parallel", "tensor_parallel")
+
+
+# A fused layer (colwise_fused3) is split into thirds by tensor parallelism (a strided shard) and
+# its rank's part split again by FSDP2. DTensor's own gathers and redistributions get that nested
+# layout wrong (measured: the gathered q/k/v rows out of order at 2x2), so checkpoints gather and
+# place those tensors here, one dimension of the mesh at a time, as the layout was made
+# (framework/tensors.py's local_part is the inverse).
+def _fused(tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    return isinstance(tensor, DTensor) and isinstance(tensor.placements[-1], _StridedShard)
+
+
+def _gather_fused(tensor) -> torch.Tensor:
+    """Collective over the mesh: the whole of a fused layer's DTensor, on every rank."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    mesh, part = tensor.device_mesh, tensor.to_local()
+    rows = tensor.shape[0] // mesh.size(mesh.ndim - 1)  # this tensor-parallel rank's rows, before FSDP split them
+    for dim in range(mesh.ndim - 1):  # the data-parallel split of this rank's rows
+        shape = (rows, *tensor.shape[1:])
+        part = DTensor.from_local(part, mesh[mesh.mesh_dim_names[dim]], [Shard(0)], shape=shape,
+                                  stride=torch.empty(shape, device="meta").stride()).full_tensor()
+    return DTensor.from_local(part, mesh[mesh.mesh_dim_names[-1]], [tensor.placements[-1]], shape=tensor.shape,
+                              stride=tensor.stride()).full_tensor()
+
+
+def _place(whole: torch.Tensor, tensor) -> None:
+    """Write this rank's part of `whole` into the fused layer's DTensor `tensor`."""
+    with torch.no_grad():
+        tensor.to_local().copy_(local_part(whole, tensor))
+
+
+def _contiguous(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` unchanged, unless it is a fused layer's: then a copy whose rows are split over the
+    data-parallel ranks and whole on each tensor-parallel rank, a layout DCP describes."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    if not _fused(tensor):
+        return tensor
+    layout = [Shard(0)] * (tensor.device_mesh.ndim - 1) + [Replicate()]
+    return distribute_tensor(_gather_fused(tensor), tensor.device_mesh, layout, src_data_rank=None)
+
+
+class ModelParallelStrategy(FSDPStrategy):
+    """FSDP2 x tensor parallelism on a 2-D device mesh (Lightning's ModelParallelStrategy,
+    torchtitan's FSDP x TP). The loop talks to it as to fsdp; the loader deals the data in
+    `data_parallel_size` shares and the ranks of a tensor-parallel group share theirs."""
+
+    name = "model_parallel"
+    #: tensor parallelism splits the model's layers themselves (the compatibility table reads it)
+    splits_layers = True
+
+    def __init__(self, *args, tensor_parallel_size: PositiveInt | Literal["auto"] = "auto",
+                 data_parallel_size: PositiveInt | Literal["auto"] = "auto", sequence_parallel: bool = False,
+                 tp_plan: dict[str, str] | None = None, **kwargs):
+        """tensor_parallel_size: ranks that split each layer ('auto': the devices of one node, so
+        the layers' frequent collectives stay on the fast link); data_parallel_size: groups that
+        read different batches and shard the rest with FSDP2 ('auto': the ranks over the
+        tensor-parallel size); sequence_parallel: the norms and the activations between split
+        layers also split along the sequence (less activation memory; the model's plan must say
+        where: the built-in GPT's does); tp_plan: {module name or glob: style} to split a model
+        that has no plan of its own, or to replace its plan (styles:
+        framework/construction/tensor_parallel.py). The fsdp keys apply to the data-parallel
+        sharding."""
+        super().__init__(*args, **kwargs)
+        self.tensor_parallel_size = tensor_parallel_size
+        self.data_parallel_size_setting = data_parallel_size
+        self.sequence_parallel = sequence_parallel
+        self.tp_plan = None if tp_plan is None else dict(tp_plan)
+        self._mesh = None
+
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        # DTensor logs a warning on every rank whenever a 2-D parameter is gathered in two steps
+        # (a checkpoint, the gradient norm): how a 2-D mesh works, not something a user can act on
+        logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+
+    # ---- the mesh ---------------------------------------------------------------------------
+    def mesh_shape(self, world_size: int) -> tuple[int, int]:
+        """(data-parallel size, tensor-parallel size) for `world_size` ranks, 'auto' resolved."""
+        tp = self.devices if self.tensor_parallel_size == "auto" else int(self.tensor_parallel_size)
+        if self.tensor_parallel_size == "auto" and self.data_parallel_size_setting != "auto":
+            tp = world_size // max(int(self.data_parallel_size_setting), 1)
+        if tp < 1 or world_size % tp:
+            given = f"auto ({tp})" if self.tensor_parallel_size == "auto" else tp
+            raise ConfigError(f"strategy.tensor_parallel_size={given} does not divide the "
+                              f"{world_size} ranks (devices x num_nodes); choose a size that divides them.")
+        dp = world_size // tp if self.data_parallel_size_setting == "auto" else int(self.data_parallel_size_setting)
+        if dp * tp != world_size:
+            raise ConfigError(f"strategy.data_parallel_size={self.data_parallel_size_setting} x "
+                              f"strategy.tensor_parallel_size={tp} is {dp * tp} ranks, but the run has {world_size} "
+                              "(devices x num_nodes); make their product the number of ranks, or set one to 'auto'.")
+        return dp, tp
+
+    def _planned_world(self) -> int:
+        return self.devices * self.num_nodes
+
+    @property
+    def mesh(self):
+        """The (data_parallel, tensor_parallel) DeviceMesh, made on first use in a worker."""
+        if self._mesh is None:
+            self._mesh = init_device_mesh(self.root_device.type, self.mesh_shape(self.world_size), mesh_dim_names=MESH_DIMS)
+        return self._mesh
+
+    def shard_mesh(self):
+        return self.mesh["data_parallel"]
+
+    @property
+    def data_parallel(self) -> DataParallel:
+        """The data-parallel groups' shares; the first rank of each tensor-parallel group reports."""
+        dp, tp = self.mesh_shape(self.world_size)
+        return DataParallel(dp, self.global_rank // tp, self.global_rank % tp == 0)
+
+    # ---- the plan ---------------------------------------------------------------------------
+    def plan(self, model: torch.nn.Module) -> tuple[dict[str, str], str]:
+        """(the tensor-parallel plan of `model` as {glob: style}, where it came from)."""
+        return tensor_parallel.plan_for(model, self.tp_plan, self.sequence_parallel)
+
+    def problems(self, model: torch.nn.Module | None) -> list[str]:
+        try:
+            _, tp = self.mesh_shape(self._planned_world())
+        except ConfigError as err:
+            return [str(err)]
+        found = super().problems(model)
+        if model is not None:
+            plan, source = self.plan(model)
+            label = f"auto ({tp})" if self.tensor_parallel_size == "auto" else str(tp)
+            found += tensor_parallel.plan_problems(model, plan, source or "strategy.tp_plan", tp, self.sequence_parallel,
+                                                   label)
+        return found
+
+    def describe_mesh(self, world_size: int) -> str:
+        dp, tp = self.mesh_shape(world_size)
+        return f"{dp} data-parallel x {tp} tensor-parallel ranks"
+
+    def describe_layout(self, world_size: int, model) -> list[str]:
+        lines = [f"mesh: {self.describe_mesh(world_size)}: each batch computed by {self.mesh_shape(world_size)[1]} "
+                 "rank(s) together, the states of the split layers divided over every rank, the rest over the "
+                 "data-parallel ranks (the estimate below divides all of them by every rank)"]
+        if model is not None:
+            plan, source = self.plan(model)
+            chosen = tensor_parallel.expand(model, plan)
+            layers = {name: style for name, style in chosen.items() if style in tensor_parallel.LINEAR_STYLES}
+            styles: dict[str, int] = {}
+            for style in layers.values():
+                styles[style] = styles.get(style, 0) + 1
+            split = sum(p.numel() for name in layers for p in model.get_submodule(name).parameters(recurse=False))
+            norms = sum(style == "sequence_parallel" for style in chosen.values())
+            lines.append(f"tensor parallel: {len(layers)} layers split by {source or 'no plan'} ("
+                         + ", ".join(f"{n} {style}" for style, n in styles.items())
+                         + f"); {split:,} parameters split, {sum(p.numel() for p in model.parameters()) - split:,} "
+                         "whole on each tensor-parallel rank"
+                         + (f"; sequence parallel: {norms} norms on a share of the positions"
+                            if self.sequence_parallel else ""))
+        return lines
+
+    # ---- wrapping: tensor parallel first, then FSDP2 over the data-parallel ranks -------------
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        plan, source = self.plan(model)
+        split = tensor_parallel.parallelize(model, self.mesh["tensor_parallel"], plan, self.sequence_parallel)
+        self._say(f"{self.name}: {self.describe_mesh(self.world_size)}; {len(split)} modules split by {source}"
+                  f"{' with sequence parallelism' if self.sequence_parallel else ''}")
+        return super().wrap_model(model)
+
+    # ---- checkpoints: fused layers gathered and placed here (see _fused) ----------------------
+    def _fused_state(self, model, optimizer=None) -> dict[str, dict]:
+        """{parameter name: {"param": its DTensor, state name: optimizer state DTensor}} of the fused layers."""
+        found = {name: {"param": p} for name, p in self.unwrap(model).named_parameters() if _fused(p)}
+        if optimizer is not None:
+            by_param = {id(entry["param"]): entry for entry in found.values()}
+            for param, state in optimizer.state.items():
+                entry = by_param.get(id(param))
+                if entry is not None:
+                    entry.update({k: v for k, v in state.items() if _fused(v)})
+        return found
+
+    def model_state_dict(self, model) -> dict:
+        state = super().model_state_dict(model)
+        for name, entry in self._fused_state(model).items():
+            whole = _gather_fused(entry["param"])
+            if name in state:
+                state[name] = whole.cpu()
+        return state
+
+    def optimizer_state_dict(self, model, optimizer) -> dict:
+        state = super().optimizer_state_dict(model, optimizer)
+        for name, entry in self._fused_state(model, optimizer).items():
+            for key, tensor in entry.items():
+                whole = _gather_fused(tensor) if key != "param" else None
+                if whole is not None and name in state.get("state", {}):
+                    state["state"][name][key] = whole.cpu()
+        return state
+
+    def load_model_state_dict(self, model, state: dict) -> None:
+        super().load_model_state_dict(model, state)
+        for name, entry in self._fused_state(model).items():
+            if name in state:
+                _place(state[name], entry["param"])
+
+    def load_optimizer_state_dict(self, model, optimizer, state: dict) -> None:
+        super().load_optimizer_state_dict(model, optimizer, state)
+        for name, entry in self._fused_state(model, optimizer).items():
+            for key, tensor in entry.items():
+                if key != "param" and key in state["state"].get(name, {}):
+                    _place(state["state"][name][key], tensor)
+
+    # ---- sharded checkpoints (checkpoint_io=dcp) ----------------------------------------------
+    def sharded_state_dict(self, model, optimizer) -> dict:
+        """As fsdp's, but a fused layer's split thirds (a strided shard, which DCP cannot describe
+        as one chunk per rank) laid out as one contiguous chunk per data-parallel rank (copies:
+        loading places them back, framework/strategy/base.py)."""
+        return map_tensors(super().sharded_state_dict(model, optimizer), _contiguous)
+
+    def clip_gradients(self, model, optimizer, max_norm=None, max_value=None, parameters=None):
+        """Parameters live on two meshes (split ones on both dimensions, the rest on the
+        data-parallel one): the norm is taken per mesh and combined."""
+        if max_norm is None:
+            return super().clip_gradients(model, optimizer, None, max_value, parameters)
+        parameters = [p for p in (model.parameters() if parameters is None else parameters) if p.grad is not None]
+        if max_value is not None:
+            super().clip_gradients(model, optimizer, None, max_value, parameters)
+        else:
+            self.precision.unscale_gradients(optimizer)
+        by_mesh: dict = {}
+        for p in parameters:
+            by_mesh.setdefault(getattr(p.grad, "device_mesh", None), []).append(p)
+        squares = torch.zeros((), dtype=torch.float32, device=self.root_device)
+        for group in by_mesh.values():
+            norm = torch.nn.utils.get_total_norm([p.grad for p in group], 2.0)
+            norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+            squares = squares + norm.float() ** 2
+        total = squares.sqrt()
+        for group in by_mesh.values():  # foreach kernels take one mesh at a time
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
+        return total
