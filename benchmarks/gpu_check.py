@@ -5,10 +5,12 @@ CUDA, a few steps each with nccl, at 1 GPU and at every GPU of the machine, each
 Rows:
 - precisions on one GPU: 32, 16 (GradScaler), bf16, 16_true, bf16_true, bnb_int8, bnb_nf4, te_fp8;
 - strategies at N GPUs (and at 1 where N is 1) in 32, bf16 and 16: ddp, ddp_spawn, fsdp,
-  fsdp_cpu_offload, ddp_sharded, fairscale_fsdp, the DeepSpeed stages with the torch optimizer, and
+  fsdp_cpu_offload, hsdp, model_parallel, ddp_sharded, fairscale_fsdp, the DeepSpeed stages with the torch optimizer, and
   ZeRO-2 / ZeRO-3 with DeepSpeed's own optimizer;
-- checkpoint_io torch, async and dcp under ddp, fsdp and deepspeed_stage_3: 3 steps, resume, 3 more,
-  compared bit for bit with 6 steps straight.
+- checkpoint_io torch, async and dcp under ddp, fsdp, deepspeed_stage_3 and model_parallel: 3 steps,
+  resume, 3 more, compared bit for bit with 6 steps straight;
+- hsdp and model_parallel (with sequence parallelism too), and trainer.compile=true under
+  single_device, ddp, fsdp, hsdp and model_parallel.
 A combination the compatibility table refuses is recorded as refused, with its reason.
 
 Writes benchmarks/results/gpu_check.md (a table: result, last loss, difference to the CPU's).
@@ -44,8 +46,10 @@ TOLERANCE = {"32": 2e-3, "16": 5e-2, "bf16": 5e-2, "16_true": 0.1, "bf16_true": 
 # the same hyper-parameters as conf/optimizer/adamw.yaml
 DEEPSPEED_OWN_OPTIMIZER = ("+strategy.config.optimizer={type: AdamW, params: {lr: 0.003, betas: [0.9, 0.99], "
                            "weight_decay: 0.01}}")
-MULTI = ["ddp", "ddp_spawn", "fsdp", "fsdp_cpu_offload", "ddp_sharded", "fairscale_fsdp", "deepspeed_stage_1",
-         "deepspeed_stage_2", "deepspeed_stage_2_offload", "deepspeed_stage_3", "deepspeed_stage_3_offload"]
+MULTI = ["ddp", "ddp_spawn", "fsdp", "fsdp_cpu_offload", "hsdp", "model_parallel", "ddp_sharded", "fairscale_fsdp",
+         "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_2_offload", "deepspeed_stage_3",
+         "deepspeed_stage_3_offload"]
+COMPILED = ["trainer.compile=true"]
 
 
 @dataclass
@@ -71,9 +75,14 @@ def rows(gpus: int) -> list[Row]:
                 out.append(Row(strategy, precision, "torch", devices))
         for stage in ("deepspeed_stage_2", "deepspeed_stage_3"):
             out.append(Row(stage, "bf16", "torch", devices, [DEEPSPEED_OWN_OPTIMIZER], "DeepSpeed's own AdamW"))
-        for strategy in ("ddp", "fsdp", "deepspeed_stage_3"):
+        for strategy in ("ddp", "fsdp", "deepspeed_stage_3", "model_parallel"):
             for io in ("torch", "async", "dcp"):
                 out.append(Row(strategy, "32", io, devices, note="3 steps + resume + 3", resume=True))
+        out.append(Row("model_parallel", "bf16", "torch", devices, ["strategy.sequence_parallel=true"],
+                       "sequence parallel"))
+        for strategy in ("ddp", "fsdp", "hsdp", "model_parallel"):
+            out.append(Row(strategy, "bf16", "torch", devices, COMPILED, "trainer.compile=true"))
+    out.append(Row("single_device", "32", "torch", 1, COMPILED, "trainer.compile=true"))
     return out
 
 

@@ -9,6 +9,8 @@ Parts (each writes benchmarks/results/memory_<part>.md):
   peak and the set-up peak above the rank's baseline (torch and the data loaded, before the model
   is built), next to `framework plan`'s estimate for the same run.
 - `cap`: the ~85M GPT at 2 processes with the whole job capped at 3300 MiB.
+- `mesh`: ddp, fsdp, hsdp (2x2) and model_parallel (2x2, sequence parallel) at 4 processes, the
+  same micro-batch per data-parallel rank: per-rank peaks and step time.
 - `largest`: the most layers (n_embd 768) that train 5 steps with each worker process capped at
   2.5 GiB (a cgroup of its own; pages it shares with the process it was forked from are not its
   own), per strategy, at 2 and 4 processes; in steps of 8 layers, then 4 past the last that fits.
@@ -19,7 +21,9 @@ Parts (each writes benchmarks/results/memory_<part>.md):
 from __future__ import annotations
 
 import argparse
+import csv
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -149,12 +153,49 @@ def largest(workdir: Path, strategies=("ddp", "fsdp", "deepspeed_stage_3")) -> N
     publish("memory_largest" + SUBSET_SUFFIX, lines)
 
 
+MESHES = {"ddp": [], "fsdp": [], "hsdp": ["strategy.shard_size=2"],
+          "model_parallel": ["strategy.tensor_parallel_size=2", "strategy.sequence_parallel=true"]}
+
+
+def mesh(workdir: Path, strategies=tuple(MESHES)) -> None:
+    """The 2-D strategies at 4 processes beside ddp and fsdp, at the same micro-batch per
+    data-parallel rank, plus the step time (the median of steps 2-4: these ranks share 2 cores)."""
+    lines = ["GPT ~100M (n_layer 14, n_embd 768), fp32, AdamW, 4 processes, micro-batch 4 x 128 tokens per "
+             "data-parallel rank, 4 steps, CPU (gloo). hsdp: 2 replicas x 2 shards; model_parallel: 2 data-parallel x "
+             "2 tensor-parallel ranks with sequence parallelism. Per rank: worst rank, above its baseline.", "",
+             "| strategy | training peak / rank (MiB) | vs fsdp | set-up peak / rank (MiB) | whole job (MiB) "
+             "| step (s) |", "|---|---|---|---|---|---|"]
+    fsdp_train = None
+    for strategy in strategies:
+        row = train(workdir, strategy, 4, SIZES["~100M"], [*MESHES.get(strategy, []), "logger=csv"], cap=22 * GiB,
+                    steps=4)
+        if not row["ok"]:
+            lines.append(f"| {strategy} | {'killed at the 22 GiB guard' if row['oom'] else 'failed'} | | | "
+                         f"{row['job_peak'] / MiB:.0f} | |")
+            print(lines[-1], row["tail"][-400:], flush=True)
+            continue
+        fsdp_train = row["train"] if strategy == "fsdp" else fsdp_train
+        ratio = f"{row['train'] / fsdp_train:.2f}x" if fsdp_train else ""
+        lines.append(f"| {strategy} | {row['train'] / MiB:.0f} | {ratio} | {row['setup'] / MiB:.0f} | "
+                     f"{row['job_peak'] / MiB:.0f} | {_median_step(row['out']):.2f} |")
+        print(lines[-1], flush=True)
+    publish("memory_mesh" + SUBSET_SUFFIX, lines)
+
+
+def _median_step(out: Path) -> float:
+    """The median seconds per step after the first, from the tokens/s the run logged."""
+    rows = [r for r in csv.DictReader(open(out / "metrics.csv")) if r.get("train/tokens_per_s")]
+    per_step = [float(rows[0]["train/tokens"]) / float(r["train/tokens_per_s"]) for r in rows[1:]]
+    return statistics.median(per_step) if per_step else float("nan")
+
+
 def main() -> None:
     why = cgroup.available()
     if why:
         sys.exit(f"memory_per_rank: {why}")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("parts", nargs="*", default=["peaks", "cap", "largest"], choices=["peaks", "cap", "largest"])
+    parser.add_argument("parts", nargs="*", default=["peaks", "cap", "largest"],
+                        choices=["peaks", "cap", "largest", "mesh"])
     parser.add_argument("--strategies", help="comma-separated subset to measure again (keep ddp: the reference); "
                         "published to results files of their own (memory_peaks_<strategies>.md, ...)")
     args = parser.parse_args()
@@ -163,7 +204,7 @@ def main() -> None:
     SUBSET_SUFFIX = "_" + args.strategies.replace(",", "_") if args.strategies else ""
     with tempfile.TemporaryDirectory() as tmp:
         for part in args.parts or ["peaks", "cap", "largest"]:
-            {"peaks": peaks, "cap": cap, "largest": largest}[part](Path(tmp), **chosen)
+            {"peaks": peaks, "cap": cap, "largest": largest, "mesh": mesh}[part](Path(tmp), **chosen)
 
 
 if __name__ == "__main__":

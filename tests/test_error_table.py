@@ -121,6 +121,20 @@ CASES = [
     (FRAMEWORK + ["predict", "{tmp}", "-o", "rows.csv"], "-o rows.csv: write predictions to a .jsonl or .parquet file"),
     (FRAMEWORK + ["generate", "{tmp}", "--prompt", "def", "--top-p", "0"], "--top-p=0.0: must be in (0, 1]"),
     # adapters
+    # 2-D meshes: sizes that do not divide, a model without a tensor-parallel plan
+    (TRAIN + ["strategy=model_parallel", "devices=4", "strategy.tensor_parallel_size=3"],
+     "strategy.tensor_parallel_size=3 does not divide the 4 ranks (devices x num_nodes)"),
+    (TRAIN + ["strategy=model_parallel", "devices=2", "model.n_head=1", "model.n_embd=32"],
+     "strategy.tensor_parallel_size=auto (2) does not divide model.n_head=1"),
+    (TRAIN + ["model=mlp", "data=digits", "task=classification", "strategy=model_parallel", "devices=2"],
+     "MLP has no tensor-parallel plan (the built-in GPT and Hugging Face models whose config has a base_model_tp_plan"),
+    (TRAIN + ["strategy=hsdp", "devices=4", "strategy.shard_size=3"],
+     "strategy.shard_size=3 does not divide the 4 ranks of a node (devices)"),
+    # trainer.compile where it cannot work
+    (TRAIN + ["trainer.compile=true", "strategy=deepspeed_stage_2", "devices=2"],
+     "trainer.compile=true with strategy=deepspeed_stage_2: its engine wraps and drives the model's modules itself"),
+    (TRAIN + ["trainer.compile=true", "precision=bnb_nf4"],
+     "trainer.compile=true with precision=bnb_nf4: its layers run kernels of their own"),
     (TRAIN + ["adapter=lora", "adapter.target_modules=[qkvv]"], "adapter.target_modules: 'qkvv' match no linear layer "
                                                                 "of the model. Did you mean qkv?"),
     (TRAIN + ["adapter=lora", "adapter.r=512"], "adapter.r=512: larger than blocks.0.attn.qkv's smaller dimension"),

@@ -101,6 +101,24 @@ def _missing_libraries(p: Plan) -> list[str]:
 
 RULES: list[Rule] = [
     Rule(
+        lambda p: p.loop.compile and not _flag(p, "supports_compile", True),
+        lambda p: f"trainer.compile=true with strategy={_strat(p)}: "
+        + ("XLA compiles the whole step itself" if _flag(p, "spmd", False) or "xla" in _strat(p) else
+           "its engine wraps and drives the model's modules itself")
+        + "; use strategy=single_device, ddp, fsdp or hsdp to compile, or trainer.compile=false.",
+    ),
+    Rule(
+        lambda p: p.loop.compile and not getattr(p.precision, "supports_compile", True),
+        lambda p: f"trainer.compile=true with precision={_prec(p)}: its layers run kernels of their own that "
+        "torch.compile does not trace; use trainer.compile=false, or a precision such as bf16 or 32.",
+    ),
+    Rule(
+        lambda p: p.loop.adapter is not None and _flag(p, "splits_layers", False),
+        lambda p: f"adapter={p.loop.adapter} with strategy={_strat(p)}: the adapters wrap the very layers tensor "
+        "parallelism splits, and their small matrices would have to be split the same way; use strategy=fsdp "
+        "(or hsdp) to shard the frozen base, which is what an adapter run needs.",
+    ),
+    Rule(
         lambda p: p.loop.adapter is not None and getattr(p.checkpoint_io, "sharded", False),
         lambda p: f"adapter={p.loop.adapter} with checkpoint_io={p.names['checkpoint_io']}: an adapter's checkpoint "
         "holds its trainable weights alone (a few MB), written whole; use checkpoint_io=torch (or async).",

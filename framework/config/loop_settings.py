@@ -20,6 +20,7 @@ class LoopSettings:
     manual_optimization: bool = False  # the task steps its optimizers itself (framework/tasks/manual.py)
     activation_checkpointing: bool = False  # recompute each unit's activations in backward
     adapter: str | None = None  # adapter=lora: only the adapters' weights train
+    compile: bool = False  # torch.compile each unit (framework/construction/compile.py)
 
 
 def loop_settings(cfg: DictConfig) -> LoopSettings:
@@ -29,4 +30,5 @@ def loop_settings(cfg: DictConfig) -> LoopSettings:
                         clip_grad_norm=cfg.trainer.clip_grad_norm, clip_grad_value=cfg.trainer.clip_grad_value,
                         manual_optimization=not getattr(task, "automatic_optimization", True),
                         activation_checkpointing=bool(cfg.trainer.get("activation_checkpointing", False)),
+                        compile=bool(cfg.trainer.get("compile", False)),
                         adapter=cfg.adapter._target_.rsplit(".", 1)[-1].lower() if cfg.get("adapter") else None)

@@ -55,6 +55,10 @@ class TrainerConfig:
     activation_checkpointing: bool = False
     """Recompute each sharding unit's activations in backward instead of keeping them (less
     memory, about one more forward); the units are the strategy's (framework/construction/units.py)."""
+    compile: bool = False
+    """torch.compile each unit (the transformer blocks; the whole model where it has none) in
+    place: faster steady steps after a slower first one (said at start); refused with the
+    strategies and precisions that cannot take it (the compatibility table says which)."""
     max_restarts: int = 0
     """Restart the worker group this many times after a worker dies (multi-process runs)."""
     objective: str = "val/loss"

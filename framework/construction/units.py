@@ -31,13 +31,17 @@ class Units:
         """The most parameters any one unit (or the root's remainder) gathers at once."""
         return max(self.gathered, default=0)
 
-    def describe(self) -> str:
-        """'12 x Block (the model's sharding_units); the root holds 38.6M parameters'."""
+    def listed(self) -> str:
+        """'12 x Block (the model's sharding_units)'."""
         counts: dict[str, int] = {}
         for module in self.modules:
             counts[type(module).__name__] = counts.get(type(module).__name__, 0) + 1
         listed = ", ".join(f"{n} x {name}" for name, n in counts.items()) or "no unit: the root alone"
-        return f"{listed} ({self.rule}); the root holds {_millions(self.gathered[-1])} parameters"
+        return f"{listed} ({self.rule})"
+
+    def describe(self) -> str:
+        """'12 x Block (the model's sharding_units); the root holds 38.6M parameters'."""
+        return f"{self.listed()}; the root holds {_millions(self.gathered[-1])} parameters"
 
 
 def numel(p) -> int:

@@ -34,6 +34,8 @@ class Precision:
     #: chosen to save memory (quantized precisions): the accelerator then favours low memory over
     #: speed where it has a choice, as for sharding strategies (framework/accelerator/cpu.py)
     saves_memory: bool = False
+    #: whether `trainer.compile` can compile a model converted by it (the compatibility table reads it)
+    supports_compile: bool = True
 
     def __init__(self):
         self.device_type = "cpu"

@@ -51,6 +51,9 @@ def _tied_weights(model: torch.nn.Module) -> set[int]:
 class QuantizedPrecision(Precision):
     """Frozen quantized linear layers through bitsandbytes; subclasses name the format."""
 
+    #: bitsandbytes' layers run their own kernels, which torch.compile does not trace
+    supports_compile = False
+
     #: "int8", "nf4" or "fp4"
     quantization: str = "nf4"
     #: whether the 4-bit blocks' scales are quantized again (QLoRA's double quantization)

@@ -37,6 +37,8 @@ class TransformerEngineFP8Precision(Precision):
     """fp8 linear layers and fused LayerNorms through TransformerEngine, on fp8-capable GPUs."""
 
     name = "te_fp8"
+    #: TransformerEngine's modules run fused kernels of their own (its own fp8 autocast region)
+    supports_compile = False
     compute_dtype = torch.bfloat16
     #: the Python package this precision needs (the compatibility table checks it is installed)
     python_package = "transformer_engine"

@@ -24,6 +24,7 @@ class DDPShardedStrategy(ParallelStrategy):
     step on. This strategy is tested to match ddp bit for bit."""
 
     name = "ddp_sharded"
+    supports_compile = False  # trainer.compile: see the flag in framework/strategy/base.py
     shards_states = True
     memory_layout = "optimizer_sharded"
     requires_packages = {"fairscale": "'framework[fairscale]'"}

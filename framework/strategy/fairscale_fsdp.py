@@ -18,6 +18,7 @@ class FairscaleFSDPStrategy(ParallelStrategy):
     one unit unless `auto_wrap_modules` names classes to wrap separately."""
 
     name = "fairscale_fsdp"
+    supports_compile = False  # trainer.compile: see the flag in framework/strategy/base.py
     shards_states = True
     memory_layout = "fully_sharded"
     requires_packages = {"fairscale": "'framework[fairscale]'"}

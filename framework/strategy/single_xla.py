@@ -17,6 +17,7 @@ class SingleXLAStrategy(Strategy):
     """One XLA device. The base of the SPMD strategies (framework/strategy/xla_spmd.py)."""
 
     name = "single_xla"
+    supports_compile = False  # trainer.compile: see the flag in framework/strategy/base.py
     multi_process = False
     #: an XLA strategy: the compatibility table pairs it with the XLA accelerators only
     xla = True

@@ -62,6 +62,7 @@ class DeepSpeedStrategy(ParallelStrategy):
     accumulation mode (backward accumulates locally, `step` reduces and updates)."""
 
     name = "deepspeed"
+    supports_compile = False  # trainer.compile: see the flag in framework/strategy/base.py
     shards_states = True
     memory_layout = "zero"
     setup_note = "a machine's first DeepSpeed run compiles its ops: a minute or more"
