@@ -3,34 +3,16 @@ rendezvous on 127.0.0.1) train exactly like 2-process ddp on one node."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from tests.conftest import ROOT, TINY_GPT, load_model_state, run_train
+from tests.conftest import TINY_GPT, load_model_state, run_train
+from tests.helpers.torchrun import free_port, torchrun
 
 pytestmark = pytest.mark.slow
 
 ARGS = [*TINY_GPT, "strategy=ddp", "trainer.max_steps=6", "trainer.val_every=3", "logger=[csv]"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def torchrun(node_args: list[str], train_args: list[str], cwd) -> subprocess.Popen:
-    # One thread per process, as the framework's own launcher gives 2 processes on 2 cores.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    env.pop("HYDRA_FULL_ERROR", None)
-    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *node_args, str(ROOT / "train.py"),
-                             *train_args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
 
 
 def losses(run_dir) -> list[tuple[str, str]]:

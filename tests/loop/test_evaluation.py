@@ -1,5 +1,6 @@
 """Evaluation metrics do not depend on the world size: the same weights score the same samples,
-exactly once each, at 1, 2 and 4 processes under ddp, fsdp and ZeRO-3 (framework/loop/evaluation.py,
+exactly once each, at 1, 2 and 4 processes under ddp, fsdp, ZeRO-3, hsdp and model_parallel (whose
+tensor-parallel ranks score one batch together, counted once) (framework/loop/evaluation.py,
 framework/data/loaders.py)."""
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 
 from framework.loop.evaluation import evaluate
 from framework.strategy.single_device import SingleDeviceStrategy
-from tests.conftest import TINY_GPT, checkpoints, run_train
+from tests.conftest import TINY_GPT, checkpoints, run_inprocess
 
 # 5 global batches of 2: 10 samples; at 4 ranks the shares are 3, 3, 2, 2 samples, so two ranks run
 # one more (unscored) forward pass than they have batches for
@@ -26,20 +27,18 @@ def _first_validation(run) -> dict[str, float]:
 
 @pytest.mark.slow
 def test_one_checkpoint_scores_the_same_at_any_world_size(tmp_path):
-    base = run_train([*TINY_GPT, "trainer.max_steps=3", "name=base"], tmp_path)
-    assert base.returncode == 0, base.stderr[-2000:]
-    weights = checkpoints(tmp_path / "outputs" / "base")[-1] / "model.pt"
+    run_inprocess([*TINY_GPT, "trainer.max_steps=3"], tmp_path / "base")
+    weights = checkpoints(tmp_path / "base")[-1] / "model.pt"
     runs = {"single_device@1": ["strategy=single_device"], "ddp@2": ["strategy=ddp", "devices=2"],
-            "ddp@4": ["strategy=ddp", "devices=4"], "fsdp@2": ["strategy=fsdp", "devices=2"],
-            "fsdp@4": ["strategy=fsdp", "devices=4"], "deepspeed_stage_3@2": ["strategy=deepspeed_stage_3", "devices=2"],
-            "deepspeed_stage_3@4": ["strategy=deepspeed_stage_3", "devices=4"]}
+            "fsdp@2": ["strategy=fsdp", "devices=2"], "fsdp@4": ["strategy=fsdp", "devices=4"],
+            "deepspeed_stage_3@2": ["strategy=deepspeed_stage_3", "devices=2"],
+            "hsdp@4": ["strategy=hsdp", "devices=4", "strategy.shard_size=2"],
+            "model_parallel@4": ["strategy=model_parallel", "devices=4", "strategy.tensor_parallel_size=2"]}
     scores = {}
     for name, overrides in runs.items():
         run_name = name.replace("@", "_")
-        result = run_train([*TINY_GPT, *EVAL, *overrides, f"ckpt_path={weights}", f"name={run_name}"], tmp_path,
-                           timeout=600)
-        assert result.returncode == 0, (name, result.stderr[-3000:])
-        scores[name] = _first_validation(tmp_path / "outputs" / run_name)
+        run_inprocess([*TINY_GPT, *EVAL, *overrides, f"ckpt_path={weights}"], tmp_path / run_name)
+        scores[name] = _first_validation(tmp_path / run_name)
     reference = scores["single_device@1"]
     assert set(reference) == {"val/loss", "val/perplexity"} and 3 < reference["val/loss"] < 6
     for name, score in scores.items():

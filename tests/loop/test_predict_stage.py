@@ -77,6 +77,12 @@ def test_every_built_in_task_predicts(task, tmp_path):
         assert all(row["perplexity"] == pytest.approx(math.exp(row["loss"]), rel=1e-5) for row in rows)
         tested = json.loads((out / "test_metrics.json").read_text())["metrics"]
         assert sum(row["loss"] for row in rows) / len(rows) == pytest.approx(tested["test/loss"], abs=1e-5)
+        # two tensor-parallel ranks compute each batch together: one of them writes its rows
+        assert framework_main(["predict", str(out), "strategy=model_parallel", "devices=2",
+                               "-o", str(tmp_path / "tp.jsonl")]) == 0
+        split = rows_of(tmp_path / "tp.jsonl")
+        assert [r["index"] for r in split] == [r["index"] for r in rows]
+        assert [r["loss"] for r in split] == pytest.approx([r["loss"] for r in rows], abs=1e-5)
     else:
         assert len(rows) == 64 and all(0 <= row["real_probability"] <= 1 and len(row["generated"]) == 2
                                        for row in rows)

@@ -15,6 +15,7 @@ from framework.models.gpt import GPT
 from framework.strategy.hsdp import HSDPStrategy
 from framework.strategy.model_parallel import ModelParallelStrategy
 from tests.conftest import TINY_GPT, checkpoints, load_model_state, load_optimizer_state, run_inprocess
+from tests.helpers.torchrun import free_port, torchrun
 
 # ---- plans and meshes, no processes --------------------------------------------------------------
 
@@ -171,3 +172,20 @@ def test_llama_splits_by_its_own_plan_and_matches_one_process(tmp_path):
     split, whole = load_model_state(checkpoints(tmp_path / "tp")[-1]), load_model_state(checkpoints(tmp_path / "one")[-1])
     for name, value in whole.items():
         torch.testing.assert_close(split[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.slow
+def test_hsdp_over_two_torchrun_nodes_shards_within_each_node(runs, tmp_path):
+    """Two "nodes" of 2 processes each (two torchrun agents, c10d rendezvous on this machine):
+    hsdp's default shard group is one node (2 ranks), replicated across the nodes; the same losses
+    as ddp on the same global batch."""
+    port = free_port()
+    node = ["--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+            "--rdzv-id", "hsdp"]
+    args = [*BASE, "strategy=hsdp", "devices=2", "num_nodes=2", "data.batch_size=4"]
+    nodes = [torchrun(node, args, tmp_path) for _ in range(2)]
+    outputs = [p.communicate(timeout=400)[0] for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], "\n".join(outputs)
+    assert any("hsdp: mesh: 2 replica(s) x 2 shard(s)" in out for out in outputs), outputs
+    torch.testing.assert_close(torch.tensor(_losses(tmp_path / "outputs" / "torchrun-hsdp")),
+                               torch.tensor(_losses(runs["ddp"])), rtol=1e-5, atol=1e-5)
