@@ -42,3 +42,9 @@ def local_part(full: torch.Tensor, like) -> torch.Tensor:
             sub = mesh[mesh.mesh_dim_names[dim]] if mesh.ndim > 1 else mesh
             part = distribute_tensor(part, sub, [placement], src_data_rank=None).to_local()
     return part
+
+
+def write_part(whole: torch.Tensor, target: torch.Tensor) -> None:
+    """Copy this rank's part of `whole` into `target` (a DTensor's local part, or a plain tensor)."""
+    with torch.no_grad():
+        (target.to_local() if hasattr(target, "to_local") else target).copy_(local_part(whole, target))

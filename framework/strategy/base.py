@@ -24,7 +24,7 @@ from framework.construction.quantized_build import build_quantized
 from framework.construction.units import Units, choose_units
 from framework.precision.base import Precision
 from framework.precision.fp32 import FP32Precision
-from framework.tensors import local_part, map_tensors
+from framework.tensors import map_tensors, write_part
 
 _REDUCE_OPS = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}
 
@@ -354,9 +354,7 @@ def _into_live(live: Any, loaded: Any) -> Any:
     if isinstance(live, list) and isinstance(loaded, list) and len(live) == len(loaded):
         return [_into_live(a, b) for a, b in zip(live, loaded)]
     if isinstance(live, torch.Tensor) and isinstance(loaded, torch.Tensor) and loaded is not live:
-        whole = loaded.full_tensor() if hasattr(loaded, "full_tensor") else loaded
-        with torch.no_grad():
-            (live.to_local() if hasattr(live, "to_local") else live).copy_(local_part(whole, live))
+        write_part(loaded.full_tensor() if hasattr(loaded, "full_tensor") else loaded, live)
         return live
     return loaded
 

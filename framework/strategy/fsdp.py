@@ -15,7 +15,7 @@ from framework.construction.units import DEFAULT_MIN_UNIT_PARAMS, Units, choose_
 from framework.errors import ConfigError
 from framework.strategy.base import with_adapter
 from framework.strategy.parallel import ParallelStrategy
-from framework.tensors import local_part
+from framework.tensors import write_part
 
 
 class FSDPStrategy(ParallelStrategy):
@@ -74,19 +74,13 @@ class FSDPStrategy(ParallelStrategy):
 
     def _materialise(self, model: torch.nn.Module) -> None:
         """Allocate this rank's shards and fill them with the recorded initialisation."""
-        from torch.distributed.tensor import DTensor
-
         log, self._init_log = self._init_log, None
         model.to_empty(device="cpu" if self.cpu_offload else self.root_device)
 
         def write(name: str, full: torch.Tensor) -> None:
             owner, _, leaf = name.rpartition(".")
             target = getattr(model.get_submodule(owner), leaf)
-            full = full.to(target.dtype)
-            if isinstance(target, DTensor):
-                target.to_local().copy_(local_part(full, target))
-            else:
-                target.copy_(full)
+            write_part(full.to(target.dtype), target)
 
         replay(log, write)
 

@@ -19,7 +19,7 @@ from framework.construction import tensor_parallel
 from framework.errors import ConfigError
 from framework.strategy.base import DataParallel
 from framework.strategy.fsdp import FSDPStrategy
-from framework.tensors import local_part, map_tensors
+from framework.tensors import map_tensors, write_part
 
 MESH_DIMS = ("data_parallel", "tensor_parallel")
 
@@ -28,7 +28,7 @@ MESH_DIMS = ("data_parallel", "tensor_parallel")
 # its rank's part split again by FSDP2. DTensor's own gathers and redistributions get that nested
 # layout wrong (measured: the gathered q/k/v rows out of order at 2x2), so checkpoints gather and
 # place those tensors here, one dimension of the mesh at a time, as the layout was made
-# (framework/tensors.py's local_part is the inverse).
+# (framework/tensors.py's local_part/write_part are the inverse).
 def _fused(tensor) -> bool:
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.placement_types import _StridedShard
@@ -48,12 +48,6 @@ def _gather_fused(tensor) -> torch.Tensor:
                                   stride=torch.empty(shape, device="meta").stride()).full_tensor()
     return DTensor.from_local(part, mesh[mesh.mesh_dim_names[-1]], [tensor.placements[-1]], shape=tensor.shape,
                               stride=tensor.stride()).full_tensor()
-
-
-def _place(whole: torch.Tensor, tensor) -> None:
-    """Write this rank's part of `whole` into the fused layer's DTensor `tensor`."""
-    with torch.no_grad():
-        tensor.to_local().copy_(local_part(whole, tensor))
 
 
 def _contiguous(tensor: torch.Tensor) -> torch.Tensor:
@@ -212,23 +206,24 @@ class ModelParallelStrategy(FSDPStrategy):
         state = super().optimizer_state_dict(model, optimizer)
         for name, entry in self._fused_state(model, optimizer).items():
             for key, tensor in entry.items():
-                whole = _gather_fused(tensor) if key != "param" else None
-                if whole is not None and name in state.get("state", {}):
-                    state["state"][name][key] = whole.cpu()
+                if key != "param":
+                    whole = _gather_fused(tensor)  # collective: every rank, even where `state` is empty
+                    if name in state.get("state", {}):
+                        state["state"][name][key] = whole.cpu()
         return state
 
     def load_model_state_dict(self, model, state: dict) -> None:
         super().load_model_state_dict(model, state)
         for name, entry in self._fused_state(model).items():
             if name in state:
-                _place(state[name], entry["param"])
+                write_part(state[name], entry["param"])
 
     def load_optimizer_state_dict(self, model, optimizer, state: dict) -> None:
         super().load_optimizer_state_dict(model, optimizer, state)
         for name, entry in self._fused_state(model, optimizer).items():
             for key, tensor in entry.items():
                 if key != "param" and key in state["state"].get(name, {}):
-                    _place(state["state"][name][key], tensor)
+                    write_part(state["state"][name][key], tensor)
 
     # ---- sharded checkpoints (checkpoint_io=dcp) ----------------------------------------------
     def sharded_state_dict(self, model, optimizer) -> dict:
