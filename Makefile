@@ -28,8 +28,12 @@ setup: $(BIN)/.installed
 train: setup
 	$(BIN)/python train.py $(ARGS)
 
+# Two pytest-xdist workers, a file's tests together on one (tests/conftest.py says why); TEST_WORKERS=0
+# runs the suite in this process, one test at a time.
+TEST_WORKERS ?= 2
+
 test: setup
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The XLA family (accelerator=xla, strategy=single_xla/xla_spmd/xla_fsdp, checkpoint_io=xla,
 # cluster=xla) on the CPU through PJRT. torch-xla 2.9.0 needs torch 2.9.0 exactly, so it has an
@@ -78,6 +82,7 @@ bench: $(BENCH_BIN)/.installed
 	$(BENCH_BIN)/python benchmarks/after_training.py
 	$(BENCH_BIN)/python benchmarks/checkpoint_io.py
 	$(BENCH_BIN)/python benchmarks/adapters.py "~100M"
+	$(BENCH_BIN)/python benchmarks/compile.py
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) $(XLA_VENV) $(GPU_VENV) outputs multirun .pytest_cache

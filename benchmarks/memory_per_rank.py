@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -153,30 +154,47 @@ def largest(workdir: Path, strategies=("ddp", "fsdp", "deepspeed_stage_3")) -> N
     publish("memory_largest" + SUBSET_SUFFIX, lines)
 
 
-MESHES = {"ddp": [], "fsdp": [], "hsdp": ["strategy.shard_size=2"],
-          "model_parallel": ["strategy.tensor_parallel_size=2", "strategy.sequence_parallel=true"]}
+MESHES = {"ddp": ("ddp", []), "fsdp": ("fsdp", []), "hsdp": ("hsdp", ["strategy.shard_size=2"]),
+          "model_parallel, no SP": ("model_parallel", ["strategy.tensor_parallel_size=2"]),
+          "model_parallel": ("model_parallel", ["strategy.tensor_parallel_size=2", "strategy.sequence_parallel=true"])}
+# benchmarks/mesh_probe.py on every rank: the largest unit gathered at once and the activations kept for backward
+PROBE = ["+callbacks.probe._target_=mesh_probe.MeshProbe", "trust.allow=[mesh_probe.]"]
 
 
 def mesh(workdir: Path, strategies=tuple(MESHES)) -> None:
     """The 2-D strategies at 4 processes beside ddp and fsdp, at the same micro-batch per
     data-parallel rank, plus the step time (the median of steps 2-4: these ranks share 2 cores)."""
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent),
+                                                             os.environ.get("PYTHONPATH")]))
     lines = ["GPT ~100M (n_layer 14, n_embd 768), fp32, AdamW, 4 processes, micro-batch 4 x 128 tokens per "
              "data-parallel rank, 4 steps, CPU (gloo). hsdp: 2 replicas x 2 shards; model_parallel: 2 data-parallel x "
-             "2 tensor-parallel ranks with sequence parallelism. Per rank: worst rank, above its baseline.", "",
-             "| strategy | training peak / rank (MiB) | vs fsdp | set-up peak / rank (MiB) | whole job (MiB) "
-             "| step (s) |", "|---|---|---|---|---|---|"]
-    fsdp_train = None
-    for strategy in strategies:
-        row = train(workdir, strategy, 4, SIZES["~100M"], [*MESHES.get(strategy, []), "logger=csv"], cap=22 * GiB,
-                    steps=4)
+             "2 tensor-parallel ranks, with sequence parallelism (SP) unless said. Per rank: worst rank, above its "
+             "baseline. Largest gathered unit: the biggest FSDP unit's own parameters at their gathered size, from "
+             "the live sharded model; activations: what one training forward keeps for backward (parameters left "
+             "out), counted with saved-tensor hooks (benchmarks/mesh_probe.py).", "",
+             "| strategy | training peak / rank (MiB) | vs fsdp | largest gathered unit (MiB) | vs fsdp "
+             "| activations / rank (MiB) | vs fsdp | set-up peak / rank (MiB) | whole job (MiB) | step (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    fsdp = None
+    for label in strategies:
+        strategy, extra = MESHES[label]
+        row = train(workdir, strategy, 4, SIZES["~100M"], [*extra, *PROBE, "logger=csv"], cap=22 * GiB, steps=4)
         if not row["ok"]:
-            lines.append(f"| {strategy} | {'killed at the 22 GiB guard' if row['oom'] else 'failed'} | | | "
+            lines.append(f"| {label} | {'killed at the 22 GiB guard' if row['oom'] else 'failed'} | | | | | | | "
                          f"{row['job_peak'] / MiB:.0f} | |")
             print(lines[-1], row["tail"][-400:], flush=True)
             continue
-        fsdp_train = row["train"] if strategy == "fsdp" else fsdp_train
-        ratio = f"{row['train'] / fsdp_train:.2f}x" if fsdp_train else ""
-        lines.append(f"| {strategy} | {row['train'] / MiB:.0f} | {ratio} | {row['setup'] / MiB:.0f} | "
+        probes = [json.loads(f.read_text()) for f in sorted(row["out"].glob("probe_rank*.json"))]
+        got = {"train": row["train"], "unit": max(p["largest_unit_bytes"] for p in probes),
+               "saved": max(p["saved_activation_bytes"] for p in probes)}
+        fsdp = got if label == "fsdp" else fsdp
+
+        def vs(key: str) -> str:
+            return f"{got[key] / fsdp[key]:.2f}x" if fsdp and fsdp[key] and got[key] else ""
+
+        unit = f"{got['unit'] / MiB:.1f}" if got["unit"] else "none (whole model)"
+        lines.append(f"| {label} | {got['train'] / MiB:.0f} | {vs('train')} | {unit} | {vs('unit')} | "
+                     f"{got['saved'] / MiB:.0f} | {vs('saved')} | {row['setup'] / MiB:.0f} | "
                      f"{row['job_peak'] / MiB:.0f} | {_median_step(row['out']):.2f} |")
         print(lines[-1], flush=True)
     publish("memory_mesh" + SUBSET_SUFFIX, lines)
