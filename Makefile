@@ -79,6 +79,7 @@ bench: $(BENCH_BIN)/.installed
 	$(BENCH_BIN)/python benchmarks/startup.py
 	$(BENCH_BIN)/python benchmarks/ddp_threads.py
 	$(BENCH_BIN)/python benchmarks/memory_per_rank.py
+	$(BENCH_BIN)/python benchmarks/memory_per_rank.py mesh
 	$(BENCH_BIN)/python benchmarks/after_training.py
 	$(BENCH_BIN)/python benchmarks/checkpoint_io.py
 	$(BENCH_BIN)/python benchmarks/adapters.py "~100M"

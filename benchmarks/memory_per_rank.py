@@ -117,9 +117,14 @@ def cap(workdir: Path, strategies=("ddp", "fsdp", "deepspeed_stage_3")) -> None:
     publish("memory_cap" + SUBSET_SUFFIX, lines)
 
 
-def largest(workdir: Path, strategies=("ddp", "fsdp", "deepspeed_stage_3")) -> None:
+# what a strategy needs beyond its name in the `largest` part (model_parallel: the 2-D mesh of the mesh part)
+LARGEST_EXTRA = {"model_parallel": ["strategy.tensor_parallel_size=2", "strategy.sequence_parallel=true"]}
+
+
+def largest(workdir: Path, strategies=("ddp", "fsdp", "deepspeed_stage_3"), devices=(2, 4),
+            layers=(8, 16, 24, 32, 40, 48, 56)) -> None:
     per_process = 2.5 * GiB
-    layers = [8, 16, 24, 32, 40, 48, 56]
+    layers = list(layers)
     lines = [f"GPT, n_embd 768, fp32, batch 4 x 128 tokens: the most layers that train 5 steps with each worker "
              f"process capped at {per_process / GiB:.1f} GiB (a cgroup of its own; tried {layers}, then 4 more "
              "than the last that trained). Worker peak: the most any worker's group used in that run.", "",
@@ -127,21 +132,22 @@ def largest(workdir: Path, strategies=("ddp", "fsdp", "deepspeed_stage_3")) -> N
 
     def fits(strategy: str, n: int, n_layer: int) -> dict | None:
         model = [f"model.n_layer={n_layer}", "model.n_embd=768", "model.n_head=12"]
-        row = train(workdir, strategy, n, model, worker_cap=per_process, steps=5)
+        row = train(workdir, strategy, n, model, LARGEST_EXTRA.get(strategy, []), worker_cap=per_process, steps=5)
         if row["ok"] and len(row["worker_peaks"]) != n:
             sys.exit(f"memory_per_rank: {len(row['worker_peaks'])} worker groups for {n} workers")
         return row if row["ok"] else None
 
-    for n in (2, 4):
+    for n in devices:
         best_ddp = None
         for strategy in strategies:
-            best, best_row = 0, None
+            best, best_row, tried = 0, None, set()
             for n_layer in layers:
+                tried.add(n_layer)
                 row = fits(strategy, n, n_layer)
                 if row is None:
                     break
                 best, best_row = n_layer, row
-            if best and best < layers[-1]:
+            if best and best < layers[-1] and best + 4 not in tried:
                 row = fits(strategy, n, best + 4)
                 if row is not None:
                     best, best_row = best + 4, row
@@ -175,28 +181,31 @@ def mesh(workdir: Path, strategies=tuple(MESHES)) -> None:
              "| strategy | training peak / rank (MiB) | vs fsdp | largest gathered unit (MiB) | vs fsdp "
              "| activations / rank (MiB) | vs fsdp | set-up peak / rank (MiB) | whole job (MiB) | step (s) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    fsdp = None
+    rows = {}
     for label in strategies:
         strategy, extra = MESHES[label]
         row = train(workdir, strategy, 4, SIZES["~100M"], [*extra, *PROBE, "logger=csv"], cap=22 * GiB, steps=4)
+        if row["ok"]:
+            probes = [json.loads(f.read_text()) for f in sorted(row["out"].glob("probe_rank*.json"))]
+            row.update(unit=max(p["largest_unit_bytes"] for p in probes),
+                       saved=max(p["saved_activation_bytes"] for p in probes), step=_median_step(row["out"]))
+        rows[label] = row
+        print(label, {k: row.get(k) for k in ("ok", "train", "unit", "saved", "step")}, flush=True)
+    fsdp = rows.get("fsdp") if rows.get("fsdp", {}).get("ok") else None
+    for label, row in rows.items():
         if not row["ok"]:
             lines.append(f"| {label} | {'killed at the 22 GiB guard' if row['oom'] else 'failed'} | | | | | | | "
                          f"{row['job_peak'] / MiB:.0f} | |")
-            print(lines[-1], row["tail"][-400:], flush=True)
+            print(row["tail"][-400:], flush=True)
             continue
-        probes = [json.loads(f.read_text()) for f in sorted(row["out"].glob("probe_rank*.json"))]
-        got = {"train": row["train"], "unit": max(p["largest_unit_bytes"] for p in probes),
-               "saved": max(p["saved_activation_bytes"] for p in probes)}
-        fsdp = got if label == "fsdp" else fsdp
 
         def vs(key: str) -> str:
-            return f"{got[key] / fsdp[key]:.2f}x" if fsdp and fsdp[key] and got[key] else ""
+            return f"{row[key] / fsdp[key]:.2f}x" if fsdp and fsdp[key] and row[key] else ""
 
-        unit = f"{got['unit'] / MiB:.1f}" if got["unit"] else "none (whole model)"
-        lines.append(f"| {label} | {got['train'] / MiB:.0f} | {vs('train')} | {unit} | {vs('unit')} | "
-                     f"{got['saved'] / MiB:.0f} | {vs('saved')} | {row['setup'] / MiB:.0f} | "
-                     f"{row['job_peak'] / MiB:.0f} | {_median_step(row['out']):.2f} |")
-        print(lines[-1], flush=True)
+        unit = f"{row['unit'] / MiB:.1f}" if row["unit"] else "none (the whole model)"
+        lines.append(f"| {label} | {row['train'] / MiB:.0f} | {vs('train')} | {unit} | {vs('unit')} | "
+                     f"{row['saved'] / MiB:.0f} | {vs('saved')} | {row['setup'] / MiB:.0f} | "
+                     f"{row['job_peak'] / MiB:.0f} | {row['step']:.2f} |")
     publish("memory_mesh" + SUBSET_SUFFIX, lines)
 
 
@@ -216,13 +225,18 @@ def main() -> None:
                         choices=["peaks", "cap", "largest", "mesh"])
     parser.add_argument("--strategies", help="comma-separated subset to measure again (keep ddp: the reference); "
                         "published to results files of their own (memory_peaks_<strategies>.md, ...)")
+    parser.add_argument("--devices", help="largest: comma-separated process counts (default 2,4)")
+    parser.add_argument("--layers", help="largest: comma-separated layer counts to try, in order (default 8,16,...,56)")
     args = parser.parse_args()
     chosen = {"strategies": args.strategies.split(",")} if args.strategies else {}
+    largest_options = {**({"devices": [int(n) for n in args.devices.split(",")]} if args.devices else {}),
+                       **({"layers": [int(n) for n in args.layers.split(",")]} if args.layers else {})}
     global SUBSET_SUFFIX
     SUBSET_SUFFIX = "_" + args.strategies.replace(",", "_") if args.strategies else ""
     with tempfile.TemporaryDirectory() as tmp:
         for part in args.parts or ["peaks", "cap", "largest"]:
-            {"peaks": peaks, "cap": cap, "largest": largest, "mesh": mesh}[part](Path(tmp), **chosen)
+            options = {**chosen, **largest_options} if part == "largest" else chosen
+            {"peaks": peaks, "cap": cap, "largest": largest, "mesh": mesh}[part](Path(tmp), **options)
 
 
 if __name__ == "__main__":

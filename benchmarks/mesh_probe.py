@@ -36,7 +36,8 @@ def gathered_bytes(p: nn.Parameter) -> int:
     names = p.device_mesh.mesh_dim_names or ()
     split = 1
     for i, placement in enumerate(p.placements):
-        if placement.is_shard() and i < len(names) and names[i] == TENSOR_PARALLEL:
+        # Shard or _StridedShard (a fused layer's thirds), which is no Shard and says is_shard() False
+        if getattr(placement, "dim", None) is not None and i < len(names) and names[i] == TENSOR_PARALLEL:
             split *= p.device_mesh.size(i)
     return p.numel() * p.element_size() // split
 
@@ -65,7 +66,7 @@ class MeshProbe(Callback):
         self.unit = (0, 0)
 
     def on_fit_start(self, loop) -> None:
-        model = loop.strategy.model
+        model = loop.model
         self.unit = largest_unit(model)
         probe = self
         state: dict = {}
