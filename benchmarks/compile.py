@@ -6,7 +6,7 @@ first forward took. Inductor's cache starts empty (a directory of this script's 
 of a compiled case is a cold compile and the later rounds find their kernels cached, as a user's
 second run does.
 
-    .venv/bin/python benchmarks/compile.py        (about 5 minutes)
+    .venv/bin/python benchmarks/compile.py        (about 8 minutes)
 """
 from __future__ import annotations
 
@@ -50,9 +50,11 @@ def run(workdir: Path, world: list[str], compiled: bool, cache: Path) -> dict:
 def main() -> None:
     lines = [f"GPT (n_layer 4, n_embd 256, 4 heads, block 128), batch 16, fp32, AdamW, {STEPS} steps, CPU, "
              f"{ROUNDS} interleaved rounds (eager, compiled, eager, ...). First step: compilation included; round 1 "
-             "of a compiled case compiles with an empty inductor cache (cold), later rounds find it filled (warm). "
+             "of a compiled case compiles with an empty inductor cache (cold), later rounds find it filled (warm); an "
+             "eager run compiles nothing. "
              "Steady step: median of steps 2-12, then the median over rounds.", "",
-             "| case | mode | first step, cold (s) | first step, warm (s) | first forward, cold (s) | steady step (ms) "
+             "| case | mode | first step, round 1 (s) | first step, rounds 2-3 (s) | first forward, cold (s) "
+             "| steady step (ms) "
              "| steady vs eager | loss at step 12 |", "|---|---|---|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as tmp:
         workdir, cache = Path(tmp) / "runs", Path(tmp) / "inductor-cache"

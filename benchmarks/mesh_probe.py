@@ -68,7 +68,6 @@ class MeshProbe(Callback):
     def on_fit_start(self, loop) -> None:
         model = loop.model
         self.unit = largest_unit(model)
-        probe = self
         state: dict = {}
 
         def parameter_storages() -> set[int]:
@@ -92,7 +91,7 @@ class MeshProbe(Callback):
         def after(module, args, output):
             if "hooks" in state:
                 state.pop("hooks").__exit__(None, None, None)
-                probe.saved_per_forward.append(state["bytes"])
+                self.saved_per_forward.append(state["bytes"])
 
         def refresh_params(module, args):
             # the parameters as they are now (a unit's gathered ones while it runs): a gathered
