@@ -19,7 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from results_table import publish  # benchmarks/ is on sys.path when a script runs
+from memory_per_rank import step_seconds  # benchmarks/ is on sys.path when a script runs
+from results_table import publish
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = 3
@@ -40,11 +41,12 @@ def run(workdir: Path, world: list[str], compiled: bool, cache: Path) -> dict:
                             env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)})
     if result.returncode != 0:
         sys.exit(f"compile benchmark: {' '.join(command)} failed:\n{result.stderr[-2000:]}")
-    rows = [r for r in csv.DictReader(open(out / "metrics.csv")) if r.get("train/tokens_per_s")]
-    seconds = [float(rows[0]["train/tokens"]) / float(r["train/tokens_per_s"]) for r in rows]
+    seconds = step_seconds(out)
+    rows = list(csv.DictReader(open(out / "metrics.csv")))
     said = FIRST_FORWARD.search(result.stdout)
     return {"first": seconds[0], "steady": statistics.median(seconds[1:]),
-            "first_forward": float(said.group(1)) if said else None, "losses": [float(r["train/loss"]) for r in rows]}
+            "first_forward": float(said.group(1)) if said else None,
+            "losses": [float(r["train/loss"]) for r in rows if r.get("train/loss")]}
 
 
 def main() -> None:

@@ -161,7 +161,7 @@ def largest(workdir: Path, strategies=("ddp", "fsdp", "deepspeed_stage_3"), devi
 
 
 MESHES = {"ddp": ("ddp", []), "fsdp": ("fsdp", []), "hsdp": ("hsdp", ["strategy.shard_size=2"]),
-          "model_parallel, no SP": ("model_parallel", ["strategy.tensor_parallel_size=2"]),
+          "model_parallel (no SP)": ("model_parallel", ["strategy.tensor_parallel_size=2"]),
           "model_parallel": ("model_parallel", ["strategy.tensor_parallel_size=2", "strategy.sequence_parallel=true"])}
 # benchmarks/mesh_probe.py on every rank: the largest unit gathered at once and the activations kept for backward
 PROBE = ["+callbacks.probe._target_=mesh_probe.MeshProbe", "trust.allow=[mesh_probe.]"]
@@ -209,10 +209,16 @@ def mesh(workdir: Path, strategies=tuple(MESHES)) -> None:
     publish("memory_mesh" + SUBSET_SUFFIX, lines)
 
 
-def _median_step(out: Path) -> float:
-    """The median seconds per step after the first, from the tokens/s the run logged."""
+def step_seconds(out: Path) -> list[float]:
+    """Seconds of each logged step of a run logged every step, from the tokens/s in its metrics.csv
+    (the first includes what came before the first step: compilation, for a compiled run)."""
     rows = [r for r in csv.DictReader(open(out / "metrics.csv")) if r.get("train/tokens_per_s")]
-    per_step = [float(rows[0]["train/tokens"]) / float(r["train/tokens_per_s"]) for r in rows[1:]]
+    return [float(rows[0]["train/tokens"]) / float(r["train/tokens_per_s"]) for r in rows]
+
+
+def _median_step(out: Path) -> float:
+    """The median seconds per step after the first."""
+    per_step = step_seconds(out)[1:]
     return statistics.median(per_step) if per_step else float("nan")
 
 
