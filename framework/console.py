@@ -70,6 +70,24 @@ class WarningsOnce:
         self._saved.__exit__(None, None, None)
 
 
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2, "mib": 1 << 20,
+               "g": 1000**3, "gb": 1000**3, "gib": 1 << 30, "t": 1000**4, "tb": 1000**4, "tib": 1 << 40}
+
+
+def parse_size(text: str) -> int | None:
+    """Bytes of a size as people write it (80GiB, 80GB, 81920MiB, 1.5TB, 1000000): None when it is
+    not one."""
+    number = str(text).strip().lower().replace("_", "")
+    unit = number.lstrip("0123456789.")
+    digits = number[:len(number) - len(unit)]
+    try:
+        value = float(digits)
+    except ValueError:
+        return None
+    factor = _SIZE_UNITS.get(unit.strip())
+    return int(value * factor) if factor is not None and value > 0 else None
+
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":

@@ -13,6 +13,7 @@ class ExitCode(IntEnum):
     OK = 0
     FAILED = 1  # a worker crashed or a framework bug: the report shows the traceback
     USER_ERROR = 2  # a bad config, file or combination: one paragraph, nothing written
+    DIVERGED = 3  # the loss or gradients became NaN/inf (trainer.on_nonfinite=stop): stopped, finite checkpoints kept
     STORAGE = 74  # EX_IOERR: storage failed while saving (disk full); earlier checkpoints kept; resume=auto continues
     PREEMPTED = 75  # EX_TEMPFAIL: stopped by a signal after saving; resume=auto continues
 

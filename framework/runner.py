@@ -20,13 +20,16 @@ from framework.config.loop_settings import loop_settings
 from framework.config.targets import check_targets
 from framework.config.validate import check_values
 from framework.console import human_bytes
+from framework.accelerator.planned import planned
 from framework.construction.meta_build import meta_device
 from framework.models.build import build_model
 from framework.errors import (ConfigError, ExitCode, RunExit, StorageError, UserError, did_you_mean, heading, report,
                               wants_traceback)
 from framework.construction.activation_checkpointing import checkpoint_units
+from framework.construction.compile import untraceable
 from framework.launch.elastic import WorkerFailed
 from framework.launch.launcher import launch
+from framework.loop.nonfinite import Diverged
 from framework.loop.preemption import Preempted
 from framework.loop.state import Stage
 from framework.planning.memory import estimate, model_stats
@@ -35,11 +38,11 @@ from framework.plugins import Plugins, build_plugins
 from framework.reproduce import write_recipe
 from framework.results import TEST_METRICS_FILE, merge_predictions, metrics_table, test_record, write_json
 from framework.sweeps import SUMMARY_FILE, current_job, finished_objective, run_overrides, write_summary
-from framework.tasks.fit_check import check_fit, validation_metric_names
+from framework.tasks.fit_check import check_fit, forward_call, validation_metric_names
 
 # How each way a run can fail leaves the process (framework/errors.py documents the codes).
 EXIT_CODES = {StorageError: ExitCode.STORAGE, UserError: ExitCode.USER_ERROR, WorkerFailed: ExitCode.FAILED,
-              Preempted: ExitCode.PREEMPTED}
+              Preempted: ExitCode.PREEMPTED, Diverged: ExitCode.DIVERGED}
 _started = False
 
 
@@ -91,6 +94,8 @@ def _exit_code(err: BaseException) -> ExitCode:
 def _describe(err: BaseException) -> str:
     if isinstance(err, Preempted):
         return f"preempted: {err}"
+    if isinstance(err, Diverged):
+        return f"diverged: {err}"
     return f"{heading(err)}: {err}"
 
 
@@ -103,7 +108,7 @@ def _run_single(cfg: DictConfig, output_dir) -> float | None:
             raise
         report(err)
         raise RunExit(_exit_code(err)) from None
-    except (WorkerFailed, Preempted) as err:
+    except (WorkerFailed, Preempted, Diverged) as err:
         print(_describe(err), file=sys.stderr, flush=True)
         raise RunExit(_exit_code(err)) from None
 
@@ -125,6 +130,11 @@ def _run_sweep_job(cfg: DictConfig, output_dir, job) -> float | None:
     except Preempted as err:
         print(_describe(err), file=sys.stderr, flush=True)
         raise RunExit(ExitCode.PREEMPTED) from None
+    except Diverged as err:  # its summary.json (status diverged) is written: a failed job, the sweep goes on
+        print(_describe(err), file=sys.stderr, flush=True)
+        print(f"job {job.num} diverged; the sweep goes on (see {output_dir / SUMMARY_FILE})", file=sys.stderr,
+              flush=True)
+        return None
     except UserError as err:
         report(err)
         error = _describe(err)
@@ -168,13 +178,15 @@ class Prepared:
         return self
 
 
-def prepare(cfg: DictConfig, strict: bool = True, stage: Stage = Stage()) -> Prepared:
+def prepare(cfg: DictConfig, strict: bool = True, stage: Stage = Stage(), device_memory: int | None = None,
+            elsewhere: bool = False) -> Prepared:
     """Steps 1 and 2 of a run, and all of `framework validate` and `framework plan`: resolve the
     config, check values and every `_target_` (trust, imports, signatures), build the plugins,
     build model (on the meta device), data and task, and judge the combination. Touches no device
     and starts no process. Every problem is collected; `strict` raises them as one ConfigError.
     `stage`: fit, test (`framework test`: the data must have a test split) or predict (the task
-    must predict, the data have the split)."""
+    must predict, the data have the split). `elsewhere` (`framework plan --device`): judged for a
+    machine that has the configured accelerator, with `device_memory` bytes per device."""
     prepared = Prepared()
     problems = prepared.problems
 
@@ -201,6 +213,9 @@ def prepare(cfg: DictConfig, strict: bool = True, stage: Stage = Stage()) -> Pre
     attempt(lambda: check_targets(resolved))
     if not problems:  # building from a config that failed those would only repeat them
         prepared.plugins = attempt(lambda: build_plugins(resolved))
+        if prepared.plugins is not None and elsewhere:
+            plugins = prepared.plugins
+            plugins.accelerator = plugins.strategy.accelerator = planned(plugins.accelerator, device_memory)
         prepared.model, prepared.activation_bytes, prepared.logged = attempt(
             lambda: build_components(resolved, prepared.plugins, stage)) or (None, 0, None)
     if prepared.plugins is not None:
@@ -288,12 +303,35 @@ def build_components(cfg: DictConfig, plugins: Plugins | None = None,
                           "(what it predicts for each sample: framework/tasks/base.py), or use a built-in task.")
     batch_size = int(cfg.data.get("batch_size", 2) or 2)
     logged = validation_metric_names(model, data, task)
+    if plugins is not None and cfg.trainer.get("compile"):
+        check_compilable(model, data, task, plugins.strategy, bool(cfg.trainer.get("activation_checkpointing")))
     if plugins is None or not cfg.trainer.get("activation_checkpointing"):
-        return model, check_fit(model, data, task, batch_size), logged
-    whole = check_fit(model, data, task, batch_size)
+        return model, check_fit(model, data, task, batch_size, device_type(plugins)), logged
+    whole = check_fit(model, data, task, batch_size, device_type(plugins))
     count = checkpoint_units(plugins.strategy.units(model))
-    kept = check_fit(model, data, task, batch_size)
+    kept = check_fit(model, data, task, batch_size, device_type(plugins))
     return model, kept + (max(whole - kept, 0) // count if count else 0), logged
+
+
+def device_type(plugins: Plugins | None) -> str:
+    """The device the run computes on (whose attention kernels the activations are measured for)."""
+    return plugins.accelerator.name if plugins is not None else "cpu"
+
+
+def check_compilable(model, data, task, strategy, activation_checkpointing: bool) -> None:
+    """trainer.compile=true: what will be compiled (the model whole, or its first unit where the
+    strategy compiles units: framework/construction/compile.py) must trace as one graph; where it
+    cannot, compiling would run it in pieces, eagerly between them, for little or no speed-up."""
+    units = strategy.units(model).modules if strategy.shards_states or activation_checkpointing else []
+    target = units[0] if units else model
+    call = forward_call(target, model, data, task)
+    reason = untraceable(target, *call) if call is not None else None
+    if reason:
+        what = f"{type(target).__name__} (the model's unit)" if units else type(model).__name__
+        raise ConfigError(f"trainer.compile=true: torch.compile cannot capture {what}'s forward as one graph: {reason}. "
+                          "Compiled, it would run in pieces with eager code between them, for little or no speed-up. "
+                          "Make that code traceable (no Python branch on a tensor's value, no .item() or print in "
+                          "the forward), or set trainer.compile=false.")
 
 
 def test_split_problems(cfg: DictConfig, data, stage: Stage) -> list[str]:
@@ -362,16 +400,26 @@ def _train(cfg: DictConfig, output_dir) -> float | None:
         raise Preempted(result.preempted.signal, result.preempted.step, requeued=cluster.requeued)
     metrics = result.metrics
     if not writer:
+        if result.diverged is not None:
+            raise Diverged(result.diverged)
         return metrics.get(resolved.trainer.objective)
     # 5. the objective, for sweepers
     objective_name = resolved.trainer.objective
     objective = metrics.get(objective_name)
     job = current_job()
-    summary = {"name": resolved.name, "status": "completed", "objective": objective_name, "objective_value": objective,
+    diverged = result.diverged
+    summary = {"name": resolved.name, "status": "completed" if diverged is None else "diverged",
+               "objective": objective_name, "objective_value": objective if diverged is None else None,
                "overrides": job.overrides if job else run_overrides(),
                "metrics": metrics, "wall_time_s": round(time.time() - started_at, 3),
                "strategy": plugins.strategy.name, "precision": plugins.precision.name,
                "world_size": prepared.world_size, "output_dir": str(output_dir)}
+    if diverged is not None:
+        summary.update(error=f"diverged: {diverged.describe()}", diverged={
+            "what": diverged.what, "step": diverged.step, "stopped_at": diverged.stopped_at,
+            "policy": diverged.policy, "last_finite_checkpoint": diverged.last_finite_checkpoint})
+        write_summary(output_dir, summary)
+        raise Diverged(diverged)
     if result.tested is not None:
         summary["test"] = _record_test(result.tested, output_dir, prepared, started_at)
     write_summary(output_dir, summary)
@@ -423,14 +471,17 @@ def _launch_stage(cfg: DictConfig, stage: Stage, output_dir: Path, clear: Path |
     return prepared, result, writer, started_at
 
 
-def run_test(cfg: DictConfig, output_dir: Path, chosen: str) -> dict:
+def run_test(cfg: DictConfig, output_dir: Path, chosen: str, log: bool = False) -> dict:
     """`framework test`: prepare `cfg` at the test stage, score the checkpoint `cfg.ckpt_path`
     names on the test split with cfg's strategy at its world size, and write test_metrics.json
-    (and the test into summary.json) in `output_dir`. `chosen`: why that checkpoint (recorded)."""
+    (and the test into summary.json) in `output_dir`. `chosen`: why that checkpoint (recorded);
+    `log`: also send the scores to the run's loggers, at the checkpoint's step."""
     prepared, result, writer, started_at = _launch_stage(cfg, Stage("test"), output_dir)
     if not writer:
         return result.tested
     record = _record_test({**result.tested, "chosen": chosen}, output_dir, prepared, started_at)
+    if log:
+        log_to_run(prepared.resolved, output_dir, record["metrics"], record["step"])
     summary_path = output_dir / SUMMARY_FILE
     try:
         summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
@@ -438,6 +489,21 @@ def run_test(cfg: DictConfig, output_dir: Path, chosen: str) -> dict:
         summary = {}  # an unreadable summary is replaced, not trusted
     write_summary(output_dir, {**summary, "test": record})
     return record
+
+
+def log_to_run(cfg: DictConfig, output_dir: Path, metrics: dict, step: int | None) -> None:
+    """Send metrics to the loggers of the run's config (a row of metrics.csv, a TensorBoard scalar,
+    ...) in the run directory, at `step`; loggers that cannot be built are named and skipped."""
+    step = int(step or 0)
+    for name, node in (cfg.get("logger") or {}).items():
+        try:
+            logger = build(node, f"logger.{name}", save_dir=str(output_dir))
+        except UserError as err:
+            print(f"WARNING: not logged to logger.{name}: {err}", file=sys.stderr, flush=True)
+            continue
+        logger.log_metrics(metrics, step)
+        logger.finalize()
+        print(f"logged to logger.{name} at step {step}", flush=True)
 
 
 def run_predict(cfg: DictConfig, out: Path, split: str) -> int:

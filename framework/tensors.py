@@ -22,12 +22,26 @@ def map_tensors(data: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     return data
 
 
+def strided_part(full: torch.Tensor, dim: int, split_factor: int, ranks: int, rank: int) -> torch.Tensor:
+    """Rank `rank` of `ranks`' part of `full` under a strided shard (torch's _StridedShard): `full`
+    cut into `split_factor` pieces along `dim` (a fused layer's q, k and v), each piece split over
+    the ranks, this rank's parts of the pieces side by side."""
+    return torch.cat([piece.chunk(ranks, dim)[rank] for piece in full.chunk(split_factor, dim)], dim)
+
+
+def strided_whole(parts: list[torch.Tensor], dim: int, split_factor: int) -> torch.Tensor:
+    """The inverse of strided_part: every rank's part (in rank order) put back together."""
+    pieces = [part.chunk(split_factor, dim) for part in parts]
+    return torch.cat([p[piece] for piece in range(split_factor) for p in pieces], dim)
+
+
 def local_part(full: torch.Tensor, like) -> torch.Tensor:
     """This rank's part of `full` laid out as the DTensor `like` (`full` itself for a plain tensor).
     On a 2-D mesh (model_parallel, hsdp) the last dimension's placement is applied first and
     FSDP's then splits that rank's part along its dimension, as fully_shard lays out a parameter
     it shards on top of another split (its strided shard on the first dimension means exactly
-    that)."""
+    that). A strided shard on the last dimension (a fused layer's thirds) is cut here, not by
+    DTensor: from torch 2.11 on DTensor reads a lone strided shard as a shard order."""
     from torch.distributed.tensor import DTensor, Shard, distribute_tensor
     from torch.distributed.tensor.placement_types import _StridedShard
 
@@ -37,9 +51,12 @@ def local_part(full: torch.Tensor, like) -> torch.Tensor:
     with torch.no_grad():
         for dim in reversed(range(mesh.ndim)):
             placement = like.placements[dim]
-            if dim < mesh.ndim - 1 and isinstance(placement, _StridedShard):
-                placement = Shard(placement.dim)
             sub = mesh[mesh.mesh_dim_names[dim]] if mesh.ndim > 1 else mesh
+            if isinstance(placement, _StridedShard) and dim == mesh.ndim - 1:
+                part = strided_part(part, placement.dim, placement.split_factor, sub.size(), sub.get_local_rank())
+                continue
+            if isinstance(placement, _StridedShard):
+                placement = Shard(placement.dim)
             part = distribute_tensor(part, sub, [placement], src_data_rank=None).to_local()
     return part
 

@@ -117,6 +117,18 @@ def trainable_only(factory):
     return lambda params, *args, **kwargs: factory([p for p in params if p.requires_grad], *args, **kwargs)
 
 
+def fitted_to_precision(factory, precision, talk: bool):
+    """An optimizer factory whose optimizer the precision adjusts to its dtype (said once)."""
+    def build_optimizer(*args, **kwargs):
+        optimizer = factory(*args, **kwargs)
+        note = precision.prepare_optimizer(optimizer)
+        if note and talk:
+            print(note, flush=True)
+        return optimizer
+
+    return build_optimizer
+
+
 def _model_and_optimizer(cfg, strategy, task, pretrained: bool = True):
     """The model built and set up by the strategy with its optimizer (an engine such as DeepSpeed
     wraps both at once); `pretrained`: copy the weights a model built without them names."""
@@ -131,6 +143,7 @@ def _model_and_optimizer(cfg, strategy, task, pretrained: bool = True):
         optimizer_factory = trainable_only(optimizer_factory)
     if not task.automatic_optimization:  # one optimizer per named group of the task
         optimizer_factory = optimizer_set_factory(task, model, optimizer_factory)
+    optimizer_factory = fitted_to_precision(optimizer_factory, strategy.precision, talk)
     with announce_if_slow(f"{strategy.name}: setting up the model and optimizer", talk, why=strategy.setup_note):
         model, optimizer = strategy.setup(model, optimizer_factory)
     weights = getattr(strategy.unwrap(model), "pretrained_weights", None) if pretrained else None

@@ -119,7 +119,7 @@ def test_the_after_training_commands_run_as_written(tmp_path):
     import sys
 
     commands = section_commands("After training: test, predict, generate")
-    assert [c.split()[1] for c in commands] == ["run", "test", "test", "predict", "train", "generate"]
+    assert [c.split()[1] for c in commands] == ["run", "test", "test", "test", "predict", "train", "generate"]
     outputs = {}
     for command in commands:
         args = shlex.split(command)
@@ -130,7 +130,11 @@ def test_the_after_training_commands_run_as_written(tmp_path):
         if args[1] in ("run", "test"):
             record = json.loads((tmp_path / "outputs/digits/test_metrics.json").read_text())
             assert record["metrics"]["test/accuracy"] > 0.9, command  # the digits are easy
-    assert json.loads((tmp_path / "outputs/digits/test_metrics.json").read_text())["world_size"] == 2
+    assert json.loads((tmp_path / "outputs/digits/test_metrics.json").read_text())["world_size"] == 1  # the last: --log
+    logged = [line.split(",") for line in (tmp_path / "outputs/digits/metrics.csv").read_text().splitlines()]
+    column = logged[0].index("test/accuracy")
+    tested_at = [row[0] for row in logged[1:] if row[column]]
+    assert tested_at == [str(json.loads((tmp_path / "outputs/digits/test_metrics.json").read_text())["step"])]
     rows = [json.loads(line) for line in (tmp_path / "predictions.jsonl").read_text().splitlines()]
     assert len(rows) == 360 and sum(r["prediction"] == r["label"] for r in rows) / 360 > 0.9
     assert outputs[commands[-1]].startswith("def main(") and len(outputs[commands[-1]]) > len("def main(") + 20

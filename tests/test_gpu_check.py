@@ -23,7 +23,9 @@ def test_the_gpu_check_runs_its_rows_on_the_cpu(tmp_path):
     rows = {tuple(c.strip() for c in line.split("|")[1:5]): [c.strip() for c in line.split("|")[5:-1]]
             for line in table.read_text().splitlines()[4:]}
     note, outcome, last, diff, _, why = rows[("single_device", "32", "torch", "1")]
-    assert outcome == "ok" and float(diff) == 0.0  # the CPU against itself
+    # the CPU against itself: two runs of one job, within float32 rounding (bit-equal on an idle
+    # machine; 4.8e-07 apart once on an AMX CPU under load, see README "Reproducibility")
+    assert outcome == "ok" and float(diff) < 1e-5
     assert rows[("single_device", "te_fp8", "torch", "1")][1] == "refused"
     assert "transformer_engine" in rows[("single_device", "te_fp8", "torch", "1")][5]
     note, outcome, last, diff, _, why = rows[("ddp", "32", "dcp", "2")]

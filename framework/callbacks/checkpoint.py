@@ -5,7 +5,7 @@ import shutil
 from typing import Literal
 
 from framework.callbacks.base import Callback
-from framework.checkpoint.format import list_checkpoints
+from framework.checkpoint.format import is_finite, list_checkpoints
 from framework.checkpoint.load import best_checkpoint, monitored
 from framework.config.types import NonNegativeInt, PositiveInt
 
@@ -57,6 +57,9 @@ class ModelCheckpoint(Callback):
         keep |= {c.path for c in scored[: self.best_k]}
         if complete:  # whatever the settings, the newest complete checkpoint stays: a run can always resume
             keep.add(complete[-1].path)
+        finite = [c for c in complete if is_finite(c.meta)]
+        if finite:  # and so does the newest one of finite weights (a warn-policy run saves NaN ones too)
+            keep.add(finite[-1].path)
         removed = [c.path for c in complete if c.path not in keep]
         for path in removed:
             try:

@@ -227,3 +227,15 @@ def list_checkpoints(root: Path) -> tuple[list[CheckpointInfo], list[Path]]:
         except CheckpointError:
             partial.append(child)
     return sorted(complete, key=lambda c: c.step), partial
+
+
+def is_finite(meta: dict) -> bool:
+    """Whether a checkpoint's weights were finite when saved (older checkpoints: assumed so)."""
+    return bool(meta.get("finite", True))
+
+
+def newest_finite(root: Path) -> Path | None:
+    """The newest complete checkpoint under `root` whose weights were finite, or None."""
+    complete, _ = list_checkpoints(root)
+    finite = [c for c in complete if is_finite(c.meta)]
+    return finite[-1].path if finite else None

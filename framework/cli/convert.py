@@ -3,14 +3,14 @@ from_pretrained directory), or import a DeepSpeed native checkpoint into the fra
 from __future__ import annotations
 
 import argparse
-import shutil
+import json
 from pathlib import Path
 
 from framework.checkpoint.convert import export_weights, import_deepspeed, read_model_state
 from framework.checkpoint.format import read_meta
 from framework.checkpoint.load import find_checkpoint
 from framework.cli.adapter_export import adapter_config, merged_state, write_peft_directory
-from framework.config.resolvers import BYTES
+from framework.cli.hub_tokenizer import export_tokenizer, write_generation_ids
 from framework.errors import ConfigError, ExitCode, UserError, report
 from framework.models.hf_causal_lm import is_hub_model, save_for_hub
 
@@ -43,12 +43,10 @@ def export_hub_directory(checkpoint: Path, out: Path) -> Path:
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"--to hf: {out} exists and is not empty; give a new directory.")
     save_for_hub(state, model_node, out)
+    config = json.loads((out / "config.json").read_text())
     tokenizer = ((meta.get("config") or {}).get("data") or {}).get("tokenizer")
-    if tokenizer and tokenizer != BYTES:
-        source = Path(tokenizer).expanduser()
-        for file in (source.iterdir() if source.is_dir() else [source]):
-            if file.name.startswith("tokenizer") or file.name in ("special_tokens_map.json", "vocab.json", "merges.txt"):
-                shutil.copy2(file, out / file.name)
+    ids = export_tokenizer(tokenizer, out, config.get("n_positions") or config.get("max_position_embeddings"))
+    write_generation_ids(out, ids)
     return out
 
 

@@ -4,6 +4,9 @@ Composes the config exactly as train.py does, validates it, and prints the five 
 plugins, the world (ranks per node), the model's size (built on the meta device), the estimated
 bytes per rank for its states under the chosen strategy next to the device's memory, and any
 compatibility refusal. No process group, no device memory, no deepspeed import.
+
+`--device cuda --device-memory 80GiB` plans for a machine this one is not (a login node planning
+for its GPU nodes): the accelerator is taken as present there, with that much memory per device.
 """
 from __future__ import annotations
 
@@ -16,8 +19,8 @@ from framework.adapter.lora import count_parameters
 from framework.config.compatibility import processes_per_node
 from framework.config.compose import compose
 from framework.config.groups import PLUGIN_GROUPS
-from framework.console import human_bytes
-from framework.errors import ExitCode, UserError, report
+from framework.console import human_bytes, parse_size
+from framework.errors import ConfigError, ExitCode, UserError, report
 from framework.paths import conf_dir, find_recipe
 from framework.planning.memory import estimate, model_stats
 from framework.runner import prepare
@@ -34,14 +37,18 @@ def ranks_per_node(devices: int, num_nodes: int) -> str:
     return "; ".join(shown)
 
 
-def plan(cfg: DictConfig, out=None) -> int:
+def plan(cfg: DictConfig, out=None, device_memory: int | None = None, elsewhere: bool = False) -> int:
     out = out or sys.stdout
-    prepared = prepare(cfg, strict=False)
+    prepared = prepare(cfg, strict=False, device_memory=device_memory, elsewhere=elsewhere)
     if any(problem not in prepared.refusals for problem in prepared.problems):
         prepared.raise_problems()  # a plan is shown for a refused combination only, not for a broken config
     resolved, plugins, devices, model = prepared.resolved, prepared.plugins, prepared.devices, prepared.model
     per_node = processes_per_node(plugins.strategy, devices)
     world = per_node * resolved.num_nodes
+    if elsewhere:
+        memory = f" of {human_bytes(device_memory)}" if device_memory else " (memory not given: --device-memory 80GiB)"
+        print(f"planned for another machine: {plugins.accelerator.name} devices{memory}, taken as present, with bf16 "
+              "and fused attention kernels", file=out)
     print("plugins", file=out)
     width = max(len(str(getattr(getattr(plugins, g), "name", "?"))) for g in PLUGIN_GROUPS) + 2
     for group in PLUGIN_GROUPS:
@@ -111,20 +118,48 @@ def plan(cfg: DictConfig, out=None) -> int:
     return ExitCode.OK
 
 
-def main(args: list[str]) -> int:
-    recipe = None
-    if args[:1] in (["--recipe"], ["-r"]):
-        if len(args) < 2:
-            print("usage: framework plan [--recipe RECIPE] [OVERRIDES...]", file=sys.stderr)
-            return ExitCode.USER_ERROR
-        recipe, args = args[1], args[2:]
-    try:
-        if recipe:
-            path = find_recipe(recipe)
-            cfg = compose(path.parent, path.stem, args)
+USAGE = "usage: framework plan [--recipe RECIPE] [--device TYPE] [--device-memory SIZE] [OVERRIDES...]"
+OPTIONS = ("--recipe", "-r", "--device", "--device-memory")
+
+
+def _options(args: list[str]) -> tuple[dict[str, str], list[str]]:
+    """(the plan's own options, the overrides), options anywhere among the overrides."""
+    options, rest, i = {}, [], 0
+    while i < len(args):
+        name, _, value = args[i].partition("=")
+        if name in OPTIONS:
+            if not value:
+                if i + 1 >= len(args):
+                    raise ConfigError(f"framework plan {name}: give it a value. {USAGE}")
+                value, i = args[i + 1], i + 1
+            options["--recipe" if name == "-r" else name] = value
         else:
-            cfg = compose(Path(conf_dir()), "train", args)
-        return plan(cfg)
+            rest.append(args[i])
+        i += 1
+    return options, rest
+
+
+def main(args: list[str]) -> int:
+    try:
+        options, overrides = _options(args)
+        memory = None
+        if "--device-memory" in options:
+            memory = parse_size(options["--device-memory"])
+            if memory is None:
+                raise ConfigError(f"framework plan --device-memory={options['--device-memory']!r}: not a size; give one "
+                                  "such as 80GiB, 40GB or 81920MiB (the memory of one device of the target machine).")
+        elsewhere = "--device" in options
+        if elsewhere:
+            overrides = [f"accelerator={options['--device']}", *overrides]
+        elif memory is not None:
+            raise ConfigError("framework plan --device-memory: say which device too, e.g. --device cuda --device-memory "
+                              "80GiB.")
+        if "--recipe" in options:
+            path = find_recipe(options["--recipe"])
+            cfg = compose(path.parent, path.stem, overrides)
+        else:
+            cfg = compose(Path(conf_dir()), "train", overrides)
+        return plan(cfg, device_memory=memory, elsewhere=elsewhere)
     except UserError as err:
         report(err)
         return ExitCode.USER_ERROR

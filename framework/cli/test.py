@@ -5,7 +5,9 @@ newest without one). CHECKPOINT is one checkpoint directory (`<run>/checkpoints/
 config is the run's own, composed again from the command that made it (its recipe and overrides,
 from .hydra/), with OVERRIDES on top: `strategy=fsdp devices=2` tests with another strategy at
 another world size (checkpoints are portable), `trainer.test_batches=10` scores fewer samples.
-Results: test_metrics.json and the "test" entry of summary.json in the run directory, and a table.
+Results: test_metrics.json and the "test" entry of summary.json in the run directory, and a table;
+with --log also the run's loggers (a row of metrics.csv at the checkpoint's step, a TensorBoard
+scalar, ...).
 """
 from __future__ import annotations
 
@@ -20,6 +22,9 @@ def parser() -> argparse.ArgumentParser:
     test = argparse.ArgumentParser(prog="framework test", description="score a checkpoint on the data's test split")
     test.add_argument("target", help="a run directory (its best checkpoint) or a checkpoint directory")
     test.add_argument("overrides", nargs="*", help="key=value / group=option on top of the run's config")
+    test.add_argument("--log", action="store_true",
+                      help="also send the scores to the run's loggers (metrics.csv, TensorBoard, ...) at the "
+                           "checkpoint's step")
     return test
 
 
@@ -32,7 +37,7 @@ def main(argv: list[str]) -> int:
         return ExitCode.USER_ERROR
     print(f"testing {checkpoint} ({why})", flush=True)
     try:
-        run_test(cfg, run_dir or checkpoint.parent, why)
+        run_test(cfg, run_dir or checkpoint.parent, why, log=args.log)
     except RunExit as exit_:
         return exit_.code
     return ExitCode.OK

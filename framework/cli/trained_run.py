@@ -13,6 +13,7 @@ from framework.checkpoint.load import find_checkpoint
 from framework.config.compose import compose
 from framework.config.overrides import config_groups, normalize_overrides
 from framework.errors import CheckpointError
+from framework.paths import make_importable
 from framework.reproduce import standalone_recipe
 
 
@@ -46,7 +47,13 @@ def compose_run_config(run_dir: Path | None, checkpoint: Path, overrides: list[s
         hydra = OmegaConf.load(hydra_dir / "hydra.yaml").hydra
         sources = [s for s in hydra.runtime.config_sources if s.provider == "main"]
         config_dir = Path(sources[0].path) if sources else None
-        if config_dir is not None and (config_dir / f"{hydra.job.config_name}.yaml").is_file():
+        changed = changed_groups(dict(hydra.runtime.get("choices") or {}), overrides)
+        # Another option of a group (strategy=single_device for a model_parallel run): the run's
+        # settings of that group (its overrides, its recipe's values) belong to the old option and
+        # are dropped, which the resolved config below does group by group.
+        if config_dir is not None:  # user code beside the run's recipe stays importable, whichever path composes
+            make_importable(config_dir)
+        if not changed and config_dir is not None and (config_dir / f"{hydra.job.config_name}.yaml").is_file():
             original = list(OmegaConf.load(hydra_dir / "overrides.yaml"))
             return compose(config_dir, hydra.job.config_name, merged_overrides(original, overrides))
     saved = (run_dir / "config.yaml") if run_dir is not None else None
@@ -57,6 +64,16 @@ def compose_run_config(run_dir: Path | None, checkpoint: Path, overrides: list[s
     recipe, values = with_group_choices(standalone_recipe(config), overrides)
     OmegaConf.save(OmegaConf.create(recipe), scratch / "recipe.yaml")
     return compose(scratch, "recipe", values)
+
+
+def changed_groups(choices: dict, overrides: list[str]) -> set[str]:
+    """The config groups whose option `overrides` changes from the run's `choices` (Hydra's record)."""
+    groups, changed = config_groups(), set()
+    for override in normalize_overrides(overrides, groups):
+        key, _, choice = override.partition("=")
+        if key in groups and choice and str(choices.get(key)) != choice.strip("'\""):
+            changed.add(key)
+    return changed
 
 
 def with_group_choices(recipe: dict, overrides: list[str]) -> tuple[dict, list[str]]:

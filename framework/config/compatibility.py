@@ -101,6 +101,18 @@ def _missing_libraries(p: Plan) -> list[str]:
 
 RULES: list[Rule] = [
     Rule(
+        lambda p: p.loop.on_nonfinite == "skip" and not _flag(p, "supports_step_skipping", True),
+        lambda p: f"trainer.on_nonfinite=skip with strategy={_strat(p)}: its engine clips and steps in one call, "
+        "so there is no point at which to leave a step out (its fp16 loss scaler still skips overflowing steps); "
+        "use trainer.on_nonfinite=stop or warn, or a torch strategy (ddp, fsdp) to skip.",
+    ),
+    Rule(
+        lambda p: p.loop.on_nonfinite == "skip" and p.loop.manual_optimization,
+        lambda p: "trainer.on_nonfinite=skip with a task that steps its optimizers itself (manual optimization): the "
+        "loop takes no optimizer step to leave out; use trainer.on_nonfinite=stop or warn (the task may skip a "
+        "step itself).",
+    ),
+    Rule(
         lambda p: p.loop.compile and not _flag(p, "supports_compile", True),
         lambda p: f"trainer.compile=true with strategy={_strat(p)}: "
         + ("XLA compiles the whole step itself" if _flag(p, "spmd", False) or "xla" in _strat(p) else

@@ -21,6 +21,7 @@ class LoopSettings:
     activation_checkpointing: bool = False  # recompute each unit's activations in backward
     adapter: str | None = None  # adapter=lora: only the adapters' weights train
     compile: bool = False  # torch.compile each unit (framework/construction/compile.py)
+    on_nonfinite: str = "stop"  # trainer.on_nonfinite (framework/loop/nonfinite.py)
 
 
 def loop_settings(cfg: DictConfig) -> LoopSettings:
@@ -31,4 +32,5 @@ def loop_settings(cfg: DictConfig) -> LoopSettings:
                         manual_optimization=not getattr(task, "automatic_optimization", True),
                         activation_checkpointing=bool(cfg.trainer.get("activation_checkpointing", False)),
                         compile=bool(cfg.trainer.get("compile", False)),
+                        on_nonfinite=str(cfg.trainer.get("on_nonfinite", "stop")),
                         adapter=cfg.adapter._target_.rsplit(".", 1)[-1].lower() if cfg.get("adapter") else None)

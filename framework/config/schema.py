@@ -14,6 +14,9 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 
+NONFINITE_POLICIES = ("stop", "skip", "warn")  # trainer.on_nonfinite (framework/loop/nonfinite.py)
+
+
 @dataclass
 class TrainerConfig:
     """How long to train and how the loop behaves."""
@@ -59,6 +62,17 @@ class TrainerConfig:
     """torch.compile each unit (the transformer blocks; the whole model where it has none) in
     place: faster steady steps after a slower first one (said at start); refused with the
     strategies and precisions that cannot take it (the compatibility table says which)."""
+    on_nonfinite: str = "stop"
+    """What a step whose loss or gradient norm is NaN or infinite does: 'stop' ends the run at once
+    (exit code 3; no checkpoint of non-finite weights is written, the finite ones are kept, summary.json
+    says why), 'skip' leaves that optimizer step out (one host read of the gradient norm per step),
+    'warn' says so once and trains on (its non-finite checkpoints are marked and never rotate the
+    last finite one away). Ranks of a multi-process run agree where they already meet: logging,
+    validation, checkpoints."""
+    nonfinite_skip_limit: int = 25
+    """Stop when this many optimizer steps in a row were skipped, by on_nonfinite=skip or by fp16's
+    loss scaler (which skips steps whose gradients overflowed): a run that skips every step is not
+    training. 0: no limit."""
     max_restarts: int = 0
     """Restart the worker group this many times after a worker dies (multi-process runs)."""
     objective: str = "val/loss"

@@ -6,7 +6,7 @@ from dataclasses import fields
 from omegaconf import DictConfig
 
 from framework.config.groups import PLUGIN_GROUPS
-from framework.config.schema import TrainConfig, TrainerConfig
+from framework.config.schema import NONFINITE_POLICIES, TrainConfig, TrainerConfig
 from framework.errors import ConfigError, did_you_mean
 from framework.signals import is_signal_name
 
@@ -30,6 +30,8 @@ _RULES = [
     ),
     ("resume", lambda v: v in (None, "auto"), "'auto' or null"),
     ("trainer.objective_mode", lambda v: v in ("min", "max"), "'min' or 'max'"),
+    ("trainer.on_nonfinite", lambda v: v in NONFINITE_POLICIES, "'stop', 'skip' or 'warn'"),
+    ("trainer.nonfinite_skip_limit", lambda v: v >= 0, "zero (no limit) or a positive integer"),
 ]
 
 

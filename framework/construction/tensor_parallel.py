@@ -25,9 +25,11 @@ Face model's `base_model_tp_plan` in its config (Llama, Qwen2, Mistral, ...: `co
 from __future__ import annotations
 
 import fnmatch
+import functools
 from typing import Callable
 
 from torch import nn
+from torch.nn import functional as F
 
 
 #: styles of a plan without sequence parallelism, and those sequence parallelism adds
@@ -139,6 +141,23 @@ def parallelize(model: nn.Module, mesh, plan: dict[str, str], sequence_parallel:
     return list(chosen)
 
 
+def _local(tensor):
+    """A DTensor's local part; a plain tensor as it is."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def _fused_local_forward(module: nn.Linear, x):
+    """A fused-column-parallel linear layer's forward: this rank's rows of the output (its q, k, v).
+    The replicated input's gradient on each rank is only its heads' share: marked partial, so
+    that the layer's input layout sums it over the tensor-parallel ranks in backward."""
+    from torch.distributed.tensor import DTensor, Partial
+
+    if isinstance(x, DTensor):
+        x = x.to_local(grad_placements=[Partial()] * x.device_mesh.ndim)
+    bias = _local(module.bias) if module.bias is not None else None
+    return F.linear(x, _local(module.weight), bias)
+
+
 def _styles(sequence_parallel: bool) -> dict[str, Callable]:
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
@@ -152,7 +171,14 @@ def _styles(sequence_parallel: bool) -> dict[str, Callable]:
 
     class FusedColwiseParallel(ColwiseParallel):
         """ColwiseParallel for a layer whose output is three projections side by side: each third is
-        split over the ranks (a strided shard), so a rank's output is its q, k and v, in that order."""
+        split over the ranks (a strided shard), so a rank's output is its q, k and v, in that order.
+
+        The product is taken on the local parts (the replicated input times this rank's rows), not
+        through DTensor's sharding propagation: from torch 2.11 on, DTensor reads a lone strided
+        shard as a shard order and refuses to propagate a linear layer over it ("placements:
+        (_StridedShard(dim=0, sf=3),) is unable to be interpreted into a corresponding
+        shard_order"). The numbers are the same; the gradients reach the parameters as DTensors
+        of the same placement through to_local's backward."""
 
         def _partition_linear_fn(self, name, module, device_mesh):
             from torch.distributed.tensor import distribute_tensor
@@ -163,12 +189,13 @@ def _styles(sequence_parallel: bool) -> dict[str, Callable]:
                                                        src_data_rank=self.src_data_rank),
                                      requires_grad=param.requires_grad)
                 module.register_parameter(pname, fused)
+            module.forward = functools.partial(_fused_local_forward, module)
 
         @staticmethod
         def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh):
             # the output's thirds stay split as the weight's are (a contiguous Shard(-1) would
-            # mix q and k on one rank): this rank's q, k and v, side by side
-            return outputs.to_local() if use_local_output else outputs
+            # mix q and k on one rank): this rank's q, k and v, side by side, as a plain tensor
+            return outputs
 
     return {
         "colwise": lambda: ColwiseParallel(input_layouts=between),

@@ -18,17 +18,6 @@ def batches_yielded(loader_state: dict) -> int:
     return int(loader_state.get("_num_yielded", 0))
 
 
-def skip_to(loader, batches: int) -> None:
-    """Position `loader` (at the start of an epoch, its sampler's epoch set) after `batches`
-    batches, as if they had been consumed. torchdata has no public call for this, so the keys of
-    its own state_dict are written here, next to the loader they belong to."""
-    state = loader.state_dict()
-    state.update({"_num_yielded": batches, "_sampler_iter_yielded": batches,
-                  "_sampler_iter_state": {"samples_yielded": batches * loader.batch_size},
-                  "_iterator_finished": False})
-    loader.load_state_dict(state)
-
-
 SPLITS = ("train", "val", "test")
 
 

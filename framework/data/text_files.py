@@ -79,6 +79,10 @@ class Tokenizer:
             self.eos_id = next((i for i in ids if i is not None), None)
             self.pad_id = self.eos_id if self.eos_id is not None else 0
 
+    def token_id(self, token: str) -> int | None:
+        """The id of one token of the vocabulary (a special token's), or None."""
+        return None if self._tokenizer is None else self._tokenizer.token_to_id(token)
+
     def encode(self, texts: list[str]) -> list[list[int]]:
         if self._tokenizer is None:
             return [list(text.encode("utf-8")) for text in texts]

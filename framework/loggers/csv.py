@@ -15,7 +15,8 @@ class CSVLogger(Logger):
     """`<run dir>/<filename>`: one row per step, one column per metric, ready for
     `pandas.read_csv` as it is. Metrics logged at the same step (training, validation, learning
     rate, checkpoint timing) share that step's row; a metric not logged at a step is an empty
-    cell. Columns: `step`, then each metric in the order it first appeared. A row is written as
+    cell. Columns: `step`, then each metric in the order it first appeared. Metrics of an earlier
+step (a checkpoint's test scores, logged after training) join that step's row. A row is written as
     soon as it is logged (its step's later metrics rewrite that last line only); a new metric
     rewrites the file once with the wider header."""
 
@@ -37,6 +38,9 @@ class CSVLogger(Logger):
         OmegaConf.save(OmegaConf.create(params), self.path.with_name("hparams.yaml"))
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        if self.rows and step < int(self.rows[-1]["step"]):  # an earlier step (a checkpoint's test scores)
+            self._merge_earlier(metrics, step)
+            return
         same_step = bool(self.rows) and int(self.rows[-1]["step"]) == step
         if same_step:
             self.rows[-1].update(metrics)
@@ -55,6 +59,17 @@ class CSVLogger(Logger):
                 f.seek(0, io.SEEK_END)
             self._last_row_at = f.tell()
             f.write(self._line(self.rows[-1]))
+
+    def _merge_earlier(self, metrics: dict[str, float], step: int) -> None:
+        """Into that step's row (a new row in step order where there is none); the file rewritten."""
+        row = next((r for r in self.rows if int(r["step"]) == step), None)
+        if row is None:
+            at = next(i for i, r in enumerate(self.rows) if int(r["step"]) > step)
+            self.rows.insert(at, {"step": step})
+            row = self.rows[at]
+        row.update(metrics)
+        self.columns += [k for k in metrics if k not in self.columns]
+        self._rewrite()
 
     def truncate(self, step: int) -> None:
         kept = [r for r in self.rows if int(r["step"]) <= step]

@@ -3,7 +3,8 @@
 Offline (the default: nothing may reach the network during a run), the run is written under
 `<run dir>/wandb/offline-run-*/`; `wandb sync <run dir>/wandb/offline-run-*` uploads it later.
 `logger.wandb.mode=online` logs live (after `wandb login`). The resolved config is the run's
-config (hyper-parameters), every metric is logged at its step, and the test metrics
+config (hyper-parameters), every metric is logged at its step (the test scores of an earlier
+checkpoint, which W&B cannot add below its latest step, against `test/step`), and the test metrics
 (`trainer.test_at_end`) are in the run's summary. A resumed run continues its W&B run (the id is
 kept in the run directory); a sweep's jobs share a group named after the sweep.
 """
@@ -44,12 +45,21 @@ class WandbLogger(Logger):
                               reinit="create_new")
         directory.mkdir(parents=True, exist_ok=True)
         id_file.write_text(run_id)
+        self._latest_step = -1
 
     def log_hyperparams(self, params: dict[str, Any]) -> None:
         self.run.config.update(params, allow_val_change=True)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        self.run.log({k: float(v) for k, v in metrics.items()}, step=step)
+        values = {k: float(v) for k, v in metrics.items()}
+        if step < self._latest_step:  # W&B drops a step below its latest: plotted against <prefix>/step instead
+            for prefix in {k.split("/", 1)[0] for k in values if "/" in k}:
+                self.run.define_metric(f"{prefix}/*", step_metric=f"{prefix}/step")
+                values[f"{prefix}/step"] = float(step)
+            self.run.log(values)
+        else:
+            self._latest_step = step
+            self.run.log(values, step=step)
         for key, value in metrics.items():
             if key.startswith(SUMMARY_PREFIXES):
                 self.run.summary[key] = float(value)

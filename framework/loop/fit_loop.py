@@ -14,16 +14,26 @@ from omegaconf import DictConfig, OmegaConf
 
 from framework.adapter.lora import is_adapted, trainable_names
 from framework.callbacks.checkpoint import ModelCheckpoint
-from framework.checkpoint.format import begin_checkpoint, finalize_checkpoint, is_sharded, load_checkpoint_files
+from framework.checkpoint.format import (begin_checkpoint, finalize_checkpoint, is_sharded, load_checkpoint_files,
+                                         newest_finite)
 from framework.checkpoint.load import checkpoint_to_evaluate, load_model_weights
 from framework.checkpoint.rng import rng_state, set_rng_state
 from framework.checkpoint.weights import fit_saved_state, is_weights_file, load_error_summary
 from framework.checkpoint_io.dcp_reader import STATE_DIR
 from framework.console import announce_if_slow, human_bytes
-from framework.data.loaders import batches_yielded, skip_to
+from framework.data.loaders import batches_yielded
 from framework.errors import CheckpointError, ConfigError
 from framework.loop.evaluation import score
+from framework.loop.nonfinite import Divergence, NonFiniteGuard, weights_finite
 from framework.loop.state import FitResult, LoopState, Preemption
+
+
+class _NonFinite(Exception):
+    """Inside the loop: the guard decided to stop (trainer.on_nonfinite); fit() ends the run."""
+
+    def __init__(self, what: str, step: int | None, detail: str = ""):
+        super().__init__(what)
+        self.what, self.step, self.detail = what, step, detail
 
 
 class FitLoop:
@@ -54,16 +64,27 @@ class FitLoop:
         self._pending_checkpoint = None
         self.preemption = preemption
         self.preempted_by: str | None = None
+        self._resume_sample = 0  # where in its epoch's order the first epoch after a resume starts
+        self._first_step_at: float | None = None  # trainer.compile: when the run's first step began
         self._window = {"loss": torch.zeros((), dtype=torch.float64, device=strategy.root_device),
                         "values": {}, "batches": 0, "items": 0, "start": time.perf_counter()}
+        # this optimizer step's micro-batches, added to the window once the step is taken (a step
+        # the skip policy leaves out is left out of the logged loss too)
+        self._step = {"loss": torch.zeros((), dtype=torch.float64, device=strategy.root_device),
+                      "batches": 0, "items": 0}
+        self.guard = NonFiniteGuard(self.trainer.on_nonfinite, self.trainer.nonfinite_skip_limit,
+                                    strategy.root_device, distributed=strategy.world_size > 1,
+                                    scaled=strategy.precision.loss_scale is not None)
 
     # ---- public surface for callbacks --------------------------------------------------
-    def log_metrics(self, metrics: dict[str, float]) -> None:
-        """Record metrics at the current step and send them to the loggers (rank zero only)."""
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        """Record metrics at the current step (or at `step`: a checkpoint's test scores belong to the
+        step it saved) and send them to the loggers (rank zero only)."""
+        step = self.state.step if step is None else step
         self.state.metrics.update(metrics)
-        self.state.metric_steps.update({k: self.state.step for k in metrics})
+        self.state.metric_steps.update({k: step for k in metrics})
         for logger in self.loggers:
-            logger.log_metrics(metrics, self.state.step)
+            logger.log_metrics(metrics, step)
         self._hook("on_metrics", metrics)
 
     def say(self, message: str) -> None:
@@ -83,18 +104,24 @@ class FitLoop:
             self.restore(resume_from)
         self.model.train()
         self._hook("on_fit_start")
-        if self.trainer.val_at_start and self.state.step == 0:
-            self.validate()
-        while not self._done():
-            self._run_epoch()
+        try:
+            if self.trainer.val_at_start and self.state.step == 0:
+                self.validate()
+            while not self._done():
+                self._run_epoch()
+        except _NonFinite as stop:
+            return self._stopped_nonfinite(stop)
         if self.preempted_by is not None:
             self._finalize_checkpoint(wait=True)
             return FitResult(dict(self.state.metrics), Preemption(self.preempted_by, self.state.step))
-        if self._window["batches"]:  # the steps since the last log (all of them in a run shorter than log_every)
-            self._log_train(None, True)
-        if self.state.last_val_step != self.state.step:
-            self.validate()
-        self._hook("on_fit_end")
+        try:
+            if self._window["batches"]:  # the steps since the last log (all of them in a run shorter than log_every)
+                self._log_train(None, True)
+            if self.state.last_val_step != self.state.step:
+                self.validate()
+            self._hook("on_fit_end")
+        except _NonFinite as stop:
+            return self._stopped_nonfinite(stop)
         self._finalize_checkpoint(wait=True)
         tested = self.test_best() if self.test_loader is not None else None
         for logger in self.loggers:
@@ -108,9 +135,12 @@ class FitLoop:
 
     def _run_epoch(self) -> None:
         strategy, k = self.strategy, self.trainer.accumulate
-        self.train_loader.sampler.set_epoch(self.state.epoch)
+        self.train_loader.sampler.set_epoch(self.state.epoch, self._resume_sample)
+        self._resume_sample = 0
         n = len(self.train_loader)
         for batch in self.train_loader:
+            if self.trainer.compile and self._first_step_at is None:
+                self._first_step_at = time.perf_counter()
             if self.manual is not None:
                 self._manual_step(strategy.batch_to_device(batch))
                 if self._done():
@@ -125,9 +155,10 @@ class FitLoop:
                 with strategy.forward_context():
                     loss = self._loss_of(self.task.training_step(self.model, batch))
                 strategy.backward(loss / group)
-            self._window["loss"] += loss.detach().double()
-            self._window["batches"] += 1
-            self._window["items"] += self.task.batch_size(batch)
+            self.guard.observe_loss(loss)
+            self._step["loss"] += loss.detach().double()
+            self._step["batches"] += 1
+            self._step["items"] += self.task.batch_size(batch)
             self.state.batch_in_epoch += 1
             if is_last:
                 self._optimizer_step()
@@ -168,6 +199,8 @@ class FitLoop:
             raise ConfigError(f"task: {type(self.task).__name__}.training_step (manual optimization) must return a "
                               f"dict of scalar tensors to log, not {type(values).__name__}.")
         self._accumulate_values(values)
+        for value in values.values():
+            self.guard.observe_loss(torch.as_tensor(value).to(self.strategy.root_device))
         self._window["batches"] += 1
         self._window["items"] += self.task.batch_size(batch)
         self.state.batch_in_epoch += 1
@@ -175,17 +208,34 @@ class FitLoop:
         self._step_done(norm, stepped=not self.manual.skipped)
 
     def _optimizer_step(self) -> None:
-        strategy, t = self.strategy, self.trainer
-        grad_norm = strategy.clip_gradients(self.model, self.optimizer, t.clip_grad_norm, t.clip_grad_value)
-        stepped = strategy.optimizer_step(self.optimizer)
+        strategy, t, guard = self.strategy, self.trainer, self.guard
+        max_norm = t.clip_grad_norm
+        if max_norm is None and guard.policy == "skip" and not guard.scaled:
+            max_norm = float("inf")  # the norm the skip policy reads, computed the strategy's way; clips nothing
+        grad_norm = strategy.clip_gradients(self.model, self.optimizer, max_norm, t.clip_grad_value)
+        left_out = guard.skips_step(grad_norm)
+        stepped = False if left_out else strategy.optimizer_step(self.optimizer)
         strategy.zero_grad(self.optimizer)
+        step = self._step
+        if not left_out:
+            self._window["loss"] += step["loss"]
+            self._window["batches"] += step["batches"]
+            self._window["items"] += step["items"]
+        step["loss"].zero_()
+        step["batches"] = step["items"] = 0
         self._step_done(grad_norm, stepped)
 
     def _step_done(self, grad_norm, stepped: bool) -> None:
         t = self.trainer
         if self.scheduler is not None and self.scheduler_interval == "step":
             self.scheduler.step()
+        self.guard.observe_gradients(self.state.step + 1, grad_norm, stepped)
         self.state.step += 1
+        if self._first_step_at is not None and self._first_step_at > 0:  # trainer.compile: said once
+            self.say(f"compile: the first step took {time.perf_counter() - self._first_step_at:.1f} s, compiling "
+                     "its forward and backward included")
+            self._first_step_at = 0.0
+        self._check_nonfinite()
         self._finalize_checkpoint_if_written()
         if self.state.step % t.log_every == 0:
             self._log_train(grad_norm, stepped)
@@ -207,12 +257,18 @@ class FitLoop:
 
     def _log_train(self, grad_norm, stepped: bool) -> None:
         w = self._window
-        elapsed = max(time.perf_counter() - w["start"], 1e-9)
         batches = max(w["batches"], 1)
         sums = dict(w["values"])
-        if self.manual is None:
+        if self.manual is None and w["batches"]:  # none: every step of the window was skipped
             sums["loss"] = w["loss"]
+        sums[_FLAG] = self.guard.flag_tensor() * batches  # rides on the window's all-reduce
         means = self._window_means(sums, batches)
+        # read after the means reached the host: that waited for the device's queued work (the
+        # window's last step included), so the clock measures what the device did, not what the
+        # host queued (on CUDA the host runs ahead)
+        elapsed = max(time.perf_counter() - w["start"], 1e-9)
+        if self.guard.nonfinite_seen(means.pop(_FLAG)):
+            self._nonfinite(self.guard.settle(self.strategy) or ("the training loss", None))
         unit, items = self.task.throughput_unit, w["items"] * self.strategy.data_parallel.size
         self.state.items_seen += items
         metrics = {**{f"train/{k}": v for k, v in means.items()}, f"train/{unit}_per_s": items / elapsed,
@@ -249,7 +305,10 @@ class FitLoop:
 
     # ---- validation ---------------------------------------------------------------------
     def validate(self) -> dict[str, float]:
+        self._nonfinite(self.guard.settle(self.strategy))  # never score (or select checkpoints by) NaN weights
+        started = time.perf_counter()
         metrics = score(self.strategy, self.task, self.model, self.val_loader, "val")
+        self._window["start"] += time.perf_counter() - started  # validating is not training: off the throughput
         self.log_metrics(metrics)
         self.state.last_val_step = self.state.step
         self._hook("on_validation_end", metrics)
@@ -273,7 +332,7 @@ class FitLoop:
             load_model_weights(strategy, self.model, Path(path))
         self.say(f"testing {path or 'the final weights'} (step {step}: {why})")
         metrics = score(strategy, self.task, self.model, self.test_loader, "test")
-        self.log_metrics(metrics)
+        self.log_metrics(metrics, step=step)  # the scores of the weights of that step
         self._hook("on_test_end", metrics)
         return {"checkpoint": path, "step": step, "chosen": why, "metrics": metrics}
 
@@ -284,13 +343,17 @@ class FitLoop:
         being written is finished first)."""
         strategy = self.strategy
         self._finalize_checkpoint(wait=True)
+        finite = weights_finite(self.model.parameters())
+        verdict = self.guard.settle(strategy, finite)
+        self._nonfinite(verdict)  # stop: raises, and nothing is written
         start = time.perf_counter()
         per_rank = {"loop": {
             "state": self.state.state_dict(),
             "rng": rng_state(),
-            "train_loader": self.train_loader.state_dict(),
+            "data_position": self.data_position(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "precision": strategy.precision.state_dict(),
+            "nonfinite": self.guard.state_dict(),
             "callbacks": {name: cb.state_dict() for name, cb in self.callbacks.items()},
             "train_window": {"loss": self._window["loss"].cpu(), "batches": self._window["batches"],
                              "items": self._window["items"],
@@ -303,7 +366,8 @@ class FitLoop:
             shared = {"model": self._saved_weights(strategy.model_state_dict(self.model)),
                       "optimizer": strategy.optimizer_state_dict(self.model, self.optimizer)}
             sharded = None
-        meta = {**self.run_meta, "epoch": self.state.epoch, "metrics": self.state.fresh_metrics()}
+        meta = {**self.run_meta, "epoch": self.state.epoch, "metrics": self.state.fresh_metrics(),
+                "finite": verdict is None}  # a warn-policy run saves non-finite weights: marked, never rotated in
         if self._adapter_weights is not None:
             meta["adapter_weights"] = len(self._adapter_weights)
         with announce_if_slow(f"saving the checkpoint of step {self.state.step}", strategy.is_global_zero):
@@ -312,7 +376,9 @@ class FitLoop:
         if not strategy.checkpoint_io.is_async:
             self._finalize_checkpoint(wait=True)
         # how long training stood still for this save (an async save: the copy off the live state)
-        self.log_metrics({"checkpoint/blocked_s": time.perf_counter() - start})
+        blocked = time.perf_counter() - start
+        self._window["start"] += blocked  # off the throughput, like validation
+        self.log_metrics({"checkpoint/blocked_s": blocked})
 
     def _saved_weights(self, state: dict) -> dict:
         """The model state a checkpoint keeps: all of it, or with adapters only the trainable
@@ -340,6 +406,44 @@ class FitLoop:
             self.say(f"saved checkpoint {path} ({human_bytes(size)}"
                      f"{', the adapters alone' if self._adapter_weights is not None else ''})")
         self._hook("on_checkpoint_saved", path)
+
+    # ---- non-finite values (trainer.on_nonfinite: framework/loop/nonfinite.py) ---------------
+    def _check_nonfinite(self) -> None:
+        """After each step: act on what can be read without waiting (one process), and on a loss
+        scaler's (or the skip policy's) skips in a row."""
+        too_many = self.guard.too_many_skips()
+        if too_many is not None:
+            raise _NonFinite("the gradient norm", self.state.step, detail=too_many)
+        self._nonfinite(self.guard.local_verdict())
+
+    def _nonfinite(self, verdict) -> None:
+        """Act on a verdict (what went non-finite, at which step) by the policy: stop (and skip,
+        whose skipped steps never reach here) raise _NonFinite; warn says so once."""
+        if verdict is None:
+            return
+        what, step = verdict
+        if self.guard.policy == "warn":
+            if not self.guard.warned:
+                self.guard.warned = True
+                at = f" at step {step}" if step is not None else ""
+                self.say(f"WARNING: {what} became non-finite{at}; training goes on (trainer.on_nonfinite=warn). "
+                         "Checkpoints of non-finite weights are marked in their meta.json and never replace the "
+                         "last finite one.")
+            return
+        raise _NonFinite(what, step)
+
+    def _stopped_nonfinite(self, stop: _NonFinite) -> FitResult:
+        """End the run without saving: a checkpoint still being written (of finite weights: every
+        save checks first) is finished, the loggers are closed."""
+        self._finalize_checkpoint(wait=True)
+        last = None
+        if self.strategy.is_global_zero:
+            last = newest_finite(self.checkpoint_dir)
+        divergence = Divergence(stop.what, stop.step, self.state.step, self.guard.policy,
+                                str(last) if last is not None else None, stop.detail)
+        for logger in self.loggers:
+            logger.finalize()
+        return FitResult(dict(self.state.metrics), diverged=divergence)
 
     def _fit(self, state: dict) -> dict:
         """A saved model state made to fit this model's layers (a quantized run's weights for
@@ -369,20 +473,17 @@ class FitLoop:
         loop = objects["loop"]
         self.state.load_state_dict(loop["state"])
         saved_world = int(meta.get("world_size", strategy.world_size))
-        saved_shares = int(meta.get("data_parallel_size", saved_world))  # how many shares the data was dealt in
-        if saved_world == strategy.world_size and saved_shares == strategy.data_parallel.size:
-            self.train_loader.load_state_dict(loop["train_loader"])
-            set_rng_state(loop["rng"])
-        else:
-            self._translate_data_position(loop, saved_shares)
-            set_rng_state(loop["rng"])  # rank zero's streams: a new world size cannot continue the old ones
-            dealt = ("the data order within this epoch is re-dealt" if saved_shares != strategy.data_parallel.size else
-                     f"the data continues where it stopped (dealt in {saved_shares} shares, as before)")
-            self.say(f"resuming a checkpoint of {saved_world} process(es) with {strategy.world_size}: weights, "
-                     f"optimizer, step and epoch are exact; {dealt}")
+        position = loop.get("data_position") or _position_of_older_checkpoint(loop, meta, saved_world)
+        self._resume_sample = int(position["sample"])
+        self.state.batch_in_epoch = 0  # counted from the resume point: batches of this run's size
+        set_rng_state(loop["rng"])  # at another world size, rank zero's streams: the old ones cannot be dealt out
+        said = self._data_resume_note(position, meta, saved_world)
+        if said:
+            self.say(said)
         if self.scheduler is not None and loop["scheduler"] is not None:
             self.scheduler.load_state_dict(loop["scheduler"])
         strategy.precision.load_state_dict(loop["precision"])
+        self.guard.load_state_dict(loop.get("nonfinite", {}))
         for name, cb in self.callbacks.items():
             if name in loop["callbacks"]:
                 cb.load_state_dict(loop["callbacks"][name])
@@ -394,17 +495,60 @@ class FitLoop:
             logger.truncate(self.state.step)
         self.say(f"resumed from {path} at step {self.state.step} (epoch {self.state.epoch})")
 
-    def _translate_data_position(self, loop: dict, saved_shares: int) -> None:
-        """Continue the epoch after the same number of samples, dealt to a different number of
-        ranks (data-parallel shares): skip as many of this rank's batches as cover the samples
-        already seen, rounded down to a whole accumulation group."""
-        seen = batches_yielded(loop["train_loader"]) * saved_shares  # batches, all shares together
-        k = self.trainer.accumulate
-        skip = (seen // self.strategy.data_parallel.size) // k * k
-        skip = min(skip, len(self.train_loader))
-        self.state.batch_in_epoch = skip
-        self.train_loader.sampler.set_epoch(self.state.epoch)
-        skip_to(self.train_loader, skip)
+    # ---- the data position: samples of the epoch's order (framework/data/sampler.py) ---------
+    def data_position(self) -> dict:
+        """Where training stands in its epoch, in samples of the epoch's order (all ranks
+        together), so that a resume at any world size, batch size or accumulation continues on the
+        next sample: {"epoch", "sample", "of"} plus what dealt it (ranks, batch), for the notes."""
+        sampler, loader = self.train_loader.sampler, self.train_loader
+        taken = self.state.batch_in_epoch
+        sample = sampler.length if taken >= len(loader) else sampler.consumed(min(taken * loader.batch_size,
+                                                                                   len(sampler)))
+        return {"epoch": self.state.epoch, "sample": sample, "of": sampler.length,
+                "ranks": sampler.replicas, "batch_size": loader.batch_size, "accumulate": self.trainer.accumulate}
+
+    def _data_resume_note(self, position: dict, meta: dict, saved_world: int) -> str:
+        """What a resume does with the data, said when the world, batch or accumulation changed
+        (the same ones continue exactly as the run would have, nothing to say)."""
+        sampler, loader, strategy = self.train_loader.sampler, self.train_loader, self.strategy
+        before = (position.get("ranks"), position.get("batch_size"), position.get("accumulate"))
+        now = (sampler.replicas, loader.batch_size, self.trainer.accumulate)
+        if before == now and saved_world == strategy.world_size:
+            return ""
+        sample, length = int(position["sample"]), sampler.length
+        rest = length - sample
+        if rest <= 0:
+            what = "the epoch it was in had ended: the next one starts"
+        else:
+            sampler.set_epoch(self.state.epoch, sample)  # (set again when the epoch starts)
+            share, batches, ranks, batch = len(sampler), len(loader), sampler.replicas, loader.batch_size
+            steps = -(-batches // self.trainer.accumulate)
+            parts = [f"{steps} step(s) of up to {ranks} x {batch} x {self.trainer.accumulate} samples"]
+            if share - batches * batch > 0:
+                parts.append(f"{share - batches * batch} sample(s) per rank left over and dropped (data.drop_last)")
+            elif batches and share - (batches - 1) * batch < batch:
+                parts.append(f"its last batch {share - (batches - 1) * batch} sample(s) per rank")
+            if share * ranks > rest:
+                parts.append(f"{share * ranks - rest} position(s) at the end repeat the epoch's first samples, as at "
+                             "every epoch's end")
+            what = (f"the data continues at sample {sample} of {length} in epoch {self.state.epoch}'s order (no sample "
+                    f"skipped or repeated); the epoch's other {rest} samples make {'; '.join(parts)}")
+        ranks, batch, accumulate = (v if v is not None else "?" for v in before)
+        return (f"resuming a checkpoint of {saved_world} process(es) ({ranks} data share(s) x batch {batch} x "
+                f"accumulate {accumulate}) with {strategy.world_size} ({now[0]} x {now[1]} x {now[2]}): weights, "
+                f"optimizer, step and epoch are exact; {what}")
+
+
+def _position_of_older_checkpoint(loop: dict, meta: dict, saved_world: int) -> dict:
+    """The data position of a checkpoint written before positions were kept in samples: the
+    loader's batches handed out, times its batch size and the data shares it was dealt in."""
+    shares = int(meta.get("data_parallel_size", saved_world))
+    batch = int(((meta.get("config") or {}).get("data") or {}).get("batch_size") or 1)
+    return {"epoch": loop["state"].get("epoch", 0), "sample": batches_yielded(loop.get("train_loader") or {}) * batch
+            * shares, "of": None, "ranks": shares, "batch_size": batch, "accumulate": None}
+
+
+_FLAG = "__nonfinite__"  # the guard's flag among the window's values
 
 
 def _plain(node):

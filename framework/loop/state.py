@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from framework.loop.nonfinite import Divergence
+
 
 @dataclass(frozen=True)
 class Stage:
@@ -28,6 +30,8 @@ class FitResult:
 
     metrics: dict[str, float]
     preempted: Preemption | None = None
+    diverged: Divergence | None = None
+    """Set when the run stopped for non-finite numbers (trainer.on_nonfinite)."""
     tested: dict | None = None
     """What `trainer.test_at_end` (or `framework test`) scored: checkpoint, step, why it was
     chosen, and the test metrics."""

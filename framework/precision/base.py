@@ -19,8 +19,8 @@ class Precision:
 
     Method surface, in the order the strategy calls it: before launch `model_problems(meta_model)`
     and `frozen_weights(meta_model)`; `setup(device_type)`, `convert_module`,
-    per micro-batch `convert_input` and `forward_context`, `backward`; per optimizer step
-    `clip_gradients` (unscales first when scaling), `optimizer_step` (False when the step was
+    per micro-batch `convert_input` and `forward_context`, `backward`; `prepare_optimizer` once the
+    optimizer is built; per optimizer step `clip_gradients` (unscales first when scaling), `optimizer_step` (False when the step was
     skipped); `state_dict` / `load_state_dict` for checkpoints.
     """
 
@@ -88,6 +88,11 @@ class Precision:
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
         optimizer.step()
         return True
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> str:
+        """Adjust a freshly built optimizer to the dtype it updates (e.g. an `eps` the dtype cannot
+        hold); returns what was changed, said once at start ('' for nothing)."""
+        return ""
 
     def sharded_param_dtypes(self) -> tuple[torch.dtype, torch.dtype] | None:
         """(dtype parameters are gathered in for compute, dtype gradients are reduced in) for

@@ -17,7 +17,7 @@ from framework.checkpoint_io.torch import TorchCheckpointIO
 from framework.cluster.base import ClusterEnvironment
 from framework.cluster.local import LocalEnvironment
 from framework.config.loop_settings import LoopSettings
-from framework.construction.compile import compile_units
+from framework.construction.compile import compile_model
 from framework.construction.named_state import strict_load
 from framework.construction.prepare import checkpoint_activations, convert_precision, place_model
 from framework.construction.quantized_build import build_quantized
@@ -93,8 +93,10 @@ class Strategy:
     #: one process drives all of a node's devices (XLA SPMD): `devices` starts no processes
     spmd: bool = False
     # Flags only some strategies set (the table reads them with a default): `supports_compile`
-    # (True; False where an engine wraps and drives the model itself, or XLA compiles the step) and
-    # `splits_layers` (False; True under tensor parallelism). 2-D strategies also offer
+    # (True; False where an engine wraps and drives the model itself, or XLA compiles the step),
+    # `supports_step_skipping` (True; False where an engine clips and steps in one call, so
+    # trainer.on_nonfinite=skip has no point to leave a step out) and `splits_layers` (False; True
+    # under tensor parallelism). 2-D strategies also offer
     # `state_shards(world)` and `describe_layout(world, model)` to `framework plan`.
     #: whether `sharded_state_dict` hands out each rank's own part (DTensor shards, or replicas
     #: that DCP writes once); strategies that keep state in their own layout hand out full state
@@ -180,8 +182,9 @@ class Strategy:
     def setup(self, model: torch.nn.Module, optimizer_factory: Callable[..., torch.optim.Optimizer]):
         model = convert_precision(model, self.precision, self.is_global_zero)
         checkpoint_activations(model, self.units, self.loop_settings.activation_checkpointing, self.is_global_zero)
-        if self.loop_settings.compile:
-            compile_units(model, self.units, self.is_global_zero)
+        if self.loop_settings.compile:  # by unit where hooks sit between units (sharding, recomputation), else whole
+            by_unit = self.shards_states or self.loop_settings.activation_checkpointing
+            compile_model(model, self.units if by_unit else None, self.is_global_zero)
         model = place_model(model, self.root_device)
         model = self.wrap_model(model)
         return model, optimizer_factory(model.parameters())

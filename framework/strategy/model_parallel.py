@@ -12,6 +12,7 @@ import logging
 from typing import Literal
 
 import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from framework.config.types import PositiveInt
@@ -19,7 +20,7 @@ from framework.construction import tensor_parallel
 from framework.errors import ConfigError
 from framework.strategy.base import DataParallel
 from framework.strategy.fsdp import FSDPStrategy
-from framework.tensors import map_tensors, write_part
+from framework.tensors import map_tensors, strided_whole, write_part
 
 MESH_DIMS = ("data_parallel", "tensor_parallel")
 
@@ -37,7 +38,9 @@ def _fused(tensor) -> bool:
 
 
 def _gather_fused(tensor) -> torch.Tensor:
-    """Collective over the mesh: the whole of a fused layer's DTensor, on every rank."""
+    """Collective over the mesh: the whole of a fused layer's DTensor, on every rank. The
+    tensor-parallel thirds are gathered by hand (framework/tensors.py strided_whole): DTensor's
+    own gather of a lone strided shard fails from torch 2.11 on."""
     from torch.distributed.tensor import DTensor, Shard
 
     mesh, part = tensor.device_mesh, tensor.to_local()
@@ -46,8 +49,53 @@ def _gather_fused(tensor) -> torch.Tensor:
         shape = (rows, *tensor.shape[1:])
         part = DTensor.from_local(part, mesh[mesh.mesh_dim_names[dim]], [Shard(0)], shape=shape,
                                   stride=torch.empty(shape, device="meta").stride()).full_tensor()
-    return DTensor.from_local(part, mesh[mesh.mesh_dim_names[-1]], [tensor.placements[-1]], shape=tensor.shape,
-                              stride=tensor.stride()).full_tensor()
+    tp = mesh[mesh.mesh_dim_names[-1]] if mesh.ndim > 1 else mesh
+    parts = [torch.empty_like(part) for _ in range(tp.size())]
+    dist.all_gather(parts, part.contiguous(), group=tp.get_group())
+    strided = tensor.placements[-1]
+    return strided_whole(parts, strided.dim, strided.split_factor)
+
+
+def _global_norm(grads: list, device: torch.device) -> torch.Tensor:
+    """The 2-norm of all `grads` together: each rank's squares summed over its local parts, then
+    over the mesh dimensions each tensor is split along (not those it is replicated on), one
+    all-reduce per group of tensors split alike. By hand rather than DTensor's norm, which from
+    torch 2.11 on misreads the fused layers' strided shards (measured: 1.874 instead of 2.0 at step 1
+    of a 2x2 run)."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    sums: dict = {}
+    for grad in grads:
+        if isinstance(grad, DTensor) and any(p.is_partial() for p in grad.placements):
+            # still to be summed over ranks (a sequence-parallel norm's weight): summed first
+            grad = grad.redistribute(placements=[Replicate() if p.is_partial() else p for p in grad.placements])
+        if isinstance(grad, DTensor):
+            mesh = grad.device_mesh
+            split = tuple(d for d, placement in enumerate(grad.placements) if not isinstance(placement, Replicate))
+            key, local = (id(mesh), split), grad.to_local()
+            sums.setdefault(key, [mesh, split, torch.zeros((), dtype=torch.float32, device=device)])
+        else:
+            key, local = (None, ()), grad
+            sums.setdefault(key, [None, (), torch.zeros((), dtype=torch.float32, device=device)])
+        sums[key][2] = sums[key][2] + local.detach().float().pow(2).sum()
+    total = torch.zeros((), dtype=torch.float32, device=device)
+    for mesh, split, squares in sums.values():
+        for dim in split:
+            dist.all_reduce(squares, group=mesh.get_group(dim))
+        total = total + squares
+    return total.sqrt()
+
+
+def _whole(value):
+    """Collective for a DTensor: the whole tensor on the CPU (a fused layer's gathered by hand);
+    anything else as it is."""
+    from torch.distributed.tensor import DTensor
+
+    if _fused(value):
+        return _gather_fused(value).cpu()
+    if isinstance(value, DTensor):
+        return value.full_tensor().cpu()
+    return value.detach().cpu() if isinstance(value, torch.Tensor) else value
 
 
 def _contiguous(tensor: torch.Tensor) -> torch.Tensor:
@@ -195,22 +243,23 @@ class ModelParallelStrategy(FSDPStrategy):
         return found
 
     def model_state_dict(self, model) -> dict:
-        state = super().model_state_dict(model)
-        for name, entry in self._fused_state(model).items():
-            whole = _gather_fused(entry["param"])
-            if name in state:
-                state[name] = whole.cpu()
-        return state
+        """The full state gathered tensor by tensor from each rank's own (DCP's full-state gather
+        would redistribute the fused layers' strided shards, which it cannot: see _gather_fused);
+        rank zero receives it."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        own = get_model_state_dict(model, options=StateDictOptions(full_state_dict=False))
+        state = {name: _whole(value) for name, value in own.items()}  # collective: every rank gathers
+        return state if self.is_global_zero else {}
 
     def optimizer_state_dict(self, model, optimizer) -> dict:
-        state = super().optimizer_state_dict(model, optimizer)
-        for name, entry in self._fused_state(model, optimizer).items():
-            for key, tensor in entry.items():
-                if key != "param":
-                    whole = _gather_fused(tensor)  # collective: every rank, even where `state` is empty
-                    if name in state.get("state", {}):
-                        state["state"][name][key] = whole.cpu()
-        return state
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        own = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=False))
+        state = {"state": {name: {key: _whole(value) for key, value in entry.items()}
+                           for name, entry in own["state"].items()},
+                 "param_groups": own["param_groups"]}
+        return state if self.is_global_zero else {}
 
     def load_model_state_dict(self, model, state: dict) -> None:
         super().load_model_state_dict(model, state)
@@ -245,12 +294,7 @@ class ModelParallelStrategy(FSDPStrategy):
         by_mesh: dict = {}
         for p in parameters:
             by_mesh.setdefault(getattr(p.grad, "device_mesh", None), []).append(p)
-        squares = torch.zeros((), dtype=torch.float32, device=self.root_device)
-        for group in by_mesh.values():
-            norm = torch.nn.utils.get_total_norm([p.grad for p in group], 2.0)
-            norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-            squares = squares + norm.float() ** 2
-        total = squares.sqrt()
+        total = _global_norm([p.grad for p in parameters], self.root_device)
         for group in by_mesh.values():  # foreach kernels take one mesh at a time
             torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
         return total

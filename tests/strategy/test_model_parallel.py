@@ -103,6 +103,7 @@ BASE = [*TINY_GPT, "model.n_layer=2", f"trainer.max_steps={STEPS}", "trainer.log
         "checkpoint_io=dcp", "callbacks.checkpoint.every_n_steps=2"]
 MODEL_PARALLEL = ["strategy=model_parallel", "devices=4", "strategy.tensor_parallel_size=2",
                   "strategy.sequence_parallel=true"]
+HSDP = ["strategy=hsdp", "devices=4", "strategy.shard_size=2", "data.batch_size=4"]
 
 
 def _losses(out) -> list[float]:
@@ -116,9 +117,10 @@ def _step(out, step: int):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("two_d")
-    out = {"ddp": root / "ddp", "model_parallel": root / "model_parallel"}
+    out = {"ddp": root / "ddp", "model_parallel": root / "model_parallel", "hsdp": root / "hsdp"}
     run_inprocess([*BASE, "strategy=ddp", "devices=2"], out["ddp"])
     run_inprocess([*BASE, *MODEL_PARALLEL], out["model_parallel"])
+    run_inprocess([*BASE, *HSDP], out["hsdp"])
     return out
 
 
@@ -134,9 +136,9 @@ def test_model_parallel_2x2_with_sequence_parallel_matches_ddp(runs):
 
 
 @pytest.mark.slow
-def test_hsdp_2x2_matches_ddp(runs, tmp_path):
-    run_inprocess([*BASE, "strategy=hsdp", "devices=4", "strategy.shard_size=2", "data.batch_size=4"], tmp_path)
-    torch.testing.assert_close(torch.tensor(_losses(tmp_path)), torch.tensor(_losses(runs["ddp"])), rtol=1e-5, atol=1e-5)
+def test_hsdp_2x2_matches_ddp(runs):
+    torch.testing.assert_close(torch.tensor(_losses(runs["hsdp"])), torch.tensor(_losses(runs["ddp"])), rtol=1e-5,
+                               atol=1e-5)
 
 
 @pytest.mark.slow
@@ -154,6 +156,22 @@ def test_resume_across_meshes_is_exact(runs, tmp_path, source, into):
     state = load_optimizer_state(resumed)["state"]["blocks.1.attn.qkv.weight"]
     torch.testing.assert_close(state["exp_avg"], load_optimizer_state(straight)["state"]["blocks.1.attn.qkv.weight"]["exp_avg"],
                                rtol=1e-5, atol=1e-8)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source,into", [("ddp", ["strategy=single_device", "data.batch_size=16"]),
+                                         ("model_parallel", ["strategy=single_device", "data.batch_size=16"]),
+                                         ("hsdp", ["strategy=ddp", "devices=2"])],
+                         ids=["ddp@2x8_to_one_x16", "model_parallel_2x2_to_one_x16", "hsdp@4x4_to_ddp@2x8"])
+def test_a_resume_in_other_data_shares_continues_on_the_next_sample(runs, tmp_path, source, into, capsys):
+    """The data position is kept in samples of the epoch's order: resumed with another number of
+    data-parallel ranks and per-rank batch (the same global batch of 16), the run trains on the very
+    samples the straight run trains on next, and so gives its losses."""
+    run_inprocess([*BASE, *into, f"ckpt_path={_step(runs[source], 2)}"], tmp_path)
+    torch.testing.assert_close(torch.tensor(_losses(tmp_path)), torch.tensor(_losses(runs["ddp"])[2:]), rtol=1e-5,
+                               atol=1e-5)
+    if "strategy=single_device" in into:  # (a worker's output goes to the launcher, not to capsys)
+        assert "the data continues at sample 32 of" in capsys.readouterr().out
 
 
 @pytest.mark.slow

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.utils.data import DistributedSampler, TensorDataset
+from torch.utils.data import TensorDataset
 
-from framework.data.sampler import ShardSampler, rank_sampler
+from framework.data.sampler import EpochSampler, ShardSampler, rank_sampler
 from framework.precision.bf16_true import BF16TruePrecision
 from framework.strategy.auto import auto_strategy
 from framework.strategy.base import Strategy
@@ -60,7 +60,7 @@ def test_samplers():
     s = SingleDeviceStrategy()
     ds = TensorDataset(torch.arange(10))
     train = rank_sampler(ds, s, shuffle=True, seed=1)
-    assert isinstance(train, DistributedSampler) and sorted(train) == list(range(10))
+    assert isinstance(train, EpochSampler) and sorted(train) == list(range(10))
     train.set_epoch(1)
     first = list(train)
     train.set_epoch(2)

@@ -68,6 +68,7 @@ class DeepSpeedStrategy(ParallelStrategy):
     setup_note = "a machine's first DeepSpeed run compiles its ops: a minute or more"
     requires_packages = {"deepspeed": "'framework[deepspeed]'"}
     supports_manual_optimization = False  # one optimizer, driven by its own engine/wrapper
+    supports_step_skipping = False  # clipping and the step happen inside engine.step()
     # DeepSpeed keeps flat partitions of its own; checkpoint_io=dcp gets full tensors from rank zero
     supports_sharded_state = False
     supports_float64 = False

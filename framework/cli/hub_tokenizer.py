@@ -1,0 +1,70 @@
+"""The tokenizer half of a Hugging Face export (`framework convert --to hf` and `--to peft`): the
+run's tokenizer saved the way transformers reads it (tokenizer.json, tokenizer_config.json with
+its special tokens and the chat template the run trained with), and the special ids in the
+model's config.json and generation_config.json, so `generate` stops at the end of text and
+`apply_chat_template` formats a conversation as the run did."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from framework.config.resolvers import BYTES
+from framework.data.text_files import EOS_NAMES, loaded_tokenizer, tokenizer_file
+
+BOS_NAMES = ("<|startoftext|>", "<|begin_of_text|>", "<s>", "<bos>", "[CLS]")
+PAD_NAMES = ("<pad>", "[PAD]", "<|pad|>", "<|padding|>")
+
+
+def special_tokens(spec: str) -> dict[str, tuple[str, int] | None]:
+    """{"eos", "bos", "pad"}: (token, id) from the tokenizer's vocabulary, or None. The beginning of
+    text is the end-of-text token where the tokenizer has no token of its own for it (GPT-2's
+    convention: <|endoftext|> both ways)."""
+    tokenizer = loaded_tokenizer(str(spec))
+
+    def first(names):
+        return next(((n, tokenizer.token_id(n)) for n in names if tokenizer.token_id(n) is not None), None)
+
+    eos = first(EOS_NAMES)
+    return {"eos": eos, "bos": first(BOS_NAMES) or eos, "pad": first(PAD_NAMES)}
+
+
+def export_tokenizer(spec: str | None, out: Path, max_length: int | None = None,
+                     chat_template: str | None = None) -> dict[str, int | None]:
+    """Save the run's tokenizer (`data.tokenizer`: a tokenizer.json or a directory holding one) into
+    `out` for transformers, with its special tokens and `chat_template`; returns the special ids
+    ({} for the byte-level tokenizer, which has no file and no special tokens)."""
+    if not spec or spec == BYTES:
+        return {}
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    source = Path(spec).expanduser()
+    tokens = special_tokens(str(spec))
+    if source.is_dir() and (source / "tokenizer_config.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(str(source))  # a pretrained directory's own settings kept
+    else:
+        tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_file(str(spec))))
+    for role in ("eos", "bos", "pad"):
+        if tokens[role] is not None and getattr(tokenizer, f"{role}_token", None) is None:
+            setattr(tokenizer, f"{role}_token", tokens[role][0])
+    if max_length:
+        tokenizer.model_max_length = int(max_length)
+    if chat_template:
+        tokenizer.chat_template = chat_template
+    tokenizer.save_pretrained(str(out))
+    return {f"{role}_token_id": getattr(tokenizer, f"{role}_token_id", None) for role in ("eos", "bos", "pad")}
+
+
+def write_generation_ids(out: Path, ids: dict[str, int | None]) -> None:
+    """The tokenizer's special ids in the exported model's config.json, and a generation_config.json
+    that stops at the end of text (padding with it where the tokenizer has no pad token)."""
+    from transformers import GenerationConfig
+
+    if not ids:
+        return
+    config_path = out / "config.json"
+    config = json.loads(config_path.read_text())
+    config.update(ids)
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    pad = ids.get("pad_token_id") if ids.get("pad_token_id") is not None else ids.get("eos_token_id")
+    GenerationConfig(bos_token_id=ids.get("bos_token_id"), eos_token_id=ids.get("eos_token_id"),
+                     pad_token_id=pad).save_pretrained(str(out))
