@@ -8,7 +8,7 @@ TORCH_VERSION ?= 2.13.0
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup train test test-xla gpu-check bench clean
+.PHONY: setup train test test-xla test-floor gpu-check bench clean
 
 # $(call install_venv,DIR,TORCH,PACKAGE): a virtual environment with torch installed first (TORCH:
 # pip arguments), then the framework (PACKAGE: pip arguments after -e).
@@ -47,6 +47,16 @@ $(XLA_BIN)/.installed: pyproject.toml
 
 test-xla: $(XLA_BIN)/.installed
 	PJRT_DEVICE=CPU $(XLA_BIN)/python -m pytest tests/xla $(PYTEST_ARGS)
+
+# The lowest torch pyproject.toml accepts (torch>=2.9): every strategy that runs on the CPU, a few
+# steps at two processes and one resume, in .venv-xla (its torch is that floor) with the DeepSpeed
+# and fairscale extras added; CI runs it after test-xla.
+$(XLA_BIN)/.floor-installed: $(XLA_BIN)/.installed pyproject.toml
+	$(XLA_BIN)/pip install -q -e ".[floor-test]"
+	touch $@
+
+test-floor: $(XLA_BIN)/.floor-installed
+	FRAMEWORK_FLOOR_SMOKE=1 $(XLA_BIN)/python -m pytest tests/floor $(PYTEST_ARGS)
 
 # The GPU check (not part of `make test`): every strategy x precision x checkpoint_io that makes
 # sense on CUDA, at 1 GPU and at all of them, losses compared with the CPU's; writes

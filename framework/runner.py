@@ -286,8 +286,8 @@ def build_components(cfg: DictConfig, plugins: Plugins | None = None,
     """Build the model (on the meta device: no memory, no init cost), data module and task once,
     so an argument their constructors refuse is reported before anything is written, and pass one
     batch through them (framework/tasks/fit_check.py); returns the meta model (its size is what
-    `framework plan` reports) and the activation bytes of one micro-batch (with the strategy's
-    units checkpointed when trainer.activation_checkpointing is on: their inputs, and one unit's
+    `framework plan` reports) and the activation bytes of one micro-batch (what the forward keeps
+    for backward; with trainer.activation_checkpointing the units' inputs and one unit's
     activations, live again while backward recomputes it), and the metric names a validation logs."""
     with meta_device():
         model = build_model(cfg.model)

@@ -35,3 +35,17 @@ def test_the_gpu_check_runs_its_rows_on_the_cpu(tmp_path):
 def test_without_cuda_it_says_so():
     result = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "run it on a machine with NVIDIA GPUs" in result.stderr
+
+
+def test_a_failed_row_shows_the_exceptions_own_line():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    gpu_check = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = gpu_check  # dataclasses look their module up
+    spec.loader.exec_module(gpu_check)
+    hydra_wrapped = ("Error executing job with overrides: ['x=1']\nTraceback (most recent call last):\n  File ...\n"
+                     "ValueError: use_strided_shard_as_shard_order is True\n")
+    assert gpu_check.failure_reason(hydra_wrapped) == "ValueError: use_strided_shard_as_shard_order is True"
+    workers = "noise\nerror: worker rank 1 failed first: AttributeError: 'FlatParameter' object\nmore\n"
+    assert gpu_check.failure_reason(workers) == "worker rank 1 failed first: AttributeError: 'FlatParameter' object"

@@ -97,8 +97,11 @@ def plan(cfg: DictConfig, out=None, device_memory: int | None = None, elsewhere:
         batch = resolved.data.get("batch_size")
         note = (", units checkpointed (their inputs, and one unit recomputed in backward)"
                 if resolved.trainer.activation_checkpointing else "")
+        kernels = {"cuda": "CUDA's fused attention (no T x T matrix)",
+                   "cpu": "the CPU's attention (fused without mask and dropout, else T x T)"}.get(
+            plugins.accelerator.name, "attention's T x T matrices (an upper bound)")
         print(f"  activations: {human_bytes(activations)} for one micro-batch of {batch}, measured on the meta device"
-              f" in the model's dtype{note}", file=out)
+              f" in the model's dtype, {kernels}{note}", file=out)
     print(f"  total per rank: {human_bytes(states.device + activations)} on {plugins.accelerator.name}", file=out)
     memory = plugins.accelerator.memory_bytes() if plugins.accelerator.is_available() else None
     if memory:

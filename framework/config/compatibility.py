@@ -12,6 +12,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
+import torch
+
 from framework.config.groups import PLUGIN_GROUPS
 from framework.config.loop_settings import LoopSettings
 from framework.errors import ConfigError
@@ -93,6 +95,23 @@ def _xla_only_plugins(p: Plan) -> list[str]:
 
 def _quantized(p: Plan) -> bool:
     return getattr(p.precision, "python_package", None) == "bitsandbytes"
+
+
+def torch_version() -> tuple[int, int]:
+    """(major, minor) of the installed torch."""
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def _too_old(p: Plan) -> list[tuple[str, str, str]]:
+    """(group, option, the torch it needs) for each chosen plugin whose `requires_torch` (a class
+    flag, "major.minor") is newer than the installed torch."""
+    found = []
+    for group in ("strategy", "precision"):
+        needed = getattr(getattr(p, group), "requires_torch", None)
+        if needed and torch_version() < tuple(int(x) for x in needed.split(".")):
+            found.append((group, p.names[group], needed))
+    return found
 
 
 def _missing_libraries(p: Plan) -> list[str]:
@@ -201,6 +220,13 @@ RULES: list[Rule] = [
         lambda p: f"num_nodes={p.num_nodes} with cluster={p.names['cluster']}: the framework starts processes "
         "on this machine only; start one process per device on every node with torchrun, srun or "
         "mpirun (the cluster plugin then joins them), or use num_nodes=1.",
+    ),
+    Rule(
+        lambda p: bool(_too_old(p)),
+        lambda p: "; ".join(f"{key}={name} needs torch {version} or newer (this is torch {'.'.join(map(str, torch_version()))})"
+                            for key, name, version in _too_old(p))
+        + ": install a newer torch (`pip install 'torch>=2.9'`: the framework is tested from 2.9 up), or choose "
+        "another option.",
     ),
     Rule(
         lambda p: _flag(p, "requires_cuda", False) and _acc(p) != "cuda",

@@ -154,6 +154,21 @@ def layer_classes() -> dict:
             self.weight.CB, self.weight.SCB = int8, scale
             self.state.CB, self.state.SCB = None, None  # forward hands them over from the weight
 
+        def _apply(self, fn, recurse: bool = True):
+            """Module.to moves `weight.data` alone; the int8 values and row scales bitsandbytes reads
+            beside it (`weight.CB`, `weight.SCB`, and the state's) stayed where the layer was
+            quantized, the CPU: on CUDA the int8 matmul then failed ("Expected a cuda device, but
+            got: cpu", measured on an H100). They follow the weight's device; the scales keep
+            float32 whatever dtype a cast asks for."""
+            super()._apply(fn, recurse)
+            device = self.weight.device
+            for holder in (self.weight, self.state):
+                if getattr(holder, "CB", None) is not None:
+                    holder.CB = self.weight.data  # the int8 values are the weight's
+                if getattr(holder, "SCB", None) is not None:
+                    holder.SCB = holder.SCB.to(device)
+            return self
+
         # torch.distributed.checkpoint's state-dict API finds each saved key by getattr
         @property
         def SCB(self) -> torch.Tensor:  # noqa: N802 (bitsandbytes' name for the row scales)

@@ -72,8 +72,24 @@ class FairscaleFSDPStrategy(ParallelStrategy):
         model.load_state_dict(state, strict=strict_load(model, state))
 
     def optimizer_state_dict(self, model, optimizer) -> dict:
+        _size_unsharded_buffers(model)
         full = model.gather_full_optim_state_dict(optimizer)
         return full or {}
 
     def load_optimizer_state_dict(self, model, optimizer, state: dict) -> None:
         optimizer.load_state_dict(model.get_shard_from_optim_state_dict(state))
+
+
+def _size_unsharded_buffers(model) -> None:
+    """fairscale sizes its optimizer-state gather by each flat parameter's `_full_param_padded`, a
+    buffer it makes only when it shards the parameter (world size > 1): on one GPU every
+    checkpoint save died with "'FlatParameter' object has no attribute '_full_param_padded'"
+    (measured on an H100, devices=1). An unsharded parameter's gather is the parameter itself: a
+    meta tensor of its size stands in for the buffer (only its size is read)."""
+    from fairscale.nn.data_parallel import FullyShardedDataParallel as FSDP
+
+    for module in model.modules():
+        if isinstance(module, FSDP):
+            for param in module.params:
+                if not getattr(param, "_is_sharded", True) and not hasattr(param, "_full_param_padded"):
+                    param._full_param_padded = torch.empty(param.data.numel(), device="meta")

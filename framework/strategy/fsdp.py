@@ -26,6 +26,7 @@ class FSDPStrategy(ParallelStrategy):
 
     name = "fsdp"
     shards_states = True
+    requires_torch = "2.6"  # fully_shard (FSDP2) public in torch.distributed.fsdp; the compatibility table reads it
     memory_layout = "fully_sharded"
 
     def __init__(self, *args, wrap_modules: list[str] | None = None, min_unit_params: PositiveInt = DEFAULT_MIN_UNIT_PARAMS,

@@ -140,8 +140,9 @@ def validation_metric_names(model, data, task) -> set[str] | None:
 def check_fit(model, data, task, batch_size: int = 2, device_type: str = "cpu") -> int:
     """Raise a ConfigError when one step's forward fails on the shapes; return the bytes of the
     tensors autograd saves for backward on a batch of `batch_size` (parameters excluded; each
-    storage once; attention as `device_type`'s kernels keep it), or 0 where nothing was measured. A task that steps its optimizers itself is
-    not run (its step needs the optimizers); errors of ops without a meta kernel are not the user's."""
+    storage once; attention as `device_type`'s kernels keep it), or 0 where nothing was measured. A
+    task that steps its optimizers itself is not run (its step needs the optimizers); errors of ops
+    without a meta kernel are not the user's."""
     if not getattr(task, "automatic_optimization", True):
         return 0
     batch = data.example_batch(batch_size)

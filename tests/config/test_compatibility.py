@@ -97,3 +97,15 @@ def test_nvme_offload_refused_without_libaio(monkeypatch):
                                           r"library, which is not installed \(Debian/Ubuntu: apt-get install "
                                           r"libaio-dev\); use strategy=deepspeed_stage_3_offload"):
         check_compatibility(nvme)
+
+
+def test_a_strategy_on_a_torch_too_old_for_it_is_refused_with_the_version(monkeypatch):
+    from framework.config import compatibility
+    from framework.config.compatibility import Plan, judge
+    from framework.strategy.fsdp import FSDPStrategy
+
+    monkeypatch.setattr(compatibility, "torch_version", lambda: (2, 5))
+    strategy = FSDPStrategy()
+    plan = Plan(strategy.accelerator, strategy, strategy.precision, strategy.checkpoint_io, strategy.cluster, 2, 1)
+    refusals, _ = judge(plan)
+    assert any("strategy=fsdp needs torch 2.6 or newer (this is torch 2.5)" in r for r in refusals)

@@ -79,6 +79,25 @@ def test_linear_layers_frozen_and_quantized_the_rest_trains_in_float32(cls):
     assert all(modules[n].bias.dtype == torch.float32 for n in LINEARS)  # not cast under the optimizer
 
 
+def test_int8_values_and_scales_move_with_the_module():
+    """Placing a quantized model on its device moves what bitsandbytes' int8 matmul reads beside
+    the weight (CB, SCB): left where the layer was quantized, CUDA's matmul failed. Here Module.to's
+    step on each tensor is a copy on the same device (bitsandbytes' parameters cannot go to meta):
+    the values the matmul reads are the moved weight's, the scales stay float32 under a cast."""
+    model, _ = quantized(BnbInt8Precision)
+    layer = model.blocks[0].mlp[0]
+    old = layer.weight.data_ptr()
+    layer._apply(lambda t: t.clone())
+    assert layer.weight.data_ptr() != old and layer.weight.CB.data_ptr() == layer.weight.data_ptr()
+    before = model(tokens())  # the forward hands CB/SCB over to the layer's state
+    old = layer.weight.data_ptr()
+    layer._apply(lambda t: t.clone())
+    assert layer.weight.data_ptr() != old and layer.state.CB.data_ptr() == layer.weight.data_ptr()
+    torch.testing.assert_close(model(tokens()), before, rtol=0, atol=0)
+    model.to(torch.bfloat16)
+    assert layer.SCB.dtype == torch.float32 and layer.weight.dtype == torch.int8
+
+
 @pytest.mark.parametrize("cls", [BnbInt8Precision, BnbNF4DoubleQuantPrecision], ids=lambda c: c.name)
 def test_quantized_from_birth_is_bit_identical_to_quantizing_an_ordinary_build(cls):
     """The strategy builds on the meta device and quantizes each layer as it is made (the float32

@@ -116,3 +116,4 @@ def test_deepspeeds_muon_module_is_imported_uncompiled_for_a_torch_optimizer():
                          env={**os.environ, "DS_ACCELERATOR": "cpu"})
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["False", "True", "MuonWithAuxAdam"]
+

@@ -19,6 +19,8 @@ from framework.construction.meta_build import meta_device, sharded_build
 from framework.construction.named_state import may_be_missing
 from framework.construction.prepare import checkpoint_activations
 from framework.errors import ConfigError
+from framework.strategy.deepspeed.arch_list import readable_arch_list
+from framework.strategy.deepspeed.cpu_init import initialise_from_cpu
 from framework.strategy.deepspeed.grad_buffer import release_gradient_buffer, zeros_on_demand
 from framework.strategy.deepspeed.imports import deepspeed_package, muon_left_uncompiled
 from framework.strategy.deepspeed.master_weights import shared_master_partitions
@@ -115,6 +117,9 @@ class DeepSpeedStrategy(ParallelStrategy):
 
     def setup_environment(self) -> None:
         self._choose_deepspeed_accelerator()
+        said = readable_arch_list()
+        if said and self.is_global_zero:
+            print(said, flush=True)
         super().setup_environment()
         deepspeed = deepspeed_package()
 
@@ -212,10 +217,21 @@ class DeepSpeedStrategy(ParallelStrategy):
         if remote == "nvme":  # zero.Init sizes its swap buffers from the config: learn the model's shape first
             with meta_device():
                 shape = factory()
+        rng_state = torch.get_rng_state()
         with deepspeed.zero.Init(config_dict_or_path=self.deepspeed_config(shape), remote_device=remote,
                                  pin_memory=self.accelerator.name == "cuda"), sharded_build():
             model = factory()
+        if self._device_draws_the_init() and remote != "nvme":
+            problem = initialise_from_cpu(model, factory, rng_state)
+            if problem and self.is_global_zero:
+                print(f"{self.name}: the weights come from the {self.accelerator.name} random numbers ZeRO-3's build "
+                      f"drew, not the CPU's of every other strategy ({problem})", flush=True)
         return with_adapter(model, adapter)
+
+    def _device_draws_the_init(self) -> bool:
+        """Whether zero.Init's build drew its random numbers from another generator than the CPU's:
+        it builds on the accelerator (framework/strategy/deepspeed/cpu_init.py)."""
+        return self.accelerator.name != "cpu"
 
     def setup(self, model, optimizer_factory):
         deepspeed = deepspeed_package()

@@ -1,0 +1,57 @@
+"""DeepSpeed's op builder on the machines users have: the ops it compiles build from the
+TORCH_CUDA_ARCH_LIST a GPU image sets (framework/strategy/deepspeed/arch_list.py)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("deepspeed")
+
+
+def test_an_arch_list_with_suffixes_is_made_readable_for_deepspeeds_op_builder(monkeypatch):
+    """Hopper images set TORCH_CUDA_ARCH_LIST=9.0a; DeepSpeed's builder cannot parse '0a' (measured on
+    an H100: FusedAdam never built). The suffix is dropped for its build, once, said."""
+    import importlib
+
+    from framework.strategy.deepspeed.arch_list import readable, readable_arch_list
+
+    assert [readable(e) for e in ("9.0a", "10.0a+PTX", "8.6", "12.0f")] == ["9.0", "10.0+PTX", "8.6", "12.0"]
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0;9.0a 9.0")
+    builder = importlib.import_module("deepspeed.ops.op_builder.fused_adam").FusedAdamBuilder()
+    with pytest.raises(ValueError, match="invalid literal for int"):
+        builder.compute_capability_args()
+    said = readable_arch_list()
+    assert "TORCH_CUDA_ARCH_LIST=8.0;9.0a 9.0 has architecture suffixes" in said and "built for 8.0;9.0" in said
+    assert builder.compute_capability_args() == ["-gencode=arch=compute_80,code=sm_80",
+                                                 "-gencode=arch=compute_90,code=sm_90"]
+    assert readable_arch_list() == ""  # nothing left to do: nothing said again
+
+
+@pytest.mark.slow
+def test_zero3s_partitioned_build_takes_the_weights_of_every_other_strategy(tmp_path, monkeypatch):
+    """On a GPU zero.Init's build draws from the GPU's generator; the framework then replays the
+    initialisers from the CPU's (framework/strategy/deepspeed/cpu_init.py). Here, on the CPU, that
+    path is taken on purpose with every partition wiped first: one step at lr=0 must leave exactly
+    the weights of a single-device build of the same seed."""
+    from framework.strategy.deepspeed import base, cpu_init
+    from tests.conftest import TINY_GPT, checkpoints, load_model_state, run_inprocess
+
+    replayed = []
+
+    def wiped_then_replayed(model, factory, rng_state):
+        for param in model.parameters():
+            param.ds_tensor.zero_()
+        replayed.append(cpu_init.initialise_from_cpu(model, factory, rng_state))
+        return replayed[-1]
+
+    monkeypatch.setattr(base.DeepSpeedStrategy, "_device_draws_the_init", lambda self: True)
+    monkeypatch.setattr(base, "initialise_from_cpu", wiped_then_replayed)
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    one_step = [*TINY_GPT, "trainer.max_steps=1", "optimizer.lr=0.0", "trainer.val_at_start=false",
+                "callbacks=[checkpoint]", "model.n_layer=2"]
+    run_inprocess([*one_step, "strategy=deepspeed_stage_3"], tmp_path / "zero3")
+    run_inprocess([*one_step, "strategy=single_device"], tmp_path / "one")
+    assert replayed == [""]
+    zero3, one = (load_model_state(checkpoints(tmp_path / name)[-1]) for name in ("zero3", "one"))
+    assert set(zero3) == set(one) and all(torch.equal(zero3[k], one[k]) for k in one)
