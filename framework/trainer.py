@@ -27,6 +27,7 @@ from framework.config.build import build, guarded
 from framework.config.loop_settings import loop_settings
 from framework.console import WarningsOnce, announce_if_slow
 from framework.data.loaders import build_loader
+from framework.data.ranks import prepare_once
 from framework.errors import ConfigError
 from framework.loop.evaluation import predict, score
 from framework.loop.fit_loop import FitLoop
@@ -69,24 +70,6 @@ def configure_determinism(deterministic: bool) -> bool:
         # only when it changes: the call imports torch._inductor (over a second of start-up)
         torch.use_deterministic_algorithms(True)
     return previous
-
-
-def prepare_data_once(datamodule, strategy) -> None:
-    """The DataModule's one-off preprocessing: local rank 0 of each node first (it fills the
-    cache), then the other ranks (which find it there)."""
-    first = strategy.local_rank == 0
-    failure = None
-    if first:
-        try:
-            datamodule.prepare_data()
-        except Exception as err:  # the others must not wait for a rank that has given up
-            failure = err
-    if strategy.any_rank(failure is not None) and failure is None:  # doubles as the barrier
-        raise ConfigError("data: preparing the data failed on another process (its message says why).")
-    if failure is not None:
-        raise failure
-    if not first:
-        datamodule.prepare_data()
 
 
 def train_worker(config: dict, output_dir: str, stage: Stage = Stage()) -> FitResult:
@@ -165,7 +148,7 @@ def _fit(cfg, config: dict, plugins, output_dir: Path, stage: Stage) -> FitResul
     if not task.automatic_optimization:
         manual = ManualOptimization(strategy, model, optimizer, cfg.trainer.clip_grad_norm, cfg.trainer.clip_grad_value)
     with announce_if_slow(f"preparing the data ({cfg.data._target_.rsplit('.', 1)[-1]})", talk):
-        prepare_data_once(datamodule, strategy)
+        prepare_once(datamodule, strategy)
         train_loader = build_loader(datamodule, strategy, "train", seed=cfg.seed)
     scheduler, interval = build_scheduler(cfg.scheduler, optimizer,
                                           total_optimizer_steps(cfg.trainer, len(train_loader)))
@@ -180,6 +163,7 @@ def _fit(cfg, config: dict, plugins, output_dir: Path, stage: Stage) -> FitResul
             logger.log_hyperparams(config)
         bar = cfg.trainer.progress_bar and sys.stdout.isatty()
         callbacks["progress"] = RichProgress() if bar else TextProgress()
+    data_identity = (datamodule.fingerprint(), bool(getattr(datamodule, "allow_changed", False)))
     run_meta = {"strategy": strategy.name, "precision": plugins.precision.name,
                 "accelerator": plugins.accelerator.name, "checkpoint_io": strategy.checkpoint_io.name, "config": config}
     signals = list(dict.fromkeys([*cfg.trainer.preemption_signals, *plugins.cluster.preemption_signals()]))
@@ -187,7 +171,8 @@ def _fit(cfg, config: dict, plugins, output_dir: Path, stage: Stage) -> FitResul
     loop = FitLoop(strategy=strategy, task=task, model=model, optimizer=optimizer, scheduler=scheduler,
                    scheduler_interval=interval, train_loader=train_loader, val_loader=val_loader,
                    trainer=cfg.trainer, callbacks=callbacks, loggers=loggers, output_dir=output_dir,
-                   run_meta=run_meta, preemption=preemption, manual=manual, test_loader=test_loader)
+                   run_meta=run_meta, preemption=preemption, manual=manual, test_loader=test_loader,
+                   data_identity=data_identity)
     try:
         return loop.fit(resume_path(cfg, output_dir, loop.say, restarted=plugins.cluster.restarted))
     finally:
@@ -208,7 +193,7 @@ def _trained(cfg, plugins, split: str):
     with announce_if_slow(f"loading the weights of {cfg.ckpt_path}", talk):
         meta = load_model_weights(strategy, model, Path(cfg.ckpt_path))
     with announce_if_slow(f"preparing the data ({cfg.data._target_.rsplit('.', 1)[-1]})", talk):
-        prepare_data_once(datamodule, strategy)
+        prepare_once(datamodule, strategy)
         limit = cfg.trainer.test_batches if split == "test" else cfg.trainer.val_batches if split == "val" else None
         loader = build_loader(datamodule, strategy, split, seed=cfg.seed, limit_batches=limit, training=False)
     return task, model, loader, meta

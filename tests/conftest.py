@@ -5,6 +5,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,9 @@ CONF = ROOT / "conf"
 # tests/xla run in .venv-xla (`make test-xla`: torch_xla pins its own torch); elsewhere they are not
 # collected at all rather than reported as skipped
 collect_ignore = [] if importlib.util.find_spec("torch_xla") else ["xla"]
+# prepared data (data=text_files, chat_files) of runs that name no data.cache_dir: in a folder of the
+# test session's, never the user's ~/.cache (the workers a test starts inherit the variable)
+os.environ.setdefault("FRAMEWORK_DATA_CACHE", tempfile.mkdtemp(prefix="framework-data-cache-"))
 # tests/floor: every strategy a few steps and a resume, under the lowest torch pyproject accepts
 # (`make test-floor`, in .venv-xla's torch 2.9); the main suite covers the same under the pinned one
 if not os.environ.get("FRAMEWORK_FLOOR_SMOKE"):

@@ -5,6 +5,7 @@
     framework list [GROUP...]             every option of every group, and whether it runs here
     framework plan [-r RECIPE] [OVERRIDES...]   plugins, world, model size, memory per rank; no training
     framework validate RECIPE [OVERRIDES...]    every problem with a recipe, not just the first
+    framework prepare-data [-r RECIPE] [OVERRIDES...]   tokenise a run's data into its store now
     framework test RUN_DIR|CHECKPOINT [OVERRIDES...]   a checkpoint's scores on the data's test split
     framework predict RUN_DIR|CHECKPOINT [OVERRIDES...] -o FILE  one row per sample of a split
     framework generate RUN_DIR|CHECKPOINT|HF_DIR --prompt TEXT   text from a trained language model
@@ -40,6 +41,8 @@ PASS_THROUGH = {
     "plan": ("what a run would be (plugins, world, model size, memory per rank) without training: "
              "`framework plan [-r RECIPE] [OVERRIDES...]`", "plan", "main"),
     "validate": ("every problem with a recipe: `framework validate RECIPE [OVERRIDES...]`", "validate", "main"),
+    "prepare-data": ("tokenise a run's data into its store now, with progress, for every later run: "
+                     "`framework prepare-data [-r RECIPE] [OVERRIDES...]`", "prepare_data", "main"),
     "test": ("score a run's best checkpoint (or a given one) on the data's test split: "
              "`framework test RUN_DIR|CHECKPOINT [OVERRIDES...]`", "test", "main"),
     "predict": ("one row per sample with what the task predicts: `framework predict RUN_DIR|CHECKPOINT "

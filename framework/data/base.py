@@ -40,6 +40,12 @@ class DataModule(ABC):
         e.g. tokenising). One process per node runs it while the others wait, then every process
         builds its datasets (from that cache)."""
 
+    def fingerprint(self) -> str | None:
+        """What identifies the training data (its files, their sizes, the tokenizer, the settings
+        that change the samples), after prepare_data; a checkpoint keeps it and a resume on other
+        data is refused (None: not known, not checked)."""
+        return None
+
     def collate(self):
         """The loader's collate function (None: torch's default, which stacks samples)."""
         return None

@@ -13,16 +13,23 @@ with position_ids that start again at 0 for each: the built-in GPT and Hugging F
 model that takes no position_ids is refused with packing; data.packing=false gives each
 conversation a row of its own, padded per batch.
 
-Preprocessing happens once and is cached by `datasets`, as for data=text_files (whose file
-handling, splits and cache this reuses).
+Files are read as for data=text_files (JSON lines, JSON arrays pretty-printed or not, parquet,
+CSV, compressed or not) and prepared once into the same kind of store, with a flag per token
+saying whether the loss scores it; a conversation goes to validation or testing by a hash of its
+row.
 """
 from __future__ import annotations
 
+import json
+
+import numpy as np
 import torch
 
 from framework.config.resolvers import BYTES
 from framework.config.types import NonNegativeInt, PositiveInt
 from framework.data.chat_template import ChatTemplate
+from framework.data.prepare import MISSING, Encoded
+from framework.data.store import Documents, PackedDocuments, open_split
 from framework.data.text_files import TextFiles, first_rows, loaded_tokenizer
 from framework.errors import ConfigError
 
@@ -72,8 +79,8 @@ def _preview(messages: list[dict]) -> str:
 
 
 class _RenderChat:
-    """The map function from rows to input_ids and labels (a class, so `datasets` hashes it for
-    its cache: every argument that changes the result is an attribute)."""
+    """Rows to input_ids and labels (pickled to the processes that prepare the store: every
+    argument that changes the result is an attribute, and part of the store's identity)."""
 
     def __init__(self, tokenizer: str, template: ChatTemplate, fields: Fields, scored_roles: list[str],
                  block_size: int, drop_unscorable: bool):
@@ -104,47 +111,30 @@ class _RenderChat:
                               "data.drop_unscorable=true to leave such conversations out.")
         return ids, labels
 
-    def __call__(self, rows):
-        out = {"input_ids": [], "labels": []}
+    def __call__(self, path: str, rows: list) -> list:
+        """A batch of a file's rows to documents: each conversation's tokens and scored flags, its
+        split chosen by a hash of the row (for the store: framework/data/prepare.py)."""
         template = ChatTemplate(self.template_source, self.template_origin, self.special_tokens)
-        for row in (dict(zip(rows, values)) for values in zip(*rows.values())):
+        out = []
+        for row in rows:
+            if not self.fields.holds_conversation(row):
+                out.append(MISSING)
+                continue
             tokenised = self.tokenise(row, template)
-            if tokenised is not None:
-                out["input_ids"].append(tokenised[0])
-                out["labels"].append(tokenised[1])
-        return out
-
-
-class _PackChat:
-    """Packs whole conversations into rows of exactly block_size tokens, position_ids starting at
-    0 for each (the rest of a row is padding: pad_id, labels -100, positions of its own)."""
-
-    def __init__(self, block_size: int, pad_id: int):
-        self.block_size, self.pad_id = block_size, pad_id
-
-    def __call__(self, rows):
-        out = {"input_ids": [], "labels": [], "position_ids": []}
-        ids, labels, positions = [], [], []
-
-        def close():
-            pad = self.block_size - len(ids)
-            out["input_ids"].append(ids + [self.pad_id] * pad)
-            out["labels"].append(labels + [IGNORE_INDEX] * pad)
-            out["position_ids"].append(positions + list(range(pad)))
-
-        for row_ids, row_labels in zip(rows["input_ids"], rows["labels"]):
-            if len(ids) + len(row_ids) > self.block_size:
-                close()
-                ids, labels, positions = [], [], []
-            ids, labels = ids + row_ids, labels + row_labels
-            positions += range(len(row_ids))
-        if ids:
-            close()
+            if tokenised is None:
+                out.append(None)
+                continue
+            ids, labels = tokenised
+            key = json.dumps(row, sort_keys=True, default=str).encode("utf-8")
+            out.append(Encoded(key, np.asarray(ids, dtype=np.int64),
+                               np.asarray([label != IGNORE_INDEX for label in labels], dtype=np.uint8)))
         return out
 
 
 class ChatFiles(TextFiles):
     """Local conversations, rendered with a chat template, responses scored."""
+
+    kind = "chat"
 
     def __init__(self, files: str | list[str], val_files: str | list[str] | None = None, val_percent: PositiveInt = 5,
                  test_files: str | list[str] | None = None, test_percent: NonNegativeInt = 0,
@@ -152,9 +142,10 @@ class ChatFiles(TextFiles):
                  response_field: str = "response", system_field: str = "system", system_prompt: str | None = None,
                  chat_template: str | None = None, scored_roles: list[str] | None = None, tokenizer: str = BYTES,
                  block_size: PositiveInt = 512, packing: bool = True, drop_unscorable: bool = False,
-                 cache_dir: str | None = None, num_proc: PositiveInt | None = None, **loader):
+                 cache_dir: str | None = None, num_proc: PositiveInt | None = None, allow_changed: bool = False,
+                 **loader):
         """files, val_files, val_percent, test_files, test_percent, format, tokenizer, cache_dir,
-        num_proc: as data=text_files (format: json, parquet or csv); messages_field: the field
+        num_proc, allow_changed: as data=text_files (format: jsonl, json, parquet or csv); messages_field: the field
         holding a conversation as a list of {role, content}; prompt_field, response_field: the
         fields of a one-turn row (used when a row has no messages); system_field: a one-turn
         row's optional system message; system_prompt: a system message put first in every
@@ -168,10 +159,10 @@ class ChatFiles(TextFiles):
         super().__init__(files=files, val_files=val_files, val_percent=val_percent, test_files=test_files,
                          test_percent=test_percent, format=format, text_field=messages_field, tokenizer=tokenizer,
                          block_size=block_size, packing=packing, add_eos=False, cache_dir=cache_dir,
-                         num_proc=num_proc, **loader)
+                         num_proc=num_proc, allow_changed=allow_changed, **loader)
         if self.format == "text":
-            raise ConfigError("data.format=text: chat data needs rows with fields (JSON lines, parquet or CSV), "
-                              "each a conversation; plain text is data=text_files.")
+            raise ConfigError("data.format=text: chat data needs rows with fields (JSON lines, a JSON array, parquet "
+                              "or CSV), each a conversation; plain text is data=text_files.")
         self.fields = Fields(messages_field, prompt_field, response_field, system_field, system_prompt)
         self.scored_roles = list(scored_roles or ["assistant"])
         self.drop_unscorable = drop_unscorable
@@ -186,7 +177,7 @@ class ChatFiles(TextFiles):
             for path in files:
                 rows = first_rows(path, self.format, CHECKED_ROWS)
                 if isinstance(rows, str):
-                    found.append(f"{key}: {path} {rows}.")
+                    found.append(f"{key}: {path}: {rows}.")
                     continue
                 if not rows:
                     found.append(f"{key}: {path} has no row; remove it from {key} or fill it.")
@@ -206,24 +197,30 @@ class ChatFiles(TextFiles):
                     return found + [f"{key}: (more files not checked after 10 problems)"]
         return found
 
-    def _load(self, files: list[str], key: str):
-        table = self._read(files, key)
-        if not self.fields.holds_conversation(table.column_names):
-            raise ConfigError(f"{key}: the rows have neither {self.fields.names()} (they have "
-                              f"{', '.join(table.column_names)}); set data.messages_field, or data.prompt_field and "
-                              "data.response_field.")
-        return table
-
     def _renderer(self) -> _RenderChat:
         return _RenderChat(self.tokenizer.spec, self.template, self.fields, self.scored_roles, self.block_size,
                            self.drop_unscorable)
 
-    def _process(self, table):
-        table = table.map(self._renderer(), batched=True, remove_columns=table.column_names, num_proc=self.num_proc)
-        if not self.packing:
-            return table
-        return table.map(_PackChat(self.block_size, self.tokenizer.pad_id), batched=True, batch_size=1000,
-                         remove_columns=table.column_names, num_proc=self.num_proc)
+    def encoder(self):
+        return self._renderer()
+
+    def missing_message(self) -> str:
+        return (f"data: {{count}} row(s) hold neither {self.fields.names()} (the first: {{where}}); set "
+                "data.messages_field, or data.prompt_field and data.response_field, to the fields that hold the "
+                "conversation, or fix those rows.")
+
+    def settings(self) -> dict:
+        fields = self.fields
+        return {"template": [self.template.source, self.template.origin, self.template.special_tokens],
+                "fields": [fields.messages, fields.prompt, fields.response, fields.system, fields.system_prompt],
+                "scored_roles": self.scored_roles, "block_size": self.block_size,
+                "drop_unscorable": self.drop_unscorable}
+
+    def _dataset(self, split: str):
+        view = open_split(self._store, split)
+        if self.packing:
+            return PackedDocuments(view, self.block_size, self.tokenizer.pad_id)
+        return Documents(view, self.block_size)
 
     def example_batch(self, size: int = 2):
         """A batch of the right shape and keys, without reading the files."""

@@ -7,6 +7,45 @@ import math
 import torch
 from torch.utils.data import Dataset, Sampler
 
+# Up to this many samples the epoch's order is torch.randperm's (DistributedSampler's exactly: 8 bytes
+# a sample, 32 MiB here); beyond it a keyed permutation computed per position (feistel_permutation),
+# so that a rank never holds an index of the whole epoch (1e8 samples: 0.8 GB as a tensor, 4.7 GB as
+# a Python list, measured).
+RANDPERM_MAX = 1 << 22
+CHUNK = 1 << 16  # positions a rank maps at a time
+_MIX = 0x5BD1E995  # an odd multiplier below 2**31: products of 32-bit values stay in int64
+
+
+def _round_function(half: torch.Tensor, key: int, bits: int) -> torch.Tensor:
+    mask = (1 << bits) - 1
+    mixed = ((half ^ (key & 0xFFFFFFFF)) * _MIX) & 0xFFFFFFFF
+    mixed = mixed ^ (mixed >> 15)
+    mixed = (mixed * _MIX) & 0xFFFFFFFF
+    return (mixed ^ (mixed >> 13)) & mask
+
+
+def feistel_permutation(positions: torch.Tensor, length: int, seed: int, rounds: int = 4) -> torch.Tensor:
+    """A permutation of range(length) keyed by `seed`, applied to `positions` (int64): a balanced
+    Feistel network on the smallest even number of bits covering `length`, walked again for values
+    that land past it (a bijection on that power of two, so it ends). O(1) memory per position."""
+    bits = max(2, (max(length - 1, 1)).bit_length() + (max(length - 1, 1)).bit_length() % 2)
+    half = bits // 2
+    mask = (1 << half) - 1
+    keys = [(seed * 0x9E3779B1 + r * 0x85EBCA77) & 0xFFFFFFFF for r in range(rounds)]
+
+    def once(x: torch.Tensor) -> torch.Tensor:
+        left, right = x >> half, x & mask
+        for key in keys:
+            left, right = right, left ^ _round_function(right, key, half)
+        return (left << half) | right
+
+    out = once(positions.to(torch.int64))
+    outside = out >= length
+    while bool(outside.any()):
+        out[outside] = once(out[outside])
+        outside = out >= length
+    return out
+
 
 def rank_sampler(dataset: Dataset, strategy, shuffle: bool, seed: int, drop_last: bool = False, even: bool = True):
     """This rank's share of `dataset` under `strategy` (its world size and rank). `even=True`
@@ -33,18 +72,28 @@ class EpochSampler(Sampler[int]):
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.epoch = 0
         self.start = 0
+        self._permutation: tuple[int, torch.Tensor] | None = None  # (epoch, randperm) of a small data set
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         """Deal epoch `epoch`'s order from global position `start` (0: the whole epoch)."""
         self.epoch, self.start = epoch, min(max(start, 0), self.length)
 
     def order(self) -> torch.Tensor:
-        """The epoch's order: sample indices by position."""
+        """The epoch's order: sample indices by position (a tensor of the whole epoch: small data sets,
+        and tests; iterating never builds it for a large one)."""
+        return self._indices(torch.arange(self.length))
+
+    def _indices(self, positions: torch.Tensor) -> torch.Tensor:
+        """The samples at `positions` of the epoch's order."""
         if not self.shuffle:
-            return torch.arange(self.length)
-        generator = torch.Generator()
-        generator.manual_seed(self.seed + self.epoch)  # DistributedSampler's seed for the epoch
-        return torch.randperm(self.length, generator=generator)
+            return positions
+        if self.length <= RANDPERM_MAX:
+            if self._permutation is None or self._permutation[0] != self.epoch:
+                generator = torch.Generator()
+                generator.manual_seed(self.seed + self.epoch)  # DistributedSampler's seed for the epoch
+                self._permutation = (self.epoch, torch.randperm(self.length, generator=generator))
+            return self._permutation[1][positions]
+        return feistel_permutation(positions, self.length, self.seed + self.epoch)
 
     def positions(self) -> int:
         """Positions dealt from `start` to all ranks together (padded or cut to a multiple of them)."""
@@ -56,11 +105,11 @@ class EpochSampler(Sampler[int]):
         return self.positions() // self.replicas
 
     def __iter__(self):
-        if self.positions() == 0:
-            return iter(())
-        order = self.order()
-        picked = (torch.arange(self.rank, self.positions(), self.replicas) + self.start) % self.length
-        return iter(order[picked].tolist())
+        total = self.positions()
+        step = self.replicas * CHUNK
+        for first in range(self.rank, total, step):  # a chunk of positions at a time: memory flat in the epoch
+            picked = (torch.arange(first, min(total, first + step), self.replicas) + self.start) % self.length
+            yield from self._indices(picked).tolist()
 
     def consumed(self, samples_per_rank: int) -> int:
         """The global position after each rank took `samples_per_rank` of its share: what a

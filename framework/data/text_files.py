@@ -1,66 +1,41 @@
-"""Your own text: local files (plain text, JSON lines, parquet, CSV; glob patterns) read with the
-`datasets` library, tokenised by bytes or by a local tokenizer, then packed into blocks or padded.
+"""Your own text: local files (plain text, JSON lines, JSON arrays, parquet, CSV, each optionally
+compressed; globs or folders), tokenised once into a store every rank memory-maps
+(framework/data/prepare.py, framework/data/store.py), by bytes or by a local tokenizer, then served
+as packed blocks or one document a sample, padded per batch.
 
-Preprocessing (reading, tokenising, packing) happens once: `prepare_data()` runs on one process
-per node before the others start theirs, and `datasets` caches each result by its inputs, so the
-other ranks, later runs and resumed runs load it from the cache. The result is a map-style
-dataset, so the framework's sampler shards it and a resumed run continues mid-epoch exactly.
+Preparation streams the files (never the whole corpus in memory), tokenises them in
+`data.num_proc` processes and is reused by every later run, rank and resume until a file, the
+tokenizer's contents or a setting that changes the tokens changes. A document is held out for
+validation (and testing) by a hash of its own text, so the split is the same at every world size
+and a growing corpus never moves validation into training. Memory and disk are flat per token: the
+store keeps 1 byte a token for bytes, 2 with a vocabulary up to 65,536, 4 beyond, and a rank reads
+it mapped, with 8 bytes a document in memory.
 
 Batches are dicts in Hugging Face's convention: input_ids, plus attention_mask and labels (-100 on
 padding) when padded; framework/tasks/language_modeling.py reads them.
 """
 from __future__ import annotations
 
-import csv
 import functools
-import glob
 import itertools
-import json
 import os
-import zlib
 from functools import cached_property
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from framework.config.resolvers import BYTES, tokenizer_file
 from framework.config.types import NonNegativeInt, PositiveInt
 from framework.data.base import DataModule
+from framework.data.prepare import MISSING, Encoded, StoreSpec, default_cache_root, file_sha256, prepare
+from framework.data.sources import TEXT_UNITS, RowError, expand, file_format, read_rows
+from framework.data.store import Documents, PackedTokens, fingerprint, open_split, read_manifest
 from framework.errors import ConfigError
 
-# The `datasets` builder for each file suffix.
-FORMATS = {".txt": "text", ".text": "text", ".md": "text", ".py": "text", ".json": "json", ".jsonl": "json",
-           ".parquet": "parquet", ".csv": "csv"}
-TEXT_UNITS = ("document", "paragraph", "line")  # what one sample of a plain-text file is
 EOS_NAMES = ("<|endoftext|>", "</s>", "<eos>", "[SEP]")
-
-
-def expand(patterns: str | list[str], key: str) -> list[str]:
-    """Every file the glob patterns match (`**` included), sorted; a pattern matching nothing is
-    refused, named."""
-    files = []
-    for pattern in [patterns] if isinstance(patterns, str) else list(patterns):
-        matched = sorted(p for p in glob.glob(os.path.expanduser(str(pattern)), recursive=True) if os.path.isfile(p))
-        if not matched:
-            raise ConfigError(f"{key}: the pattern {str(pattern)!r} matches no file (relative patterns are read from "
-                              f"{os.getcwd()}).")
-        files += [os.path.abspath(p) for p in matched]
-    return list(dict.fromkeys(files))
-
-
-def file_format(files: list[str], given: str | None, key: str) -> str:
-    if given:
-        if given not in set(FORMATS.values()):
-            raise ConfigError(f"data.format={given!r}: choose one of {', '.join(sorted(set(FORMATS.values())))}, "
-                              "or null to tell it from the file suffixes.")
-        return given
-    found = {FORMATS.get(Path(f).suffix.lower()) for f in files}
-    if None in found or len(found) != 1:
-        suffixes = sorted({Path(f).suffix or "(none)" for f in files})
-        raise ConfigError(f"{key}: cannot tell one format from the suffixes {', '.join(suffixes)}; set data.format "
-                          f"to one of {', '.join(sorted(set(FORMATS.values())))}.")
-    return found.pop()
+TOKEN_DTYPES = ("auto", "uint8", "uint16", "uint32")
 
 
 class Tokenizer:
@@ -110,101 +85,106 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return 256 if self._tokenizer is None else self._tokenizer.get_vocab_size()
 
+    def sha256(self) -> str:
+        """What the token ids depend on: the tokenizer file's contents ("bytes" for bytes)."""
+        return BYTES if self._tokenizer is None else file_sha256(tokenizer_file(self.spec))
+
+    def encode_numpy(self, texts: list[str]) -> list[np.ndarray]:
+        """Each text's token ids as an array (bytes: its UTF-8, without a Python list per token)."""
+        if self._tokenizer is None:
+            return [np.frombuffer(text.encode("utf-8"), dtype=np.uint8) for text in texts]
+        return [np.asarray(e.ids, dtype=np.int64) for e in self._tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+
+def loaded_tokenizer(spec: str) -> Tokenizer:
+    """The tokenizer of `spec`, loaded once per process while its file is unchanged (a tokenizer
+    retrained at the same path is loaded again)."""
+    stamp = None
+    if str(spec) != BYTES:
+        try:
+            stat = tokenizer_file(str(spec)).stat()
+            stamp = (stat.st_mtime_ns, stat.st_size)
+        except (OSError, ConfigError):
+            stamp = None
+    return _loaded_tokenizer(str(spec), stamp)
+
 
 @functools.lru_cache(maxsize=4)
-def loaded_tokenizer(spec: str) -> Tokenizer:
+def _loaded_tokenizer(spec: str, stamp) -> Tokenizer:
     return Tokenizer(spec)
 
 
-class _Tokenise:
-    """The map function that tokenises a batch of rows (a class, so `datasets` hashes it for its cache)."""
-
-    def __init__(self, tokenizer: str, field: str, add_eos: bool):
-        self.tokenizer, self.field, self.add_eos = tokenizer, field, add_eos
-
-    def __call__(self, rows):
-        tok = loaded_tokenizer(self.tokenizer)  # once per process, not once per batch of rows
-        texts = [t if isinstance(t, str) else "" for t in rows[self.field]]
-        ids = tok.encode(texts)
-        if self.add_eos and tok.eos_id is not None:
-            ids = [i + [tok.eos_id] for i in ids]
-        return {"input_ids": ids}
+def loaded_tokenizer(spec: str) -> Tokenizer:
+    """The tokenizer of `spec`, loaded once per process while its file is unchanged (a tokenizer
+    retrained at the same path is loaded again)."""
+    stamp = None
+    if str(spec) != BYTES:
+        try:
+            stat = tokenizer_file(str(spec)).stat()
+            stamp = (stat.st_mtime_ns, stat.st_size)
+        except (OSError, ConfigError):
+            stamp = None
+    return _loaded_tokenizer(str(spec), stamp)
 
 
-class _Pack:
-    """Concatenates a batch of tokenised rows and cuts it into blocks of block_size (the remainder
-    of each batch of rows is dropped)."""
-
-    def __init__(self, block_size: int):
-        self.block_size = block_size
-
-    def __call__(self, rows):
-        flat = [t for ids in rows["input_ids"] for t in ids]
-        n = len(flat) // self.block_size * self.block_size
-        return {"input_ids": [flat[i:i + self.block_size] for i in range(0, n, self.block_size)]}
+@functools.lru_cache(maxsize=4)
+def _loaded_tokenizer(spec: str, stamp) -> Tokenizer:
+    return Tokenizer(spec)
 
 
-class _Truncate:
-    def __init__(self, block_size: int):
-        self.block_size = block_size
+def store_dtype(tokenizer: Tokenizer, given: str) -> str:
+    """The store's integer type: the smallest that holds every id (bytes: uint8; vocabularies up to
+    65,536: uint16; else uint32), or the one given, if it holds them."""
+    if given not in TOKEN_DTYPES:
+        raise ConfigError(f"data.token_dtype={given!r}: choose one of {', '.join(TOKEN_DTYPES)}.")
+    fitting = [name for name, ids in (("uint8", 1 << 8), ("uint16", 1 << 16), ("uint32", 1 << 32))
+               if tokenizer.vocab_size <= ids]
+    if given != "auto" and given not in fitting:
+        raise ConfigError(f"data.token_dtype={given}: the tokenizer has {tokenizer.vocab_size:,} tokens, more ids than "
+                          f"{given} holds; use data.token_dtype={fitting[0]} or auto.")
+    return fitting[0] if given == "auto" else given
 
-    def __call__(self, rows):
-        return {"input_ids": [ids[:self.block_size] for ids in rows["input_ids"] if ids]}
+
+class TextEncoder:
+    """A batch of a file's rows to documents: the text (a plain-text row, or a row's text_field)
+    tokenised, ended by the end-of-text token with add_eos; its split is chosen by a hash of its
+    UTF-8 text. Pickled to the preparing processes."""
+
+    def __init__(self, tokenizer: str, text_field: str, add_eos: bool):
+        self.tokenizer, self.text_field, self.add_eos = tokenizer, text_field, add_eos
+
+    def __call__(self, path: str, rows: list) -> list:
+        texts, out = [], []
+        for row in rows:
+            text = row if isinstance(row, str) else row.get(self.text_field)
+            if text is None:
+                out.append(MISSING)
+                continue
+            texts.append(str(text))
+            out.append(None)
+        tok = loaded_tokenizer(self.tokenizer)
+        eos = np.array([tok.eos_id], dtype=np.int64) if self.add_eos and tok.eos_id is not None else None
+        encoded = iter(zip(texts, tok.encode_numpy(texts)))
+        for i, slot in enumerate(out):
+            if slot is None:
+                text, ids = next(encoded)
+                out[i] = Encoded(text.encode("utf-8"), ids if eos is None else np.concatenate([ids, eos]))
+        return out
 
 
 def _named(files: list[str], most: int = 3) -> str:
     return ", ".join(files[:most]) + (f" and {len(files) - most} more" if len(files) > most else "")
 
 
-def first_rows(path: str, fmt: str, count: int = 1) -> list[dict] | str:
-    """A file's first `count` rows as dicts (a string saying what is wrong when they do not read)."""
+def first_rows(path: str, fmt: str, count: int = 1, text_unit: str = "document") -> list | str:
+    """A file's first `count` rows (a string saying what is wrong when they do not read)."""
     try:
-        if fmt == "json":
-            rows = []
-            with open(path, encoding="utf-8") as f:
-                for line in (ln for ln in f if ln.strip()):
-                    row = json.loads(line)
-                    if not isinstance(row, dict):
-                        return f"has a {'first ' if not rows else ''}row that is not a JSON object ({line[:60]!r})"
-                    rows.append(row)
-                    if len(rows) == count:
-                        break
-            return rows or "holds only blank lines"
-        if fmt == "csv":
-            with open(path, newline="", encoding="utf-8") as f:
-                return list(itertools.islice(csv.DictReader(f), count))
-        if fmt == "parquet":
-            import pyarrow.parquet
-
-            return next(pyarrow.parquet.ParquetFile(path).iter_batches(batch_size=count)).to_pylist()
-    except (OSError, UnicodeDecodeError, ValueError, StopIteration) as err:
-        return f"does not read as {fmt} ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
-    return []
-
-
-def _columns(path: str, fmt: str) -> list[str] | str:
-    """The field names of a file's first row (a string saying what is wrong when it cannot tell)."""
-    if fmt == "csv":  # the header, even with no row under it
-        try:
-            with open(path, newline="", encoding="utf-8") as f:
-                return next(csv.reader(f), [])
-        except (OSError, UnicodeDecodeError) as err:
-            return f"does not read as csv ({type(err).__name__}: {err})"
-    rows = first_rows(path, fmt)
-    return rows if isinstance(rows, str) else list(rows[0]) if rows else []
-
-
-class TokenRows(Dataset):
-    """A processed `datasets` table as tensors: {"input_ids": LongTensor, ...} (every column)."""
-
-    def __init__(self, table):
-        self.table = table.with_format("torch")
-
-    def __len__(self) -> int:
-        return len(self.table)
-
-    def __getitem__(self, i: int):
-        return {name: column.long() for name, column in self.table[int(i)].items()}
+        rows = [row for _, row in itertools.islice(read_rows(path, fmt, text_unit=text_unit), count)]
+    except (RowError, OSError) as err:
+        return str(err).removeprefix(path).lstrip(",: ").rstrip(".")
+    if not rows:
+        return "holds only blank lines" if fmt == "jsonl" else "has no row"
+    return rows
 
 
 class PadCollate:
@@ -226,26 +206,36 @@ class PadCollate:
 
 
 class TextFiles(DataModule):
-    """Local text files as token blocks (packing) or padded rows."""
+    """Local text files as token blocks (packing) or padded documents, from a prepared store."""
+
+    kind = "text"
 
     def __init__(self, files: str | list[str], val_files: str | list[str] | None = None, val_percent: PositiveInt = 5,
-                 test_files: str | list[str] | None = None, test_percent: NonNegativeInt = 0, format: str | None = None, text_field: str = "text", text_unit: str = "document",
+                 test_files: str | list[str] | None = None, test_percent: NonNegativeInt = 0, format: str | None = None,
+                 text_field: str = "text", text_unit: str = "document", separator: str | None = None,
                  tokenizer: str = BYTES, block_size: PositiveInt = 128, packing: bool = True, add_eos: bool = True,
-                 cache_dir: str | None = None, num_proc: PositiveInt | None = None, **loader):
-        """files: glob patterns of the training files (and of the validation files too, unless
-        val_files is given); val_files: patterns of separate validation files; val_percent: share
-        of rows held out for validation when val_files is null (a fixed split, by a hash of the
-        row number; at least one row); test_files: patterns of separate test files; test_percent:
-        share of rows held out for testing when test_files is null (the next buckets of the same
-        hash; 0 and no test_files: the data has no test split); format: text, json (JSON lines), parquet or csv (null: from the suffix);
-        text_field: the column holding the text (json, parquet, csv); text_unit: one sample of a
-        plain-text file is a document (the whole file), a paragraph or a line; tokenizer: bytes
-        (256 ids, no file) or a tokenizer.json / a directory holding one; block_size: tokens per
-        sample; packing: concatenate rows and cut them into full blocks (false: one row per
-        sample, truncated to block_size and padded per batch); add_eos: end each row with the
-        tokenizer's end-of-text token when it has one; cache_dir: where `datasets` keeps the
-        processed tables (null: its default, ~/.cache/huggingface/datasets); num_proc: processes
-        that preprocess (null: one)."""
+                 cache_dir: str | None = None, num_proc: PositiveInt | None = None, token_dtype: str = "auto",
+                 allow_changed: bool = False, **loader):
+        """files: glob patterns or folders of the training files (and of the validation and test
+        documents too, unless val_files / test_files are given); val_files: patterns of separate
+        validation files; val_percent: share of documents held out for validation when val_files is
+        null (by a hash of each document's text; at least one document); test_files: patterns of
+        separate test files; test_percent: share held out for testing when test_files is null (the
+        next buckets of the same hash; 0 and no test_files: no test split); format: text, jsonl
+        (JSON lines), json (an array of rows, or JSON lines), parquet or csv (null: from the suffix;
+        .gz, .bz2 and .zst files are decompressed); text_field: the field holding the text (all but
+        plain text); text_unit: one document of a plain-text file is the whole file (document), a
+        paragraph or a line; separator: split plain text into documents on this string instead
+        (e.g. '<|endoftext|>'); tokenizer: bytes (256 ids, no file) or a tokenizer.json / a
+        directory holding one; block_size: tokens per sample; packing: documents end to end, cut
+        into full blocks (false: one document a sample, truncated to block_size and padded per
+        batch); add_eos: end each document with the tokenizer's end-of-text token when it has one;
+        cache_dir: where prepared data is kept (null: ~/.cache/framework/data); num_proc: processes
+        that prepare (null: the machine's cores; the result is the same for any number);
+        token_dtype: the store's integer type (auto: the smallest holding every id: uint8 for bytes,
+        uint16 up to 65,536 tokens, else uint32);
+        allow_changed: resume a checkpoint even though the data differs from the data it was
+        trained on (refused otherwise)."""
         super().__init__(**loader)
         if text_unit not in TEXT_UNITS:
             raise ConfigError(f"data.text_unit={text_unit!r}: choose one of {', '.join(TEXT_UNITS)}.")
@@ -254,6 +244,8 @@ class TextFiles(DataModule):
         if not test_files and val_percent + test_percent >= 100:
             raise ConfigError(f"data.test_percent={test_percent}: with data.val_percent={val_percent} no row is left to "
                               "train on; keep their sum below 100, or give data.test_files.")
+        self.patterns = {key: [os.path.abspath(os.path.expanduser(str(p))) for p in ([v] if isinstance(v, str) else v)]
+                         for key, v in (("files", files), ("val_files", val_files), ("test_files", test_files)) if v}
         self.files = expand(files, "data.files")
         self.val_files = expand(val_files, "data.val_files") if val_files else None
         self.test_files = expand(test_files, "data.test_files") if test_files else None
@@ -261,6 +253,7 @@ class TextFiles(DataModule):
         self.format = file_format(self.files + (self.val_files or []) + (self.test_files or []), format, "data.files")
         self.text_field = text_field
         self.text_unit = text_unit
+        self.separator = separator
         self.val_percent = val_percent
         self.tokenizer = loaded_tokenizer(str(tokenizer))
         self.block_size = block_size
@@ -268,13 +261,14 @@ class TextFiles(DataModule):
         self.add_eos = add_eos
         self.cache_dir = os.path.abspath(os.path.expanduser(cache_dir)) if cache_dir else None
         self.num_proc = num_proc
+        self.token_dtype = store_dtype(self.tokenizer, token_dtype)
+        self.allow_changed = allow_changed
 
     # ---- checks before launch ------------------------------------------------------------
     def problems(self) -> list[str]:
-        """Each file opened: empty files, rows that do not parse, a text_field the rows lack."""
+        """Each file opened: empty files, first rows that do not parse, a text_field they lack."""
         found = []
-        for key, files in (("data.files", self.files), ("data.val_files", self.val_files or []),
-                           ("data.test_files", self.test_files or [])):
+        for key, files in self._roles().items():
             empty = [f for f in files if os.path.getsize(f) == 0]
             if self.format == "text":
                 if files and len(empty) == len(files):
@@ -283,99 +277,85 @@ class TextFiles(DataModule):
             found += [f"{key}: {f} is empty (a {self.format} file needs at least one row); remove it from "
                       f"{key} or fill it." for f in empty]
             for path in (f for f in files if f not in empty):
-                columns = _columns(path, self.format)
-                if isinstance(columns, str):
-                    found.append(f"{key}: {path} {columns}.")
-                elif self.text_field not in columns:
-                    found.append(f"data.text_field={self.text_field!r}: {path} has no such field (its first row "
-                                 f"has {', '.join(map(str, columns)) or 'none'}); set data.text_field to the one "
-                                 "holding the text.")
+                found += self._row_problems(key, path)
                 if len(found) >= 10:
                     return found + [f"{key}: (more files not checked after 10 problems)"]
         return found
 
-    # ---- preprocessing (once, cached) ---------------------------------------------------
-    def _read(self, files: list[str], key: str):
-        """The files' rows as one `datasets` table (every column)."""
-        import datasets
+    def _row_problems(self, key: str, path: str) -> list[str]:
+        rows = first_rows(path, self.format)
+        if isinstance(rows, str):
+            return [f"{key}: {path}: {rows}."]
+        if self.text_field not in rows[0]:
+            return [f"data.text_field={self.text_field!r}: {path} has no such field (its first row has "
+                    f"{', '.join(map(str, rows[0])) or 'none'}); set data.text_field to the one holding the text."]
+        return []
 
-        datasets.disable_progress_bars()
-        options = {}
-        if self.format == "text":
-            options = {"sample_by": self.text_unit, "keep_linebreaks": True}
-        try:
-            return datasets.load_dataset(self.format, data_files={"train": files}, split="train",
-                                         cache_dir=self.cache_dir, **options)
-        except Exception as err:  # a malformed file: named, with the reader's reason
-            raise ConfigError(f"{key}: {self.format} files that do not read ({_named(files)}; {type(err).__name__}"
-                              f"{': ' + str(err).splitlines()[0] if str(err) else ''}).") from err
+    def _roles(self) -> dict[str, list[str]]:
+        return {"data.files": self.files, "data.val_files": self.val_files or [],
+                "data.test_files": self.test_files or []}
 
-    def _load(self, files: list[str], key: str):
-        """The rows' text, as the single column "text"."""
-        table = self._read(files, key)
-        field = "text" if self.format == "text" else self.text_field
-        if field not in table.column_names:
-            raise ConfigError(f"data.text_field={field!r}: the {key} files have no such column (they have "
-                              f"{', '.join(table.column_names)}).")
-        return table.select_columns([field]).rename_column(field, "text") if field != "text" else \
-            table.select_columns(["text"])
+    # ---- the prepared store ----------------------------------------------------------------
+    def encoder(self):
+        return TextEncoder(self.tokenizer.spec, self.text_field, self.add_eos)
 
-    def _process(self, table):
-        tokenise = _Tokenise(self.tokenizer.spec, "text", self.add_eos)
-        table = table.map(tokenise, batched=True, remove_columns=table.column_names, num_proc=self.num_proc)
-        shape = _Pack(self.block_size) if self.packing else _Truncate(self.block_size)
-        return table.map(shape, batched=True, batch_size=1000, remove_columns=table.column_names,
-                         num_proc=self.num_proc)
+    def settings(self) -> dict:
+        """Every setting that changes the tokens (the store's identity besides files and tokenizer)."""
+        return {"text_field": self.text_field, "text_unit": self.text_unit, "separator": self.separator,
+                "add_eos": self.add_eos}
+
+    def store_spec(self) -> StoreSpec:
+        return StoreSpec(kind=self.kind, roles={"files": self.files, "val_files": self.val_files or [],
+                                                "test_files": self.test_files or []},
+                         patterns=self.patterns, tokenizer=self.tokenizer.spec,
+                         format=self.format, settings=self.settings(), tokenizer_sha256=self.tokenizer.sha256(),
+                         dtype=self.token_dtype, encoder=self.encoder(),
+                         cache_root=Path(self.cache_dir) if self.cache_dir else default_cache_root(),
+                         num_proc=self.num_proc or os.cpu_count() or 1, text_unit=self.text_unit,
+                         separator=self.separator, val_percent=self.val_percent, test_percent=self.test_percent,
+                         missing=self.missing_message())
+
+    def missing_message(self) -> str:
+        return (f"data.text_field={self.text_field!r}: {{count}} row(s) have no such field (the first: {{where}}); fix "
+                "those rows, or set data.text_field to the field every row holds.")
+
+    def prepare_data(self, say=None) -> None:
+        """Tokenise into the store once (reused while nothing that changes it changed), and open its
+        splits (a split too small for one sample is refused here)."""
+        self._store = prepare(self.store_spec(), lambda line: say(line) if say else None)
+        self._splits  # noqa: B018
+
+    @cached_property
+    def _store(self) -> Path:
+        return prepare(self.store_spec(), lambda line: None)
+
+    def fingerprint(self) -> str | None:
+        """The prepared data's identity (files, sizes, tokenizer, settings, counts): kept in checkpoints."""
+        manifest = read_manifest(self._store)
+        return manifest.get("fingerprint") if manifest else None
+
+    def _dataset(self, split: str) -> Dataset:
+        view = open_split(self._store, split)
+        return PackedTokens(view, self.block_size) if self.packing else Documents(view, self.block_size)
+
+    @cached_property
+    def _splits(self) -> tuple:
+        splits = {"train": self._dataset("train"), "val": self._dataset("val"),
+                  "test": self._dataset("test") if self.has_test_split else None}
+        names = {"train": "training", "val": "validation", "test": "test"}
+        for name, dataset in splits.items():
+            if dataset is not None and len(dataset) == 0:
+                view = dataset.split
+                what = (f"{view.tokens_total:,} tokens in {view.documents:,} document(s)" if view.documents else
+                        "no document")
+                raise ConfigError(f"data: the {names[name]} split holds {what}, which makes no sample of "
+                                  f"data.block_size={self.block_size} tokens; add text, lower data.block_size, or split "
+                                  "plain text finer (data.text_unit=paragraph or line).")
+        return splits["train"], splits["val"], splits["test"]
 
     @property
     def has_test_split(self) -> bool:
         return bool(self.test_files) or self.test_percent > 0
-
-    def _held_out_rows(self, count: int) -> tuple[list[int], list[int], list[int]]:
-        """(train, val, test) row numbers of `files`: a fixed split by a hash of the row number
-        (val: the first val_percent buckets, unless val_files is given; test: the next
-        test_percent); a small data set still holds out one row for each split it needs."""
-        buckets = [zlib.crc32(str(i).encode()) % 100 for i in range(count)]
-        val_cut = 0 if self.val_files else self.val_percent
-        test_cut = val_cut + self.test_percent
-        val = [i for i, b in enumerate(buckets) if b < val_cut]
-        test = [i for i, b in enumerate(buckets) if val_cut <= b < test_cut]
-        by_bucket = sorted(range(count), key=buckets.__getitem__)
-        if val_cut and not val and count > 1:
-            val = by_bucket[:1]
-        if test_cut > val_cut and not test and count > 2:
-            test = [i for i in by_bucket if i not in val][:1]
-        held = set(val) | set(test)
-        return [i for i in range(count) if i not in held], val, test
-
-    @cached_property
-    def _splits(self):
-        table = self._load(self.files, "data.files")
-        train_rows, val_rows, test_rows = self._held_out_rows(len(table))
-        needs = [(not self.val_files, val_rows, f"{self.val_percent}% for validation"),
-                 (self.test_percent > 0, test_rows, f"{self.test_percent}% for testing")]
-        wanted = [what for needed, _, what in needs if needed]
-        short = [what for needed, rows, what in needs if needed and not rows]
-        if short or not train_rows:
-            raise ConfigError(f"data.files: {len(table)} row(s) of text ({self.format}, text_unit={self.text_unit})"
-                              f" are too few to hold out {' and '.join(short or wanted)} and "
-                              "train on the rest: add files, give data.val_files / data.test_files, or split plain "
-                              "text finer (data.text_unit=paragraph or line).")
-        val = self._load(self.val_files, "data.val_files") if self.val_files else table.select(val_rows)
-        test = (self._load(self.test_files, "data.test_files") if self.test_files
-                else table.select(test_rows) if self.test_percent else None)
-        splits = {"training": self._process(table.select(train_rows)), "validation": self._process(val)}
-        if test is not None:
-            splits["test"] = self._process(test)
-        for name, split in splits.items():
-            if len(split) == 0:
-                raise ConfigError(f"data: the {name} text makes no sample of data.block_size={self.block_size} "
-                                  "tokens; add text or lower data.block_size.")
-        return tuple(TokenRows(split) for split in splits.values()) + ((None,) if test is None else ())
-
-    def prepare_data(self) -> None:
-        """Read, tokenise and pack once into the `datasets` cache (one process per node runs it first)."""
-        self._splits  # noqa: B018
 
     def train_dataset(self) -> Dataset:
         return self._splits[0]

@@ -39,7 +39,8 @@ class _NonFinite(Exception):
 class FitLoop:
     def __init__(self, *, strategy, task, model, optimizer, scheduler, scheduler_interval: str,
                  train_loader, val_loader, trainer, callbacks: dict, loggers: list, output_dir: Path,
-                 run_meta: dict, preemption=None, manual=None, test_loader=None):
+                 run_meta: dict, preemption=None, manual=None, test_loader=None,
+                 data_identity: tuple[str | None, bool] = (None, False)):
         self.strategy = strategy
         self.manual = manual  # a ManualOptimization when the task steps its optimizers itself
         self.task = task
@@ -65,6 +66,8 @@ class FitLoop:
         self.preemption = preemption
         self.preempted_by: str | None = None
         self._resume_sample = 0  # where in its epoch's order the first epoch after a resume starts
+        # (the training data's fingerprint, whether a resume may continue on other data: data.allow_changed)
+        self.data_fingerprint, self.allow_changed_data = data_identity
         self._first_step_at: float | None = None  # trainer.compile: when the run's first step began
         self._window = {"loss": torch.zeros((), dtype=torch.float64, device=strategy.root_device),
                         "values": {}, "batches": 0, "items": 0, "start": time.perf_counter()}
@@ -474,6 +477,7 @@ class FitLoop:
         self.state.load_state_dict(loop["state"])
         saved_world = int(meta.get("world_size", strategy.world_size))
         position = loop.get("data_position") or _position_of_older_checkpoint(loop, meta, saved_world)
+        self._check_same_data(position, path)
         self._resume_sample = int(position["sample"])
         self.state.batch_in_epoch = 0  # counted from the resume point: batches of this run's size
         set_rng_state(loop["rng"])  # at another world size, rank zero's streams: the old ones cannot be dealt out
@@ -505,7 +509,25 @@ class FitLoop:
         sample = sampler.length if taken >= len(loader) else sampler.consumed(min(taken * loader.batch_size,
                                                                                    len(sampler)))
         return {"epoch": self.state.epoch, "sample": sample, "of": sampler.length,
-                "ranks": sampler.replicas, "batch_size": loader.batch_size, "accumulate": self.trainer.accumulate}
+                "ranks": sampler.replicas, "batch_size": loader.batch_size, "accumulate": self.trainer.accumulate,
+                "fingerprint": self.data_fingerprint}
+
+    def _check_same_data(self, position: dict, path) -> None:
+        """A resume continues on the data it was trained on: another corpus (files added or changed,
+        another tokenizer) is refused, unless data.allow_changed=true."""
+        saved, now = position.get("fingerprint"), self.data_fingerprint
+        if saved is None or now is None or saved == now:
+            return
+        length = position.get("of")
+        sizes = (f" ({length:,} training samples then, {self.train_loader.sampler.length:,} now)"
+                 if length is not None and length != self.train_loader.sampler.length else "")
+        if not self.allow_changed_data:
+            raise CheckpointError(f"{path} was trained on other data than this run's (fingerprint {saved}, now {now}"
+                                  f"{sizes}): files were added or changed, or the tokenizer or a data setting "
+                                  "differs. Resume with the same data, or set data.allow_changed=true to continue on "
+                                  "this data (the position then counts samples of its order).")
+        self.say(f"WARNING: the data differs from the checkpoint's (fingerprint {saved}, now {now}{sizes}); continuing "
+                 "on it as data.allow_changed=true asks: the position counts samples of the new order")
 
     def _data_resume_note(self, position: dict, meta: dict, saved_world: int) -> str:
         """What a resume does with the data, said when the world, batch or accumulation changed

@@ -20,9 +20,13 @@ def test_an_exported_model_generates_until_the_end_of_text(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     sentence = "the cat sat on the mat"
-    write_jsonl(tmp_path / "corpus" / "part.jsonl", [sentence] * 400)  # each a document, <|endoftext|> after it
+    # each a document, <|endoftext|> after it (validation in a file of its own: copies of one document are
+    # held out together, by its hash)
+    write_jsonl(tmp_path / "corpus" / "part.jsonl", [sentence] * 400)
+    write_jsonl(tmp_path / "val" / "part.jsonl", [sentence] * 40)
     train_tokenizer(tmp_path / "tok", [sentence, "abcdefghijklmnopqrstuvwxyz"], vocab_size=280)
     result = framework_cmd("train", "model=hf_causal_lm", TINY_GPT2, "data=text_files", "data.files=corpus/part.jsonl",
+                           "data.val_files=val/part.jsonl", "data.cache_dir=cache",
                            "data.tokenizer=tok", "data.block_size=32", "trainer.max_steps=40", "trainer.val_every=40",
                            "trainer.progress_bar=false", "trainer.plot=false", "optimizer.lr=1e-2", "name=eos",
                            cwd=tmp_path, timeout=600)

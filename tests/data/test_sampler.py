@@ -65,3 +65,39 @@ def test_consumed_counts_padding_as_the_epochs_end():
     assert len(sampler) == 3 and sampler.consumed(3) == 5 and sampler.consumed(1) == 2
     sampler.set_epoch(0, 5)
     assert len(sampler) == 0 and list(sampler) == []
+
+
+@pytest.mark.parametrize("length", [1, 2, 5, 1000, 99_991, (1 << 20) + 7])
+def test_the_keyed_permutation_is_one_of_the_epoch(length):
+    import torch
+
+    from framework.data.sampler import feistel_permutation
+
+    positions = torch.arange(length)
+    once = feistel_permutation(positions, length, seed=11)
+    assert torch.equal(torch.sort(once).values, positions)  # every sample once
+    assert torch.equal(once, feistel_permutation(positions, length, seed=11))  # the same for the same seed
+    if length > 100:
+        assert not torch.equal(once, feistel_permutation(positions, length, seed=12))
+        assert (once != positions).float().mean() > 0.9  # shuffled, not nearly in order
+
+
+def test_a_large_epoch_is_dealt_without_an_index_of_it(monkeypatch):
+    """Above RANDPERM_MAX samples the order is computed per position, a chunk at a time: ranks
+    still take disjoint samples and a resume continues the same order."""
+    from framework.data import sampler as module
+
+    monkeypatch.setattr(module, "RANDPERM_MAX", 100)
+    monkeypatch.setattr(module, "CHUNK", 7)
+    shares = []
+    for rank in range(3):
+        s = EpochSampler(1000, 3, rank, shuffle=True, seed=5)
+        s.set_epoch(2)
+        shares.append(list(s))
+    dealt = [i for share in shares for i in share]
+    assert sorted(dealt[:999]) != list(range(999)) and len(set(dealt)) == 1000  # 1000 in 3 shares: 2 repeats
+    straight = EpochSampler(1000, 1, 0, shuffle=True, seed=5)
+    straight.set_epoch(2)
+    resumed = EpochSampler(1000, 1, 0, shuffle=True, seed=5)
+    resumed.set_epoch(2, 300)
+    assert list(resumed) == list(straight)[300:]

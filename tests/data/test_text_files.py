@@ -1,5 +1,5 @@
-"""data=text_files: local files through `datasets`, tokenised by bytes or a local tokenizer,
-packed or padded, cached once; bad input named."""
+"""data=text_files: local files prepared once into a memory-mapped store, tokenised by bytes or a
+local tokenizer, packed or padded; documents held out by a hash of their text; bad input named."""
 from __future__ import annotations
 
 import zlib
@@ -12,7 +12,11 @@ from framework.data.text_files import TextFiles
 from framework.errors import ConfigError
 from tests.helpers.text_data import stdlib_documents, train_tokenizer, write_jsonl
 
-pytest.importorskip("datasets")
+
+
+def bucket(text: str) -> int:
+    """The split bucket of a document: a hash of its text (framework/data/prepare.py)."""
+    return zlib.crc32(text.encode("utf-8")) % 100
 
 
 @pytest.fixture
@@ -49,7 +53,7 @@ def test_a_local_tokenizer_encodes_ends_rows_with_eos_and_sizes_the_vocabulary(c
     dm = data(tmp_path, tokenizer=str(directory), block_size=32, val_percent=10)
     reference = Tokenizer.from_file(str(directory / "tokenizer.json"))
     eos = reference.token_to_id("<|endoftext|>")
-    train_rows = [i for i in range(40) if zlib.crc32(str(i).encode()) % 100 >= 10]  # held out: by a hash of the row
+    train_rows = [i for i in range(40) if bucket(texts[i]) >= 10]  # held out: by a hash of the document
     stream = [t for i in train_rows for t in reference.encode(texts[i], add_special_tokens=False).ids + [eos]]
     train = dm.train_dataset()
     assert train[0]["input_ids"].tolist() == stream[:32]
@@ -94,24 +98,33 @@ def test_parquet_csv_and_plain_text_read_the_same_way(tmp_path, fmt):
     assert total >= sum(len(t) for t in texts) // 16 - 2 * len(texts)  # each shard's tail is dropped at most
 
 
-def test_preprocessing_is_cached_for_the_next_process(corpus):
+def test_preprocessing_is_cached_for_the_next_process(corpus, capsys):
     tmp_path, _ = corpus
     first = data(tmp_path, block_size=32)
-    first.prepare_data()
-    files = {f["filename"] for f in first.train_dataset().table.cache_files}
-    assert files and all(str(tmp_path / "cache") in f for f in files)
-    again = data(tmp_path, block_size=32)
-    again.prepare_data()
-    assert {f["filename"] for f in again.train_dataset().table.cache_files} == files  # read, not remade
+    first.prepare_data(say=print)
+    store = first._store
+    assert "data: prepared" in capsys.readouterr().out and str(tmp_path / "cache") in str(store)
+    again = data(tmp_path, block_size=32, num_proc=2)  # the number of processes changes nothing
+    again.prepare_data(say=print)
+    assert again._store == store and "prepared" not in capsys.readouterr().out  # opened, not remade
+    assert torch.equal(again.train_dataset()[3]["input_ids"], first.train_dataset()[3]["input_ids"])
+    before = first.fingerprint()
+    (tmp_path / "a" / "part3.jsonl").write_text('{"text": "a document added later"}\n')
+    grown = data(tmp_path, block_size=32)
+    grown.prepare_data(say=print)
+    assert "preparing again: the corpus changed since it was prepared: 1 file(s) added (part3.jsonl)" in \
+        capsys.readouterr().out
+    assert grown.fingerprint() != before
 
 
 @pytest.mark.parametrize("kwargs,message", [
     ({"files": "/nowhere/*.jsonl"}, r"data.files: the pattern '/nowhere/\*.jsonl' matches no file"),
-    ({"text_field": "body"}, r"data.text_field='body': the data.files files have no such column \(they have text, id\)"),
-    ({"format": "xml"}, "data.format='xml': choose one of csv, json, parquet, text"),
+    ({"text_field": "body"}, r"data.text_field='body': 40 row\(s\) have no such field \(the first: .*part1.jsonl"),
+    ({"format": "xml"}, "data.format='xml': choose one of csv, json, jsonl, parquet, text"),
     ({"text_unit": "word"}, "data.text_unit='word': choose one of document, paragraph, line"),
     ({"tokenizer": "/nowhere/tok"}, r"data.tokenizer='/nowhere/tok': no such tokenizer.json"),
     ({"block_size": 100000}, "makes no sample of data.block_size=100000 tokens"),
+    ({"token_dtype": "int8"}, "data.token_dtype=.int8.: choose one of auto, uint8, uint16, uint32"),
 ])
 def test_bad_data_settings_are_refused_by_key(corpus, kwargs, message):
     tmp_path, _ = corpus
@@ -121,13 +134,13 @@ def test_bad_data_settings_are_refused_by_key(corpus, kwargs, message):
 
 def test_one_document_is_too_few_to_hold_out_validation(tmp_path):
     (tmp_path / "one.txt").write_text("only one file of text\n" * 50)
-    with pytest.raises(ConfigError, match=r"1 row\(s\) of text .* too few .*data.text_unit=paragraph or line"):
+    with pytest.raises(ConfigError, match=r"the validation split holds no document.*data.text_unit=paragraph or line"):
         TextFiles(files=str(tmp_path / "one.txt"), cache_dir=str(tmp_path / "cache")).prepare_data()
     lines = TextFiles(files=str(tmp_path / "one.txt"), text_unit="line", block_size=8, cache_dir=str(tmp_path / "c2"))
     assert len(lines.train_dataset()) > len(lines.val_dataset()) > 0
 
 
-@pytest.mark.parametrize("fmt", ["json", "csv", "parquet"])
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
 def test_problems_are_found_by_opening_each_file_before_any_preprocessing(tmp_path, fmt):
     """What `framework validate` and every run's preparation read: each file's first row."""
     import pandas as pd
@@ -136,7 +149,7 @@ def test_problems_are_found_by_opening_each_file_before_any_preprocessing(tmp_pa
     folder.mkdir()
     frame = pd.DataFrame({"body": ["some text"] * 3, "id": [1, 2, 3]})
     good = folder / f"good.{fmt}"
-    {"json": lambda: frame.to_json(good, orient="records", lines=True), "csv": lambda: frame.to_csv(good, index=False),
+    {"jsonl": lambda: frame.to_json(good, orient="records", lines=True), "csv": lambda: frame.to_csv(good, index=False),
      "parquet": lambda: frame.to_parquet(good)}[fmt]()
     empty = folder / f"empty.{fmt}"
     empty.write_text("")
@@ -155,9 +168,9 @@ def test_problems_of_rows_that_do_not_parse_and_of_plain_text(tmp_path):
     (tmp_path / "blank.jsonl").write_text("\n\n")
     found = TextFiles(files=str(tmp_path / "*.jsonl")).problems()
     assert [p.split(": ", 1)[0] for p in found] == ["data.files"] * 3
-    assert "bad.jsonl does not read as json (JSONDecodeError" in found[0]
-    assert "blank.jsonl holds only blank lines" in found[1]
-    assert "list.jsonl has a first row that is not a JSON object ('[1, 2]" in found[2]
+    assert "bad.jsonl: line 1: does not read as JSON (JSONDecodeError" in found[0]
+    assert "blank.jsonl: holds only blank lines" in found[1]
+    assert "list.jsonl: line 1: a JSON list, not an object with fields" in found[2]
     (tmp_path / "t").mkdir()
     (tmp_path / "t" / "a.txt").write_text("")
     assert TextFiles(files=str(tmp_path / "t" / "*.txt")).problems() == [
@@ -170,7 +183,7 @@ def test_a_test_split_is_held_out_by_percent_or_given_as_files(corpus):
     tmp_path, texts = corpus
     assert not data(tmp_path).has_test_split and data(tmp_path, block_size=32).test_dataset() is None
     held = data(tmp_path, block_size=32, val_percent=10, test_percent=20)
-    buckets = [zlib.crc32(str(i).encode()) % 100 for i in range(40)]
+    buckets = [bucket(t) for t in texts]
     test_rows = [i for i, b in enumerate(buckets) if 10 <= b < 30]
     stream = b"".join(texts[i].encode() for i in test_rows)
     assert held.has_test_split and held.test_dataset()[0]["input_ids"].tolist() == list(stream[:32])
