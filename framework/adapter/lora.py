@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import fnmatch
 import importlib.util
+import math
+import zlib
 
+import torch
 from torch import nn
 
 from framework.config.types import NonNegativeFloat, PositiveFloat, PositiveInt
@@ -120,9 +123,25 @@ class LoRA:
         config = LoraConfig(r=self.r, lora_alpha=self.alpha, lora_dropout=self.dropout, target_modules=targets,
                             use_dora=self.use_dora, bias="none", fan_in_fan_out=fan_in_fan_out(model, targets))
         model = inject_adapter_in_model(config, model)
+        initialise_adapters(model)
         for name, parameter in model.named_parameters():
             parameter.requires_grad = "lora_" in name or any(name.startswith(m + ".") for m in self.modules_to_save)
         return model
+
+
+def initialise_adapters(model: nn.Module) -> None:
+    """Each adapter's A drawn as peft draws it (Kaiming-uniform; B stays zero), from a generator of
+    its own, seeded by the run's seed and the layer's name: the same adapters for the same seed
+    under every strategy and precision. peft draws from the global generator, whose state at that
+    moment depends on how the model was built (measured: fsdp's meta build, ZeRO-3's partitioned
+    one and QLoRA's quantized one started from other A values, up to 0.246 apart). On the meta
+    device the draw is recorded and replayed into the shards like every initialiser."""
+    seed = torch.initial_seed()
+    for name, parameter in model.named_parameters():
+        if ".lora_A." in name:
+            layer_seed = (seed * 1_000_003 + zlib.crc32(name.encode())) % (1 << 63)
+            torch.nn.init.kaiming_uniform_(parameter, a=math.sqrt(5),
+                                           generator=torch.Generator().manual_seed(layer_seed))
 
 
 def fan_in_fan_out(model: nn.Module, targets: list[str]) -> bool:

@@ -26,6 +26,7 @@ from framework.errors import CheckpointError, ConfigError
 from framework.loop.evaluation import score
 from framework.loop.nonfinite import Divergence, NonFiniteGuard, weights_finite
 from framework.loop.state import FitResult, LoopState, Preemption
+from framework.tasks.base import sums_normalised
 
 
 class _NonFinite(Exception):
@@ -75,6 +76,7 @@ class FitLoop:
         # the skip policy leaves out is left out of the logged loss too)
         self._step = {"loss": torch.zeros((), dtype=torch.float64, device=strategy.root_device),
                       "batches": 0, "items": 0}
+        self._normalised = sums_normalised(task)  # the loss over the step's scored items (framework/tasks/base.py)
         self.guard = NonFiniteGuard(self.trainer.on_nonfinite, self.trainer.nonfinite_skip_limit,
                                     strategy.root_device, distributed=strategy.world_size > 1,
                                     scaled=strategy.precision.loss_scale is not None)
@@ -141,6 +143,7 @@ class FitLoop:
         self.train_loader.sampler.set_epoch(self.state.epoch, self._resume_sample)
         self._resume_sample = 0
         n = len(self.train_loader)
+        pending: list = []  # this step's micro-batches, when they are counted before any forward
         for batch in self.train_loader:
             if self.trainer.compile and self._first_step_at is None:
                 self._first_step_at = time.perf_counter()
@@ -149,21 +152,16 @@ class FitLoop:
                 if self._done():
                     return
                 continue
-            index = self.state.batch_in_epoch
-            position = index % k
-            group = min(k, n - (index - position))  # the last group of an epoch may be short
-            is_last = position == group - 1
-            batch = strategy.batch_to_device(batch)
-            with strategy.no_backward_sync(self.model, skip=not is_last):
-                with strategy.forward_context():
-                    loss = self._loss_of(self.task.training_step(self.model, batch))
-                strategy.backward(loss / group)
-            self.guard.observe_loss(loss)
-            self._step["loss"] += loss.detach().double()
-            self._step["batches"] += 1
-            self._step["items"] += self.task.batch_size(batch)
-            self.state.batch_in_epoch += 1
-            if is_last:
+            index = self.state.batch_in_epoch + len(pending)
+            group = min(k, n - (index - index % k))  # the last group of an epoch may be short
+            pending.append(batch)
+            if self._normalised and len(pending) < group:
+                continue
+            scale = self._step_scale(pending) if self._normalised else None
+            for batch in pending:
+                self._micro_batch(batch, group, scale)
+            pending = []
+            if self.state.batch_in_epoch % k == 0 or self.state.batch_in_epoch == n:  # the group's last
                 self._optimizer_step()
                 if self._done():
                     return
@@ -172,6 +170,39 @@ class FitLoop:
         if self.scheduler is not None and self.scheduler_interval == "epoch":
             self.scheduler.step()
         self._hook("on_epoch_end")
+
+    def _micro_batch(self, batch, group: int, scale: float | None) -> None:
+        """Forward and backward of one micro-batch of a step of `group`. With `scale` (a task whose
+        loss is normalised by the step's scored items) its summed loss times scale; else its loss
+        over the group."""
+        strategy = self.strategy
+        is_last = (self.state.batch_in_epoch + 1) % self.trainer.accumulate == 0 or \
+            self.state.batch_in_epoch + 1 == len(self.train_loader)
+        batch = strategy.batch_to_device(batch)
+        with strategy.no_backward_sync(self.model, skip=not is_last):
+            with strategy.forward_context():
+                if scale is None:
+                    loss = self._loss_of(self.task.training_step(self.model, batch))
+                    logged = loss
+                else:
+                    loss = self.task.training_sums(self.model, batch)[0] * scale
+                    logged = loss * group  # a micro-batch's share, as a mean over the step (logging)
+            strategy.backward(loss / group if scale is None else loss)
+        self.guard.observe_loss(loss)
+        self._step["loss"] += logged.detach().double()
+        self._step["batches"] += 1
+        self._step["items"] += self.task.batch_size(batch)
+        self.state.batch_in_epoch += 1
+
+    def _step_scale(self, batches: list) -> float:
+        """Data-parallel ranks / the items the step scores on all of them (one all-reduce): each
+        rank's summed loss times this has, averaged over the ranks as gradients are, the gradient of
+        the step's mean over every scored item."""
+        strategy, share = self.strategy, self.strategy.data_parallel
+        count = torch.tensor(float(sum(self.task.scored_count(b) for b in batches)), dtype=torch.float64,
+                             device=strategy.root_device)
+        total = strategy.reduce(count, "sum").item() * share.size / strategy.world_size  # a tensor-parallel group counts once
+        return share.size / max(total, 1.0)
 
     def _loss_of(self, returned) -> torch.Tensor:
         """The loss a training_step returned: a tensor, or a dict holding `loss` whose other

@@ -53,6 +53,17 @@ class Task(ABC):
         """Per-batch sums on the test split; by default the validation step's."""
         return self.validation_step(model, batch)
 
+    #: optional, for losses over a varying number of items (masked tokens): `training_sums(model,
+    #: batch) -> (the loss summed over the micro-batch's scored items, their number)` with
+    #: `scored_count(batch) -> int` (read from the batch alone, before any forward). The loop then
+    #: divides each step's summed loss by the items scored in the whole step, on every rank and in
+    #: every micro-batch (one all-reduce of a count per step), so that a step's gradient does not
+    #: depend on how its batch is split into ranks and micro-batches (transformers' global token
+    #: count). A subclass that writes its own training_step keeps it (framework/tasks/base.py
+    #: sums_normalised).
+    training_sums: Callable | None = None
+    scored_count: Callable | None = None
+
     #: `predict_step(model, batch) -> {name: tensor of shape (B, ...)}`, the per-sample predictions
     #: `framework predict` writes; a task that leaves it None is refused there before launch
     predict_step: Callable[[torch.nn.Module, object], dict[str, torch.Tensor]] | None = None
@@ -68,3 +79,14 @@ class Task(ABC):
     def batch_size(self, batch) -> int:
         first = batch[0] if isinstance(batch, (list, tuple)) else next(iter(batch.values()))
         return int(first.shape[0])
+
+
+def sums_normalised(task) -> bool:
+    """Whether the loop normalises `task`'s training loss by the scored items of each step: it has
+    training_sums and scored_count, and the training_step written beside them is its own (a
+    subclass with a training_step of its own trains with that)."""
+    if getattr(task, "training_sums", None) is None or getattr(task, "scored_count", None) is None:
+        return False
+    mro = type(task).__mro__
+    owner = next((i for i, cls in enumerate(mro) if "training_sums" in cls.__dict__), None)
+    return owner is not None and not any("training_step" in cls.__dict__ for cls in mro[:owner])

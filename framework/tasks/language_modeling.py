@@ -66,6 +66,20 @@ class LanguageModeling(Task):
         logits, targets = logits_and_targets(model, batch)
         return F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX)
 
+    def training_sums(self, model, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The loss summed over the batch's scored tokens, and their number (the loop divides by the
+        step's scored tokens on every rank: framework/tasks/base.py)."""
+        logits, targets = logits_and_targets(model, batch)
+        return F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum"), \
+            (targets != IGNORE_INDEX).sum()
+
+    def scored_count(self, batch) -> int:
+        """Tokens the loss scores in `batch`: every next token whose label is not -100."""
+        if isinstance(batch, Mapping):
+            labels = batch.get("labels", batch.get("input_ids"))
+            return int((labels[:, 1:] != IGNORE_INDEX).sum())
+        return int((batch[1] != IGNORE_INDEX).sum())
+
     def validation_step(self, model, batch) -> dict[str, torch.Tensor]:
         logits, targets = logits_and_targets(model, batch)
         loss_sum = F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")

@@ -34,20 +34,20 @@ def _finite(checkpoint) -> bool:
 
 
 def _nan_from(monkeypatch, first_call: int, last_call: int | None = None):
-    """The language-modeling loss NaN from its `first_call`-th training step call (1-based) on,
-    up to `last_call`: a run that diverges where the test says."""
+    """The language-modeling loss NaN from its `first_call`-th training step (1-based) on, up to
+    `last_call`: a run that diverges where the test says."""
     calls = {"n": 0}
-    original = LanguageModeling.training_step
+    original = LanguageModeling.training_sums
 
-    def training_step(self, model, batch):
-        loss = original(self, model, batch)
+    def training_sums(self, model, batch):
+        loss, count = original(self, model, batch)
         if loss.is_meta:  # the check before launch (framework/tasks/fit_check.py), not a step
-            return loss
+            return loss, count
         calls["n"] += 1
         bad = calls["n"] >= first_call and (last_call is None or calls["n"] <= last_call)
-        return loss * float("nan") if bad else loss
+        return (loss * float("nan") if bad else loss), count
 
-    monkeypatch.setattr(LanguageModeling, "training_step", training_step)
+    monkeypatch.setattr(LanguageModeling, "training_sums", training_sums)
 
 
 def test_stop_keeps_the_finite_checkpoints_and_writes_no_other(tmp_path, monkeypatch, capsys):

@@ -77,3 +77,32 @@ def test_a_training_step_dict_logs_its_other_values(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_a_hugging_face_model_on_local_text_resumes_exactly(tmp_path):
     assert_resume_is_exact([*hf_on_jsonl(tmp_path), "callbacks.checkpoint.every_n_steps=2"], tmp_path, steps=6)
+
+
+@pytest.mark.slow
+def test_a_steps_loss_is_its_mean_over_every_scored_token_however_the_batch_is_split(tmp_path):
+    """Conversations scored on their answers only, padded one a row: ranks and micro-batches hold
+    different numbers of scored tokens. The loss of a step is summed over all of them and divided
+    by their global count (one all-reduce), so one process, two, and either with accumulation give
+    the same first loss and the same weights after the step (averaging each rank's own mean, as
+    before, gave 4.7177 on one process and 4.7492 on two)."""
+    from tests.conftest import TINY_GPT, checkpoints, load_model_state
+
+    base = [*(o for o in TINY_GPT if not o.startswith(("data.", "model.block_size"))), "data=chat_files",
+            "model.block_size=256", "data.packing=false", "data.drop_unscorable=true", "model.dropout=0.0",
+            "data.val_batch_size=8", "trainer.max_steps=1", "trainer.val_at_start=false", "trainer.log_every=1",
+            "callbacks=[checkpoint]", f"data.cache_dir={tmp_path / 'cache'}"]
+    splits = {"one x 8": ["data.batch_size=8"], "two x 4": ["strategy=ddp", "devices=2", "data.batch_size=4"],
+              "one x 4 x 2": ["data.batch_size=4", "trainer.accumulate=2"],
+              "two x 2 x 2": ["strategy=ddp", "devices=2", "data.batch_size=2", "trainer.accumulate=2"]}
+    losses, weights = {}, {}
+    for name, split in splits.items():
+        out = tmp_path / name.replace(" ", "")
+        run_inprocess([*base, *split], out)
+        losses[name] = float(next(r for r in csv.DictReader(open(out / "metrics.csv")) if r.get("train/loss"))
+                             ["train/loss"])
+        weights[name] = load_model_state(checkpoints(out)[-1])
+    for name in splits:
+        assert losses[name] == pytest.approx(losses["one x 8"], abs=1e-6), (name, losses)
+        for key, value in weights["one x 8"].items():
+            torch.testing.assert_close(weights[name][key], value, rtol=1e-5, atol=1e-6, msg=f"{name}: {key}")
