@@ -100,3 +100,40 @@ def make_importable(folder: Path) -> None:
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if str(folder) not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([*paths, str(folder)])
+
+
+# The config keys that name files or folders on this machine: made absolute when a run starts, so
+# that its config.yaml, recipe.yaml and checkpoints work from any directory (framework test,
+# generate and convert of a run directory, moved or not).
+PATH_KEYS = ("data.files", "data.val_files", "data.test_files", "data.tokenizer", "data.cache_dir",
+             "data.chat_template", "model.pretrained", "model.config_dir", "ckpt_path")
+ALWAYS_PATHS = ("data.files", "data.val_files", "data.test_files", "data.cache_dir")  # never a name of something else
+_GLOB = set("*?[")
+
+
+def absolute_path(value: str, base: Path, always: bool = False) -> str:
+    """`value` made absolute against `base` where it names something there (a glob pattern whose
+    folder exists counts), or `always`; anything else (a hub name, 'bytes', a built-in template's
+    name, an inline template) unchanged."""
+    text = os.path.expanduser(value)
+    if not text or os.path.isabs(text) or "\n" in text:
+        return text if text and os.path.isabs(text) else value
+    candidate = base / text
+    folder = candidate.parent if _GLOB & set(text) else candidate
+    return str(candidate) if always or folder.exists() or candidate.exists() else value
+
+
+def with_absolute_paths(config: dict, base: Path | None = None) -> dict:
+    """The resolved config (plain containers) with every PATH_KEYS value absolute (in place)."""
+    base = Path(base or os.getcwd())
+    for key in PATH_KEYS:
+        parent, _, leaf = key.rpartition(".")
+        node = config.get(parent) if parent else config
+        if not isinstance(node, dict) or not node.get(leaf):
+            continue
+        value, always = node[leaf], key in ALWAYS_PATHS
+        if isinstance(value, str):
+            node[leaf] = absolute_path(value, base, always)
+        elif isinstance(value, list):
+            node[leaf] = [absolute_path(v, base, always) if isinstance(v, str) else v for v in value]
+    return config

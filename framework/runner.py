@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import time
@@ -16,12 +17,14 @@ from omegaconf.errors import OmegaConfBaseException
 from framework.checkpoint.resume import check_run_dir
 from framework.config.build import build
 from framework.config.compatibility import Plan, judge, processes_per_node
+from framework.config.resolvers import BYTES, tokenizer_file
 from framework.config.loop_settings import loop_settings
 from framework.config.targets import check_targets
 from framework.config.validate import check_values
 from framework.console import human_bytes
 from framework.accelerator.planned import planned
 from framework.construction.meta_build import meta_device
+from framework.data.prepare import file_sha256
 from framework.models.build import build_model
 from framework.errors import (ConfigError, ExitCode, RunExit, StorageError, UserError, did_you_mean, heading, report,
                               wants_traceback)
@@ -33,6 +36,7 @@ from framework.loop.nonfinite import Diverged
 from framework.loop.preemption import Preempted
 from framework.loop.state import Stage
 from framework.planning.memory import estimate, model_stats
+from framework.paths import with_absolute_paths
 from framework.plotting.at_end import run_figures
 from framework.plugins import Plugins, build_plugins
 from framework.reproduce import write_recipe
@@ -198,7 +202,7 @@ def prepare(cfg: DictConfig, strict: bool = True, stage: Stage = Stage(), device
             return None
 
     try:
-        prepared.config = OmegaConf.to_container(cfg, resolve=True)
+        prepared.config = with_absolute_paths(OmegaConf.to_container(cfg, resolve=True))
     except OmegaConfBaseException as err:
         verdict = _user_error_inside(err)
         if verdict is not None:  # a resolver's own verdict (a tokenizer file that is missing)
@@ -217,12 +221,13 @@ def prepare(cfg: DictConfig, strict: bool = True, stage: Stage = Stage(), device
             plugins = prepared.plugins
             plugins.accelerator = plugins.strategy.accelerator = planned(plugins.accelerator, device_memory)
         prepared.model, prepared.activation_bytes, prepared.logged = attempt(
-            lambda: build_components(resolved, prepared.plugins, stage)) or (None, 0, None)
+            lambda: build_components(resolved, prepared.plugins, stage, prepared.warnings)) or (None, 0, None)
     if prepared.plugins is not None:
         prepared.devices = attempt(lambda: prepared.plugins.accelerator.resolve_devices(resolved.devices))
     if prepared.devices is not None:
         plan = compatibility_plan(prepared.plugins, resolved, prepared.devices)
-        prepared.refusals, prepared.warnings = judge(plan)
+        prepared.refusals, judged = judge(plan)
+        prepared.warnings.extend(judged)
         problems.extend(prepared.refusals)
         wrong, untouched = monitor_problems(resolved, prepared.logged if stage.name == "fit" else None)
         problems.extend(wrong)
@@ -282,7 +287,7 @@ def monitor_problems(cfg: DictConfig, logged: set[str] | None) -> tuple[list[str
 
 
 def build_components(cfg: DictConfig, plugins: Plugins | None = None,
-                     stage: Stage = Stage()) -> tuple[object, int, set[str] | None]:
+                     stage: Stage = Stage(), warnings: list | None = None) -> tuple[object, int, set[str] | None]:
     """Build the model (on the meta device: no memory, no init cost), data module and task once,
     so an argument their constructors refuse is reported before anything is written, and pass one
     batch through them (framework/tasks/fit_check.py); returns the meta model (its size is what
@@ -297,6 +302,11 @@ def build_components(cfg: DictConfig, plugins: Plugins | None = None,
     sources = data.problems() + test_split_problems(cfg, data, stage)
     if sources:
         raise ConfigError("\n".join(sources))
+    if warnings is not None:
+        warnings.extend(data.warnings())
+    mismatch = tokenizer_mismatch(cfg, data)
+    if mismatch:
+        raise ConfigError(mismatch)
     task = build(cfg.task, "task")
     if stage.name == "predict" and not task.can_predict:
         raise ConfigError(f"framework predict: the task ({type(task).__name__}) defines no predict_step; give it one "
@@ -316,6 +326,21 @@ def build_components(cfg: DictConfig, plugins: Plugins | None = None,
 def device_type(plugins: Plugins | None) -> str:
     """The device the run computes on (whose attention kernels the activations are measured for)."""
     return plugins.accelerator.name if plugins is not None else "cpu"
+
+
+def tokenizer_mismatch(cfg: DictConfig, data) -> str | None:
+    """A tokenizer given to the data that is not the pretrained model's own (its directory holds
+    another): the model's embedding rows would be read as other tokens."""
+    pretrained = cfg.model.get("pretrained")
+    given = getattr(getattr(data, "tokenizer", None), "spec", None)
+    if not pretrained or given is None or not os.path.isfile(os.path.join(str(pretrained), "tokenizer.json")):
+        return None
+    own = os.path.join(str(pretrained), "tokenizer.json")
+    if given != BYTES and file_sha256(tokenizer_file(given)) == file_sha256(own):
+        return None
+    return (f"data.tokenizer={given!r} is not the tokenizer of model.pretrained ({own}): the pretrained model's "
+            "embeddings belong to its own token ids. Leave data.tokenizer unset (it then follows model.pretrained), "
+            "or give the pretrained model's tokenizer.")
 
 
 def check_compilable(model, data, task, strategy, activation_checkpointing: bool) -> None:

@@ -40,7 +40,7 @@ CASES = [
     (TRAIN + ["model=hf_causal_lm", "model.config={model_type:llama,hidden_size:64}"],
      "model.config.hidden_size: no such key (from the value given to model.config, which is merged into its existing "
      "keys). Add it with +model.config.hidden_size=..., or replace the whole node: ~model.config +model.config={...}"),
-    (TRAIN + ["data=text_files", "data.files=nowhere/*.txt"], "data.files: the pattern 'nowhere/*.txt' matches no file"),
+    (TRAIN + ["data=text_files", "data.files=nowhere/*.txt"], "data.files: the pattern '{tmp}/nowhere/*.txt' matches no file"),
     (TRAIN + ["model._target_=framework.models.gpt.GTP"], "the module 'framework.models.gpt' has no 'GTP'. Did you mean GPT?"),
     # values out of range
     (TRAIN + ["trainer.max_steps=0"], "trainer.max_steps=0: must be a positive integer or null"),
@@ -76,6 +76,8 @@ CASES = [
     (TRAIN + ["ckpt_path={tmp}", "resume=auto"], "both choose a checkpoint: give one"),
     (FRAMEWORK + ["run", "gpt_dpp"], "no such file, and no built-in recipe 'gpt_dpp'. Did you mean gpt_ddp?"),
     (FRAMEWORK + ["run", "missing/recipe.yaml"], "recipe missing/recipe.yaml: no such file"),
+    (FRAMEWORK + ["run", "digits_classifier", "callbacks=[]"], "callbacks.checkpoint: settings (every_n_steps"),
+    (FRAMEWORK + ["run", "digits_classifier", "callbacks=[]"], "Add checkpoint to callbacks=[...]"),
     (FRAMEWORK + ["validate", "{tmp}/nope.yaml"], "no such file"),
     (FRAMEWORK + ["plan", "strategy=ddpp"], "strategy=ddpp: no such option. Did you mean ddp?"),
     (FRAMEWORK + ["list", "stratgy"], "no config group stratgy. Did you mean strategy?"),
@@ -148,7 +150,9 @@ CASES = [
     (TRAIN + ["data=chat_files", "data.chat_template=null"], "data.chat_template: the tokenizer has no chat template "
                                                              "(byte-level tokens have none); give one"),
     (TRAIN + ["data=chat_files", "data.files={tmp}/rows.jsonl"], "rows.jsonl's rows have neither 'messages' (a list of "
-                                                                 "{role, content}) nor 'prompt' and 'response'"),
+                                                                 "{role, content}: OpenAI's), 'conversations' (a "
+                                                                 "list of {from, value}: ShareGPT's), 'instruction' "
+                                                                 "and 'output'"),
     (TRAIN + ["data=chat_files", "model.block_size=16"], "longer than data.block_size=16, and no response starts "
                                                          "within the block: nothing in it is left to score"),
 ]

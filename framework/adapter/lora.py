@@ -123,6 +123,12 @@ class LoRA:
         config = LoraConfig(r=self.r, lora_alpha=self.alpha, lora_dropout=self.dropout, target_modules=targets,
                             use_dora=self.use_dora, bias="none", fan_in_fan_out=fan_in_fan_out(model, targets))
         model = inject_adapter_in_model(config, model)
+        for name, parameter in model.named_parameters():
+            # peft makes an adapter in its base layer's compute dtype: bfloat16 over bitsandbytes' 4-bit
+            # layers (QLoRA), and the optimizer's moments then follow. The adapters stay float32; their
+            # input is cast to them and their output back (peft's LoRA forward).
+            if "lora_" in name and parameter.dtype in (torch.bfloat16, torch.float16):
+                parameter.data = parameter.data.float()
         initialise_adapters(model)
         for name, parameter in model.named_parameters():
             parameter.requires_grad = "lora_" in name or any(name.startswith(m + ".") for m in self.modules_to_save)

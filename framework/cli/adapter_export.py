@@ -10,9 +10,11 @@ from omegaconf import OmegaConf
 
 from framework.adapter.lora import base_name, fan_in_fan_out
 from framework.checkpoint.format import read_meta
+from framework.cli.hub_tokenizer import export_tokenizer, run_tokenizer
 from framework.config.build import build
 from framework.errors import ConfigError
 from framework.generation.load import rebuild
+from framework.models.hf_causal_lm import is_hub_model
 
 
 def adapter_config(meta: dict) -> dict | None:
@@ -26,7 +28,7 @@ def merged_state(checkpoint: Path) -> tuple[dict, dict]:
     from peft.tuners.lora import LoraLayer
 
     meta = read_meta(checkpoint)
-    model = rebuild(checkpoint, meta["config"])
+    model = rebuild(checkpoint, meta["config"], quantized=False)  # merged into the float weights (said by convert)
     for module in model.modules():
         if isinstance(module, LoraLayer):
             module.merge()
@@ -47,8 +49,8 @@ def write_peft_directory(checkpoint: Path, out: Path) -> Path:
                           "export its weights with --to safetensors or --to hf.")
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"--to peft: {out} exists and is not empty; give a new directory.")
-    adapted = rebuild(checkpoint, config)
-    base = rebuild(checkpoint, config, adapter=False)
+    adapted = rebuild(checkpoint, config, quantized=False)
+    base = rebuild(checkpoint, config, adapter=False, quantized=False)
     lora = build(OmegaConf.create(config["adapter"]), "adapter")
     targets = lora.targets(base)
     with warnings.catch_warnings():  # peft asks transformers 5 a deprecated question about checkpointing
@@ -62,5 +64,14 @@ def write_peft_directory(checkpoint: Path, out: Path) -> Path:
     if missing.unexpected_keys:
         raise ConfigError(f"--to peft: the adapters of {checkpoint} do not fit peft's model of the same config "
                           f"({missing.unexpected_keys[0]} ...).")
+    hub = is_hub_model(config.get("model") or {})
+    settings = peft_model.peft_config["default"]
+    if hub:  # a transformers causal LM: peft's AutoPeftModelForCausalLM and generate take it as one
+        settings.task_type = "CAUSAL_LM"
+    pretrained = (config.get("model") or {}).get("pretrained")
+    if pretrained:  # where the base is, from any directory: recorded absolute, or a hub name as given
+        settings.base_model_name_or_path = str(pretrained)
     peft_model.save_pretrained(str(out))
+    tokenizer, template = run_tokenizer(config)
+    export_tokenizer(tokenizer, out, chat_template=template)
     return out

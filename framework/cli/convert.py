@@ -10,8 +10,9 @@ from framework.checkpoint.convert import export_weights, import_deepspeed, read_
 from framework.checkpoint.format import read_meta
 from framework.checkpoint.load import find_checkpoint
 from framework.cli.adapter_export import adapter_config, merged_state, write_peft_directory
-from framework.cli.hub_tokenizer import export_tokenizer, write_generation_ids
+from framework.cli.hub_tokenizer import export_tokenizer, run_tokenizer, write_generation_ids
 from framework.errors import ConfigError, ExitCode, UserError, report
+from framework.generation.load import quantizing_precision
 from framework.models.hf_causal_lm import is_hub_model, save_for_hub
 
 
@@ -34,7 +35,8 @@ def parser() -> argparse.ArgumentParser:
 
 def export_hub_directory(checkpoint: Path, out: Path) -> Path:
     """A checkpoint of a Hugging Face model (model=hf_causal_lm) as a from_pretrained directory,
-    with the run's tokenizer when it used a local one."""
+    with the run's tokenizer when it used a local one (its special ids, and the chat template a
+    chat run trained with)."""
     meta, state = merged_state(checkpoint) if adapter_config(read_meta(checkpoint)) else read_model_state(checkpoint)
     model_node = (meta.get("config") or {}).get("model") or {}
     if not is_hub_model(model_node):
@@ -44,8 +46,8 @@ def export_hub_directory(checkpoint: Path, out: Path) -> Path:
         raise ConfigError(f"--to hf: {out} exists and is not empty; give a new directory.")
     save_for_hub(state, model_node, out)
     config = json.loads((out / "config.json").read_text())
-    tokenizer = ((meta.get("config") or {}).get("data") or {}).get("tokenizer")
-    ids = export_tokenizer(tokenizer, out, config.get("n_positions") or config.get("max_position_embeddings"))
+    tokenizer, template = run_tokenizer(meta.get("config") or {})
+    ids = export_tokenizer(tokenizer, out, config.get("n_positions") or config.get("max_position_embeddings"), template)
     write_generation_ids(out, ids)
     return out
 
@@ -60,6 +62,11 @@ def main(argv: list[str]) -> int:
         checkpoint, _, why = find_checkpoint(Path(args.checkpoint).expanduser(), "framework convert")
         if why != "given":
             print(f"framework convert: {checkpoint} ({why})")
+        quantized = quantizing_precision((read_meta(checkpoint).get("config") or {}))
+        if quantized is not None and args.to != "peft":
+            print(f"framework convert: the run trained over {quantized.name}-quantized layers; the export holds the "
+                  "float weights they were quantized from (with the adapters merged in, for an adapter run): its "
+                  "outputs differ from the run's by the quantization error.", flush=True)
         if args.to == "hf":
             out = export_hub_directory(checkpoint, Path(args.out))
         elif args.to == "peft":

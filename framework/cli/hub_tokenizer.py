@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from framework.config.resolvers import BYTES
+from framework.data.chat_template import ChatTemplate
 from framework.data.text_files import EOS_NAMES, loaded_tokenizer, tokenizer_file
 
 BOS_NAMES = ("<|startoftext|>", "<|begin_of_text|>", "<s>", "<bos>", "[CLS]")
@@ -68,3 +69,13 @@ def write_generation_ids(out: Path, ids: dict[str, int | None]) -> None:
     pad = ids.get("pad_token_id") if ids.get("pad_token_id") is not None else ids.get("eos_token_id")
     GenerationConfig(bos_token_id=ids.get("bos_token_id"), eos_token_id=ids.get("eos_token_id"),
                      pad_token_id=pad).save_pretrained(str(out))
+
+
+def run_tokenizer(config: dict) -> tuple[str | None, str | None]:
+    """(the run's tokenizer, the chat template it trained with or None) from its recorded config."""
+    data = (config or {}).get("data") or {}
+    tokenizer = data.get("tokenizer")
+    template = None
+    if str(data.get("_target_", "")).endswith("ChatFiles") and tokenizer:
+        template = ChatTemplate.choose(data.get("chat_template"), str(tokenizer)).source
+    return tokenizer, template

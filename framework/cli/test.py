@@ -13,8 +13,14 @@ from __future__ import annotations
 
 import argparse
 
+import sys
+
+from omegaconf import OmegaConf
+
+from framework.checkpoint.format import read_meta
 from framework.cli.trained_run import trained_run
-from framework.errors import ExitCode, RunExit, UserError, report
+from framework.config.build import build
+from framework.errors import ConfigError, ExitCode, RunExit, UserError, report
 from framework.runner import run_test
 
 
@@ -22,10 +28,24 @@ def parser() -> argparse.ArgumentParser:
     test = argparse.ArgumentParser(prog="framework test", description="score a checkpoint on the data's test split")
     test.add_argument("target", help="a run directory (its best checkpoint) or a checkpoint directory")
     test.add_argument("overrides", nargs="*", help="key=value / group=option on top of the run's config")
+    test.add_argument("--allow-overlap", action="store_true",
+                      help="score a test split that holds samples the run trained on (refused otherwise)")
     test.add_argument("--log", action="store_true",
                       help="also send the scores to the run's loggers (metrics.csv, TensorBoard, ...) at the "
                            "checkpoint's step")
     return test
+
+
+def trained_overlap(cfg, checkpoint) -> str | None:
+    """What of the test split the run trained on, from the data it was trained with (its checkpoint's
+    config) and the data now; None when nothing, or when that cannot be told."""
+    trained_config = (read_meta(checkpoint).get("config") or {}).get("data")
+    if not trained_config:
+        return None
+    try:
+        return build(cfg.data, "data").test_overlap(build(OmegaConf.create(trained_config), "data"))
+    except UserError:
+        return None  # the data cannot be built as it was (files moved): nothing to compare
 
 
 def main(argv: list[str]) -> int:
@@ -35,6 +55,14 @@ def main(argv: list[str]) -> int:
     except UserError as err:
         report(err)
         return ExitCode.USER_ERROR
+    overlap = trained_overlap(cfg, checkpoint)
+    if overlap and not args.allow_overlap:
+        report(ConfigError(f"framework test: {overlap}, so its scores would flatter the model. Test on data the run "
+                           "never saw (data.test_files=..., or the run's own test split: leave the data settings as "
+                           "they were), or pass --allow-overlap to score it anyway."))
+        return ExitCode.USER_ERROR
+    if overlap:
+        print(f"WARNING: {overlap} (--allow-overlap)", file=sys.stderr, flush=True)
     print(f"testing {checkpoint} ({why})", flush=True)
     try:
         run_test(cfg, run_dir or checkpoint.parent, why, log=args.log)

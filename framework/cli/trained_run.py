@@ -13,7 +13,7 @@ from framework.checkpoint.load import find_checkpoint
 from framework.config.compose import compose
 from framework.config.overrides import config_groups, normalize_overrides
 from framework.errors import CheckpointError
-from framework.paths import make_importable
+from framework.paths import ALWAYS_PATHS, PATH_KEYS, absolute_path, make_importable
 from framework.reproduce import standalone_recipe
 
 
@@ -55,7 +55,8 @@ def compose_run_config(run_dir: Path | None, checkpoint: Path, overrides: list[s
             make_importable(config_dir)
         if not changed and config_dir is not None and (config_dir / f"{hydra.job.config_name}.yaml").is_file():
             original = list(OmegaConf.load(hydra_dir / "overrides.yaml"))
-            return compose(config_dir, hydra.job.config_name, merged_overrides(original, overrides))
+            cfg = compose(config_dir, hydra.job.config_name, merged_overrides(original, overrides))
+            return _paths_from(cfg, Path(hydra.runtime.cwd), overrides)
     saved = (run_dir / "config.yaml") if run_dir is not None else None
     config = OmegaConf.to_container(OmegaConf.load(saved)) if saved is not None else read_meta(checkpoint).get("config")
     if not config:
@@ -64,6 +65,24 @@ def compose_run_config(run_dir: Path | None, checkpoint: Path, overrides: list[s
     recipe, values = with_group_choices(standalone_recipe(config), overrides)
     OmegaConf.save(OmegaConf.create(recipe), scratch / "recipe.yaml")
     return compose(scratch, "recipe", values)
+
+
+def _paths_from(cfg: DictConfig, run_cwd: Path, overrides: list[str]) -> DictConfig:
+    """The composed config with the run's relative paths made absolute against the directory the
+    run started in (its overrides said `data.files=corpus/*.jsonl` there); paths given now stay
+    relative to this directory."""
+    given = {_key(o) for o in overrides}
+    for key in PATH_KEYS:
+        if key in given or OmegaConf.select(cfg, key, default=None) is None:
+            continue
+        value = OmegaConf.to_container(OmegaConf.create({"v": OmegaConf.select(cfg, key)}), resolve=True)["v"]
+        always = key in ALWAYS_PATHS
+        if isinstance(value, str):
+            OmegaConf.update(cfg, key, absolute_path(value, run_cwd, always), merge=False)
+        elif isinstance(value, list):
+            OmegaConf.update(cfg, key, [absolute_path(v, run_cwd, always) if isinstance(v, str) else v for v in value],
+                             merge=False)
+    return cfg
 
 
 def changed_groups(choices: dict, overrides: list[str]) -> set[str]:

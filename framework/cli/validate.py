@@ -29,7 +29,10 @@ def main(args: list[str]) -> int:
     except UserError as err:
         report(err)
         return ExitCode.USER_ERROR
-    problems = problems_of(cfg)
+    prepared = prepare(cfg, strict=False)
+    problems = prepared.problems
+    for warning in prepared.warnings:
+        print(f"WARNING: {warning}", file=sys.stderr)
     if problems:
         noun = "problem" if len(problems) == 1 else "problems"
         print(f"{path}: {len(problems)} {noun}", file=sys.stderr)

@@ -69,6 +69,15 @@ def vocab_size(tokenizer: str) -> int:
     return max(ids) + 1
 
 
+def tokenizer_of(pretrained) -> str:
+    """`${tokenizer_of:${oc.select:model.pretrained,null}}`: a pretrained model directory's own
+    tokenizer where it holds one (the default of data.tokenizer, so a fine-tune reads text with
+    the tokens its base was trained on), else bytes."""
+    if pretrained and (Path(str(pretrained)).expanduser() / "tokenizer.json").is_file():
+        return str(Path(str(pretrained)).expanduser())
+    return BYTES
+
+
 def stdlib_dir() -> str:
     """`${stdlib_dir:}`: the Python standard library's folder, text every machine has."""
     return sysconfig.get_paths()["stdlib"]
@@ -89,6 +98,8 @@ def register() -> None:
         OmegaConf.register_new_resolver("job_name", job_name, use_cache=True)
     if not OmegaConf.has_resolver("vocab_size"):
         OmegaConf.register_new_resolver("vocab_size", vocab_size)
+    if not OmegaConf.has_resolver("tokenizer_of"):
+        OmegaConf.register_new_resolver("tokenizer_of", tokenizer_of)
     if not OmegaConf.has_resolver("stdlib_dir"):
         OmegaConf.register_new_resolver("stdlib_dir", stdlib_dir)
     if not OmegaConf.has_resolver("example_data"):

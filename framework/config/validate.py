@@ -77,5 +77,13 @@ def check_values(cfg: DictConfig) -> None:
         node = cfg[group]
         if not isinstance(node, DictConfig) or "_target_" not in node:
             problems.append(f"{group}: must be a config with a _target_ (choose an option from conf/{group}/).")
+    for group, noun in (("callbacks", "callback"), ("logger", "logger")):
+        for name, node in (cfg.get(group) or {}).items():
+            if node is None or (isinstance(node, DictConfig) and "_target_" in node):
+                continue
+            keys = ", ".join(str(k) for k in node.keys()) if isinstance(node, DictConfig) else repr(node)
+            problems.append(f"{group}.{name}: settings ({keys}) for a {noun} that is not chosen: {group}=[...] left "
+                            f"{name} out while a recipe or an override still sets {group}.{name}.*. Add {name} to "
+                            f"{group}=[...], or drop its settings (~{group}.{name}).")
     if problems:
         raise ConfigError("\n".join(problems) if len(problems) > 1 else problems[0])

@@ -35,10 +35,20 @@ class DataModule(ABC):
         problem, naming the key and the fix."""
         return []
 
+    def warnings(self) -> list[str]:
+        """What is allowed but likely a mistake, said before launch (a chat template's marker the
+        tokenizer splits into several tokens); one message each."""
+        return []
+
     def prepare_data(self) -> None:
         """Work to do once before the datasets are read (download-free preprocessing into a cache,
         e.g. tokenising). One process per node runs it while the others wait, then every process
         builds its datasets (from that cache)."""
+
+    def test_overlap(self, trained: "DataModule") -> str | None:
+        """Where this data's test split holds samples that `trained` (the data a run was trained
+        with) trained on: what, said for `framework test`; None when it does not, or cannot tell."""
+        return None
 
     def fingerprint(self) -> str | None:
         """What identifies the training data (its files, their sizes, the tokenizer, the settings

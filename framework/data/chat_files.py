@@ -1,9 +1,11 @@
 """Instruction and chat data: local JSON lines (or parquet, CSV) of conversations, rendered with a
 chat template and tokenised so that only the responses are scored.
 
-A row is a conversation: `messages` (a list of {role, content}), or a `prompt` and a `response`
-(a user turn and an assistant turn; an optional `system` field, or data.system_prompt, goes
-first). The text is rendered with the tokenizer's chat template (framework/data/chat_template.py)
+A row is a conversation, in the shapes people have: OpenAI's `messages` (a list of {role,
+content}), ShareGPT's `conversations` (a list of {from, value}; human, gpt and system speakers),
+Alpaca's `instruction` (+ `input`) and `output`, or a `prompt` and a `response` (an optional
+`system` field, or data.system_prompt, goes first). Files are JSON lines or JSON arrays
+(pretty-printed or not), parquet or CSV. The text is rendered with the tokenizer's chat template (framework/data/chat_template.py)
 or one given in YAML; the labels are -100 everywhere but on the tokens of the scored roles'
 messages (the assistant's, by default), so the loss counts responses only.
 
@@ -37,39 +39,71 @@ IGNORE_INDEX = -100
 CHECKED_ROWS = 20  # rows of each file rendered before launch (the rest when the data is prepared)
 
 
+# ShareGPT's speakers (`from`), as the chat template's roles
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
+                  "model": "assistant", "system": "system", "tool": "tool", "function": "tool", "observation": "tool"}
+
+
 class Fields:
-    """Which fields of a row hold the conversation."""
+    """Which fields of a row hold the conversation, in the shapes people have: OpenAI's messages
+    (a list of {role, content}), ShareGPT's conversations (a list of {from, value}, speakers human,
+    gpt and system), Alpaca's instruction (+ input) and output, or a prompt and a response."""
 
     def __init__(self, messages: str, prompt: str, response: str, system: str, system_prompt: str | None):
         self.messages, self.prompt, self.response, self.system = messages, prompt, response, system
         self.system_prompt = system_prompt
 
     def names(self) -> str:
-        return f"'{self.messages}' (a list of {{role, content}}) nor '{self.prompt}' and '{self.response}'"
+        return (f"'{self.messages}' (a list of {{role, content}}: OpenAI's), 'conversations' (a list of {{from, value}}: "
+                f"ShareGPT's), 'instruction' and 'output' (with an optional 'input': Alpaca's), nor '{self.prompt}' "
+                f"and '{self.response}'")
 
     def holds_conversation(self, columns) -> bool:
-        return self.messages in columns or (self.prompt in columns and self.response in columns)
+        return (self.messages in columns or "conversations" in columns or ("instruction" in columns and "output"
+                in columns) or (self.prompt in columns and self.response in columns))
 
     def conversation(self, row: dict) -> list[dict]:
         """The row's messages as [{role, content}], the system prompt first where it has none."""
-        if row.get(self.messages) is not None:
-            messages = row[self.messages]
-            if not isinstance(messages, list) or not all(isinstance(m, dict) and isinstance(m.get("role"), str)
-                                                         and isinstance(m.get("content"), str) for m in messages):
-                raise ConfigError(f"data.messages_field={self.messages!r}: a row's messages must be a list of "
-                                  f"{{role, content}} objects with text values (one row has {str(messages)[:80]!r}).")
-            messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+        listed = row.get(self.messages) if row.get(self.messages) is not None else row.get("conversations")
+        if listed is not None:
+            messages = self._listed(listed, self.messages if row.get(self.messages) is not None else "conversations")
+        elif row.get("instruction") is not None and row.get("output") is not None:
+            question = str(row["instruction"]) + (f"\n\n{row['input']}" if row.get("input") else "")
+            messages = [{"role": "user", "content": question}, {"role": "assistant", "content": str(row["output"])}]
+            if row.get(self.system):
+                messages.insert(0, {"role": "system", "content": str(row[self.system])})
         elif row.get(self.prompt) is not None and row.get(self.response) is not None:
             messages = [{"role": "user", "content": str(row[self.prompt])},
                         {"role": "assistant", "content": str(row[self.response])}]
             if row.get(self.system):
                 messages.insert(0, {"role": "system", "content": str(row[self.system])})
         else:
-            raise ConfigError(f"data: a row has neither {self.names()} (it has {', '.join(row) or 'no field'}); "
+            raise ConfigError(f"data: a row holds neither {self.names()} (it has {', '.join(row) or 'no field'}); "
                               "set data.messages_field, or data.prompt_field and data.response_field, to the "
                               "fields that hold the conversation.")
         if self.system_prompt and not any(m["role"] == "system" for m in messages):
             messages.insert(0, {"role": "system", "content": self.system_prompt})
+        return messages
+
+    @staticmethod
+    def _listed(listed, field: str) -> list[dict]:
+        """A list of turns: OpenAI's {role, content} or ShareGPT's {from, value}."""
+        if not isinstance(listed, list) or not all(isinstance(m, dict) for m in listed):
+            raise ConfigError(f"data.messages_field={field!r}: a row's turns must be a list of objects, {{role, "
+                              f"content}} (OpenAI's) or {{from, value}} (ShareGPT's); one row has {str(listed)[:80]!r}.")
+        messages = []
+        for turn in listed:
+            if isinstance(turn.get("role"), str) and isinstance(turn.get("content"), str):
+                messages.append({"role": turn["role"], "content": turn["content"]})
+            elif isinstance(turn.get("from"), str) and isinstance(turn.get("value"), str):
+                role = SHAREGPT_ROLES.get(turn["from"].lower())
+                if role is None:
+                    raise ConfigError(f"data: a ShareGPT turn is from {turn['from']!r}, a speaker not known (known: "
+                                      f"{', '.join(SHAREGPT_ROLES)}); rename it in the data.")
+                messages.append({"role": role, "content": turn["value"]})
+            else:
+                raise ConfigError(f"data.messages_field={field!r}: a turn must be {{role, content}} (OpenAI's) or "
+                                  f"{{from, value}} (ShareGPT's) with text values; one is {str(turn)[:80]!r}.")
         return messages
 
 
@@ -195,6 +229,23 @@ class ChatFiles(TextFiles):
                     found.append(f"{key}: {path}: {str(err).removeprefix('data: ')}")
                 if len(found) >= 10:
                     return found + [f"{key}: (more files not checked after 10 problems)"]
+        return found
+
+    def warnings(self) -> list[str]:
+        """Each marker of the template (`<|im_end|>`, ...) that the tokenizer does not hold as one
+        token: a reply then ends with several tokens the model learns one by one, and a generator
+        that stops at one id (transformers') never stops at the end of a turn."""
+        if self.tokenizer.spec == BYTES:
+            return []  # bytes hold no token longer than a byte: every marker is spelled out, and known to be
+        found = []
+        for marker in self.template.markers():
+            ids = self.tokenizer.encode([marker])[0]
+            if len(ids) != 1:
+                found.append(f"data.chat_template: its marker {marker!r} is {len(ids)} tokens of data.tokenizer "
+                             f"({self.tokenizer.spec}), not one, so a reply's end is never one token and transformers' "
+                             "generate never stops at it. Add the template's markers to the tokenizer as special "
+                             f"tokens (special_tokens=[..., {', '.join(repr(m) for m in self.template.markers())}] "
+                             "when training it, as docs/your-model.md does), or use the tokenizer's own template.")
         return found
 
     def _renderer(self) -> _RenderChat:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import functools
 import json
+import re
 from pathlib import Path
 
 import jinja2
@@ -156,6 +157,15 @@ class ChatTemplate:
                                   "be found in its text; give a template that renders each turn in place.")
             spans.append((len(before), len(upto)))
         return text, spans
+
+    def markers(self) -> list[str]:
+        """The template's own markers, in the order they appear: special-token spellings written into
+        the text (`<|im_start|>`, `<|im_end|>`; `</s>`, `[INST]` ...), found by rendering a
+        conversation and keeping what the messages do not hold."""
+        text = self.render([{"role": "user", "content": "\x00"}, {"role": "assistant", "content": "\x00"}])
+        found = re.findall(r"<\|[^|<>\s]+\|>|</?s>|\[/?INST\]|<\|?[a-z_]*(?:turn|eot|im)[a-z_]*\|?>", text)
+        end = self.turn_end()
+        return list(dict.fromkeys([*found, *([end] if end and not end.isspace() and len(end) < 32 else [])]))
 
     def turn_end(self) -> str:
         """The text the template puts after an assistant's reply (ChatML's `<|im_end|>`): where a

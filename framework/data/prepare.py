@@ -109,6 +109,15 @@ class StoreSpec:
     def files(self) -> list[str]:
         return [f for role in ROLES for f in self.roles.get(role) or []]
 
+    def role_of(self, index: int) -> str:
+        """The role of files[index] (a file named in two roles is read once for each)."""
+        for role in ROLES:
+            count = len(self.roles.get(role) or [])
+            if index < count:
+                return role
+            index -= count
+        raise IndexError(index)
+
     def key(self) -> str:
         """The store's folder name: what the data is meant to be (the patterns, the tokenizer's path,
         the settings), not what the files and the tokenizer hold now: a changed corpus or tokenizer
@@ -211,8 +220,7 @@ def run_unit(job: tuple) -> UnitResult:
     index, unit, out = job
     spec = _SPEC
     path = spec.files[unit.file]
-    role = next(r for r in ROLES if path in (spec.roles.get(r) or []))
-    forced = ROLES[role]
+    forced = ROLES[spec.role_of(unit.file)]
     val_cut = 0 if spec.roles.get("val_files") else spec.val_percent
     test_cut = val_cut + (0 if spec.roles.get("test_files") else spec.test_percent)
     result = UnitResult(index)

@@ -107,5 +107,16 @@ class StdlibText(DataModule):
     def val_dataset(self) -> Dataset:
         return TokenBlocks(self._splits[1], self.block_size)
 
+    def test_overlap(self, trained) -> str | None:
+        if not isinstance(trained, StdlibText) or self.test_percent == 0:
+            return None
+        low = max(self.val_percent, trained.val_percent + trained.test_percent)
+        high = self.val_percent + self.test_percent
+        if low >= high:
+            return None
+        return (f"data.test_percent={self.test_percent} holds out files the run trained on (it held out "
+                f"data.val_percent={trained.val_percent} and data.test_percent={trained.test_percent}: {high - low}% of "
+                "the files trained)")
+
     def test_dataset(self) -> Dataset | None:
         return TokenBlocks(self._splits[2], self.block_size) if self.has_test_split else None

@@ -307,13 +307,20 @@ class TextFiles(DataModule):
     def store_spec(self) -> StoreSpec:
         return StoreSpec(kind=self.kind, roles={"files": self.files, "val_files": self.val_files or [],
                                                 "test_files": self.test_files or []},
-                         patterns=self.patterns, tokenizer=self.tokenizer.spec,
+                         patterns=self.patterns, tokenizer=self._tokenizer_identity(),
                          format=self.format, settings=self.settings(), tokenizer_sha256=self.tokenizer.sha256(),
                          dtype=self.token_dtype, encoder=self.encoder(),
                          cache_root=Path(self.cache_dir) if self.cache_dir else default_cache_root(),
                          num_proc=self.num_proc or os.cpu_count() or 1, text_unit=self.text_unit,
                          separator=self.separator, val_percent=self.val_percent, test_percent=self.test_percent,
                          missing=self.missing_message())
+
+    def _tokenizer_identity(self) -> str:
+        """The tokenizer's path as the store's key holds it: absolute (`./tok` from the folder a run is
+        in, and the absolute path its recorded config holds, are one store), or a name as given."""
+        spec = str(self.tokenizer.spec)
+        path = os.path.expanduser(spec)
+        return os.path.abspath(path) if os.path.exists(path) else spec
 
     def missing_message(self) -> str:
         return (f"data.text_field={self.text_field!r}: {{count}} row(s) have no such field (the first: {{where}}); fix "
@@ -328,6 +335,27 @@ class TextFiles(DataModule):
     @cached_property
     def _store(self) -> Path:
         return prepare(self.store_spec(), lambda line: None)
+
+    def _train_buckets(self) -> tuple[int, int]:
+        """The hash buckets (of 100) of data.files' documents that train: val, then test held out."""
+        return (0 if self.val_files else self.val_percent) + self.test_percent, 100
+
+    def test_overlap(self, trained: TextFiles) -> str | None:
+        if not isinstance(trained, TextFiles):
+            return None
+        trained_files = set(trained.files)
+        if self.test_files:
+            shared = sorted(set(self.test_files) & trained_files)
+            return (f"data.test_files holds files the run trained on ({_named(shared)}: data.files then)"
+                    if shared else None)
+        shared = sorted(set(self.files) & trained_files)
+        start = 0 if self.val_files else self.val_percent
+        low, high = max(start, trained._train_buckets()[0]), min(start + self.test_percent, 100)
+        if not shared or low >= high:
+            return None
+        return (f"data.test_percent={self.test_percent} holds out documents of {_named(shared)} that the run trained on "
+                f"(it held out data.val_percent={trained.val_percent} and data.test_percent={trained.test_percent}: "
+                f"{high - low}% of these documents trained)")
 
     def fingerprint(self) -> str | None:
         """The prepared data's identity (files, sizes, tokenizer, settings, counts): kept in checkpoints."""

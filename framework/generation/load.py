@@ -68,18 +68,37 @@ def load_model(target: Path, command: str, tokenizer: str | None = None, device:
         config = run_config(checkpoint, run_dir)
         model = rebuild(checkpoint, config)
         spec = tokenizer or (config.get("data") or {}).get("tokenizer") or BYTES
-        loaded = Loaded(model, _tokenizer(spec, command), f"{checkpoint} ({why})", config)
+        quantized = quantizing_precision(config)
+        how = f"; its {quantized.name} layers as it trained" if quantized is not None else ""
+        loaded = Loaded(model, _tokenizer(spec, command), f"{checkpoint} ({why}{how})", config)
+        if quantized is not None:  # a cast would not touch the quantized layers; the rest stays as built
+            dtype = None
     loaded.model.to(device=device, dtype=dtype).eval()
     check_vocabulary(loaded, command)
     return loaded
 
 
-def rebuild(checkpoint: Path, config: dict, adapter: bool = True) -> torch.nn.Module:
-    """The model of a run's config with the checkpoint's weights, on the CPU in float32. An adapter
-    run's model is rebuilt adapted (`adapter=False`: its base alone, before any weight is loaded),
-    its frozen weights from the config (the pretrained weights, or the run's seeded initialisation)."""
+def quantizing_precision(config: dict):
+    """The run's precision where it quantizes layers as it builds them (precision=bnb_*), else None."""
+    node = config.get("precision")
+    if not node:
+        return None
+    precision = build(OmegaConf.create(node), "precision")
+    return precision if getattr(precision, "quantizes_while_building", False) else None
+
+
+def rebuild(checkpoint: Path, config: dict, adapter: bool = True, quantized: bool = True) -> torch.nn.Module:
+    """The model of a run's config with the checkpoint's weights, on the CPU, as it trained: a
+    quantized run's chosen layers quantized (QLoRA's 4-bit base; `quantized=False`: the float base
+    its layers were quantized from), the rest in float32. An adapter run's model is rebuilt adapted
+    (`adapter=False`: its base alone, before any weight is loaded), its frozen weights from the
+    config (the pretrained weights, or the run's seeded initialisation)."""
     seed_everything(config.get("seed", 0))
     model = build_model(OmegaConf.create(config["model"]))
+    precision = quantizing_precision(config) if quantized else None
+    if precision is not None:
+        precision.setup("cpu")
+        model = precision.convert_module(model)
     if config.get("adapter") and not adapter:
         return model
     if config.get("adapter"):

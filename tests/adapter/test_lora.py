@@ -250,3 +250,28 @@ def test_adapters_on_a_pretrained_model_loaded_shard_wise_start_from_its_outputs
     for name, state in first.items():
         for key in adapters:
             torch.testing.assert_close(state[key], first["one"][key], rtol=0, atol=1e-7, msg=f"{name}: {key}")
+
+
+def test_qlora_keeps_its_adapters_in_float32_and_generate_rebuilds_its_4bit_base(tmp_path):
+    """Under precision=bnb_nf4 (computing in bfloat16) peft makes the adapters in the 4-bit layer's
+    compute dtype; they stay float32, and so do their Adam moments. framework generate (and
+    predict) rebuild the run's model with its 4-bit layers, as it trained, and say so; convert says
+    its export holds the float weights instead."""
+    pytest.importorskip("bitsandbytes")
+    from framework.generation.load import load_model, rebuild
+    from tests.conftest import load_optimizer_state
+
+    out = tmp_path / "run"
+    run_inprocess([*ADAPTED, "precision=bnb_nf4", "trainer.max_steps=2"], out)
+    checkpoint = checkpoints(out)[-1]
+    assert {v.dtype for v in load_model_state(checkpoint).values()} == {torch.float32}
+    moments = [v for state in load_optimizer_state(checkpoint)["state"].values() for k, v in state.items()
+               if k.startswith("exp_avg")]
+    assert moments and {m.dtype for m in moments} == {torch.float32}
+    loaded = load_model(out, "framework generate")
+    assert "its bnb_nf4 layers as it trained" in loaded.source
+    assert any("4bit" in type(m).__name__ for m in loaded.model.modules())
+    float_base = rebuild(checkpoint, loaded.config, quantized=False).eval()
+    x = torch.randint(0, 256, (2, 16))
+    with torch.no_grad():
+        assert not torch.allclose(loaded.model(x).float(), float_base(x), atol=1e-4)  # not the float base

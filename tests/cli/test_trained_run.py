@@ -64,3 +64,31 @@ def test_every_strategy_tests_a_run_of_every_other(a_run, tmp_path):
                 key, value = OWN_SETTING[trained].removeprefix("strategy.").split("=")
                 assert str(node[key]).lower() == value.lower(), trained
             assert cfg.model.n_embd == 32 and cfg.trainer.max_steps == 1  # the rest is the run's
+
+
+@pytest.mark.slow
+def test_a_run_directory_works_from_anywhere_and_refuses_to_test_on_what_it_trained_on(tmp_path):
+    """Relative paths given to a run (data.files=corpus/...) are recorded absolute, so `framework test`
+    from another directory finds its data; a test split that holds documents the run trained on
+    (test_percent raised after training) is refused, unless --allow-overlap."""
+    from tests.cli.helpers import framework_cmd
+    from tests.helpers.text_data import stdlib_documents, write_jsonl
+
+    project = tmp_path / "project"
+    write_jsonl(project / "corpus" / "a.jsonl", stdlib_documents(30, max_chars=2000))
+    tiny = [o for o in TINY_GPT if not o.startswith("data.")]
+    result = run_train([*tiny, "data=text_files", "data.files=corpus/a.jsonl", "data.test_percent=10",
+                        "data.cache_dir=cache", "trainer.max_steps=2", "trainer.val_every=2", "name=run"], project)
+    assert result.returncode == 0, result.stderr[-2000:]
+    recorded = OmegaConf.load(project / "outputs" / "run" / "config.yaml").data
+    assert recorded.files == str(project / "corpus" / "a.jsonl") and recorded.cache_dir == str(project / "cache")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    tested = framework_cmd("test", str(project / "outputs" / "run"), cwd=elsewhere)
+    assert tested.returncode == 0 and "test/loss" in tested.stdout, tested.stderr[-2000:]
+    refused = framework_cmd("test", str(project / "outputs" / "run"), "data.test_percent=30", cwd=elsewhere)
+    assert refused.returncode == 2 and "data.test_percent=30 holds out documents of" in refused.stderr
+    assert "that the run trained on" in refused.stderr and "--allow-overlap" in refused.stderr
+    allowed = framework_cmd("test", str(project / "outputs" / "run"), "data.test_percent=30", "--allow-overlap",
+                            cwd=elsewhere)
+    assert allowed.returncode == 0 and "WARNING: data.test_percent=30" in allowed.stderr

@@ -44,6 +44,17 @@ def test_validate_passes_a_builtin_recipe(tmp_path):
     assert result.returncode == 0 and "gpt_ddp.yaml: ok" in result.stdout, result.stderr
 
 
+def test_validate_finds_settings_of_a_callback_left_out(tmp_path):
+    """callbacks=[] on a recipe that sets callbacks.checkpoint.*: what run would crash on
+    (a dict where a callback should be), validate says with the fix."""
+    result = framework_cmd("validate", "digits_classifier", "callbacks=[checkpoint]", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "callbacks.early_stopping: settings (monitor, mode, patience) for a callback that is not chosen" in result.stderr
+    assert "callbacks.checkpoint" not in result.stderr
+    assert framework_cmd("validate", "digits_classifier", "callbacks=[checkpoint,early_stopping]",
+                         cwd=tmp_path).returncode == 0
+
+
 def test_cp_copies_and_never_overwrites(tmp_path):
     result = framework_cmd("cp", "gpt_ddp", str(tmp_path), cwd=tmp_path)
     assert result.returncode == 0, result.stderr

@@ -197,8 +197,9 @@ ROLES_OF_TWO = ("{% for m in messages %}{% if m['role'] == 'user' %}Q: {{ m['con
 
 
 @pytest.mark.parametrize("rows,kwargs,message", [
-    ([{"text": "hello"}], {}, "chat.jsonl's rows have neither 'messages' (a list of {role, content}) nor 'prompt' and "
-     "'response' (its first row has text); set data.messages_field"),
+    ([{"text": "hello"}], {}, "chat.jsonl's rows have neither 'messages' (a list of {role, content}: OpenAI's), "
+     "'conversations' (a list of {from, value}: ShareGPT's), 'instruction' and 'output' (with an optional 'input': "
+     "Alpaca's), nor 'prompt' and 'response' (its first row has text); set data.messages_field"),
     ([{"messages": [{"role": "tool", "content": "42"}, {"role": "assistant", "content": "ok"}]}],
      {"chat_template": ROLES_OF_TWO}, "does not know the role 'tool': it leaves that message out of the text"),
     ([{"messages": CONVERSATIONS[0]}], {"chat_template": "{{ raise_exception('Conversation roles must alternate') }}"},
@@ -206,7 +207,9 @@ ROLES_OF_TWO = ("{% for m in messages %}{% if m['role'] == 'user' %}Q: {{ m['con
     ([{"messages": CONVERSATIONS[0]}], {"block_size": 16}, "is 126 tokens, longer than data.block_size=16, and no "
      "response starts within the block: nothing in it is left to score. Raise data.block_size"),
     ([{"messages": CONVERSATIONS[0][:1]}], {}, "has no message of a scored role (assistant): nothing in it is left"),
-    ([{"messages": [{"role": "user", "content": 3}]}], {}, "a row's messages must be a list of {role, content} objects"),
+    ([{"messages": [{"role": "user", "content": 3}]}], {}, "a turn must be {role, content} (OpenAI's) or {from, value} "
+     "(ShareGPT's) with text values"),
+    ([{"conversations": [{"from": "robot", "value": "hi"}]}], {}, "a ShareGPT turn is from 'robot', a speaker not known"),
 ])
 def test_bad_rows_are_named_before_launch(tmp_path, rows, kwargs, message):
     problems = chat(tmp_path, rows, **kwargs).problems()
@@ -259,3 +262,35 @@ def test_a_role_the_template_does_not_know_exits_2_before_the_run_directory_exis
                         "data.scored_roles=[bot]", "trainer.max_steps=2", "hydra.run.dir=run"], tmp_path)
     assert result.returncode == 2, result.stderr
     assert "does not know the role 'bot'" in result.stderr and not (tmp_path / "run").exists()
+
+
+def test_the_chat_shapes_people_have_give_the_same_conversation(tmp_path):
+    """OpenAI's messages, ShareGPT's conversations, Alpaca's instruction/input/output and a prompt and
+    response, as JSON lines or a pretty-printed JSON array: one conversation, the same tokens."""
+    import json
+
+    question, answer = "What does os.path.join do?", "It joins path components."
+    shapes = {
+        "openai.jsonl": {"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]},
+        "sharegpt.jsonl": {"conversations": [{"from": "human", "value": question}, {"from": "gpt", "value": answer}]},
+        "alpaca.json": {"instruction": "What does os.path.join do?", "input": "", "output": answer},
+        "prompt.jsonl": {"prompt": question, "response": answer},
+    }
+    rendered = {}
+    for name, row in shapes.items():
+        folder = tmp_path / name.split(".")[0]
+        folder.mkdir()
+        if name.endswith(".json"):  # Alpaca ships a pretty-printed array
+            (folder / name).write_text(json.dumps([row] * 40, indent=2))
+        else:
+            (folder / name).write_text("".join(json.dumps(row) + "\n" for _ in range(40)))
+        data = ChatFiles(files=str(folder / name), cache_dir=str(tmp_path / "cache"), block_size=128, packing=False,
+                         val_files=str(folder / name), chat_template="chatml")
+        assert data.problems() == [], name
+        rendered[name] = data.train_dataset()[0]
+    for name, sample in rendered.items():
+        assert torch.equal(sample["input_ids"], rendered["openai.jsonl"]["input_ids"]), name
+        assert torch.equal(sample["labels"], rendered["openai.jsonl"]["labels"]), name
+    with_input = ChatFiles(files=str(tmp_path / "alpaca" / "alpaca.json"), cache_dir=str(tmp_path / "cache"),
+                           block_size=128, chat_template="chatml").fields.conversation({"instruction": "Sum", "input": "1 2", "output": "3"})
+    assert with_input[0] == {"role": "user", "content": "Sum\n\n1 2"}

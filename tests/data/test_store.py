@@ -48,8 +48,16 @@ def split_by_hash(texts, val_percent: int = 5) -> tuple[list[int], list[int]]:
     return ([b for t in texts if t not in held for b in t.encode()], [b for t in texts if t in held for b in t.encode()])
 
 
-@pytest.mark.parametrize("fmt", ["jsonl", "json-array", "jsonl.gz", "jsonl.bz2", "csv", "parquet"])
+def _zstd_open(path, mode):
+    import zstandard
+
+    return zstandard.open(path, mode)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "json-array", "jsonl.gz", "jsonl.bz2", "jsonl.zst", "csv", "parquet"])
 def test_every_format_gives_the_same_documents(tmp_path, fmt):
+    if fmt == "jsonl.zst":
+        pytest.importorskip("zstandard", reason="'framework[data]' reads .zst")
     folder = tmp_path / "d"
     folder.mkdir()
     rows = [{"body": t, "n": i} for i, t in enumerate(TEXTS)]
@@ -57,7 +65,7 @@ def test_every_format_gives_the_same_documents(tmp_path, fmt):
         (folder / "rows.json").write_text(json.dumps(rows, indent=2))
     elif fmt.startswith("jsonl"):
         text = "".join(json.dumps(r) + "\n" for r in rows).encode()
-        opener = {"jsonl": open, "jsonl.gz": gzip.open, "jsonl.bz2": bz2.open}[fmt]
+        opener = {"jsonl": open, "jsonl.gz": gzip.open, "jsonl.bz2": bz2.open, "jsonl.zst": _zstd_open}[fmt]
         with opener(folder / f"rows.{fmt}", "wb") as f:
             f.write(text)
     else:

@@ -1,0 +1,77 @@
+"""A fine-tune as a user makes one: a pretrained GPT-2 directory with its own BPE tokenizer (the
+chat markers added as special tokens), LoRA on conversations, exported for transformers and peft.
+The base's tokenizer is used unless another is named (another is refused); a marker the tokenizer
+splits is warned of; the exports carry the tokenizer with its chat template and special ids."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.cli.helpers import framework_cmd
+from tests.conftest import TINY_GPT
+
+pytest.importorskip("peft")
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.slow
+
+MARKERS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def _pretrained(directory, special_tokens):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from tests.helpers.text_data import stdlib_documents
+
+    texts = stdlib_documents(30, max_chars=3000)
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=400, special_tokens=special_tokens,
+                                                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    directory.mkdir(parents=True)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=400, n_positions=256, n_embd=32, n_layer=1,
+                                                         n_head=2)).save_pretrained(directory)
+
+
+def test_a_fine_tune_reads_with_its_base_tokenizer_and_exports_what_transformers_needs(tmp_path):
+    _pretrained(tmp_path / "base", MARKERS)
+    _pretrained(tmp_path / "plain", MARKERS[:1])  # the end-of-text token alone: ChatML's markers split
+    tiny = [o for o in TINY_GPT if not o.startswith(("model.", "data."))]
+    run = ["run", "hf_lora_chat", "model.config=null", "trainer.max_steps=2", "trainer.val_every=2",
+           "data.cache_dir=cache", "data.batch_size=4", *tiny]
+    result = framework_cmd(*run, "model.pretrained=base", "name=chat", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    config = json.loads(json.dumps(__import__("yaml").safe_load((tmp_path / "outputs/chat/config.yaml").read_text())))
+    assert config["data"]["tokenizer"] == str(tmp_path / "base")  # the base's own, unasked
+    assert "WARNING: data.chat_template" not in result.stderr
+
+    refused = framework_cmd(*run, "model.pretrained=base", "data.tokenizer=bytes", "name=bytes", cwd=tmp_path)
+    assert refused.returncode == 2 and "data.tokenizer='bytes' is not the tokenizer of model.pretrained" in refused.stderr
+    split = framework_cmd("validate", "hf_lora_chat", "model.config=null", "model.pretrained=plain", cwd=tmp_path)
+    assert split.returncode == 0 and "its marker '<|im_end|>' is" in " ".join(split.stderr.split())
+    assert "tokens of data.tokenizer" in split.stderr and "not one" in split.stderr
+
+    for to in ("hf", "peft"):
+        converted = framework_cmd("convert", "outputs/chat", f"export-{to}", "--to", to, cwd=tmp_path)
+        assert converted.returncode == 0, converted.stderr
+    messages = [{"role": "user", "content": "What is os for?"}]
+    for to in ("hf", "peft"):
+        tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / f"export-{to}")
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        assert text == "<|im_start|>user\nWhat is os for?<|im_end|>\n<|im_start|>assistant\n", to
+        assert tokenizer.eos_token == "<|endoftext|>"
+    settings = json.loads((tmp_path / "export-peft" / "adapter_config.json").read_text())
+    assert settings["task_type"] == "CAUSAL_LM" and settings["base_model_name_or_path"] == str(tmp_path / "base")
+    from peft import AutoPeftModelForCausalLM
+
+    model = AutoPeftModelForCausalLM.from_pretrained(str(tmp_path / "export-peft"))  # the base found by its path
+    merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "export-hf")
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
+    prompt = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
+    with torch.no_grad():
+        torch.testing.assert_close(model(prompt).logits, merged(prompt).logits, atol=1e-4, rtol=1e-4)
+    assert merged.generate(prompt, max_new_tokens=5, do_sample=False).shape[1] > prompt.shape[1]
