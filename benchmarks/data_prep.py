@@ -10,7 +10,8 @@ then, on the prepared corpus, a run's time to its first step (train.py, one proc
 model; the time from start to the first logged step, against the same run on a small corpus: what
 the data adds) and its anonymous memory (RssAnon) at that step, at every corpus size (it must not
 grow with the corpus); and a cold run at one and at two processes: its preparation time (the two
-prepare once, the second waiting, and must be no slower) and its time to the first step.
+prepare once, the second waiting, and must be no slower) and its time to the first step; and a
+streamed run's (data.streaming=true) time to its first step, with nothing prepared.
 
     .venv/bin/python benchmarks/data_prep.py                 (1 GB and 4 GB where the disk allows; ~15 min)
     .venv/bin/python benchmarks/data_prep.py --sizes 0.05    (a quick look)
@@ -96,7 +97,7 @@ def framework_prepare(folder: Path, cache: Path) -> tuple[float, str]:
     return time.time() - started, result.stdout.strip().splitlines()[-1]
 
 
-def first_step(folder: Path, cache: Path, workdir: Path, devices: int = 1) -> tuple[float, float]:
+def first_step(folder: Path, cache: Path, workdir: Path, devices: int = 1, extra: tuple = ()) -> tuple[float, float]:
     """(seconds from start to the first logged step, anonymous memory in MiB then)."""
     out = workdir / f"run-{len(list(workdir.iterdir()))}"
     probe = ("import os, re\n"
@@ -108,7 +109,7 @@ def first_step(folder: Path, cache: Path, workdir: Path, devices: int = 1) -> tu
     (workdir / "probe_callback.py").write_text(probe)
     args = [sys.executable, str(ROOT / "train.py"), *RUN, f"data.files={folder}/*.jsonl", f"data.cache_dir={cache}",
             f"devices={devices}", "+callbacks.probe._target_=probe_callback.Probe", "trust.allow=[probe_callback.]",
-            f"hydra.run.dir={out}"]
+            f"hydra.run.dir={out}", *extra]
     started = time.time()
     result = subprocess.run(args, capture_output=True, text=True, cwd=workdir,
                             env={**os.environ, "PYTHONPATH": f"{workdir}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
@@ -167,6 +168,10 @@ def main() -> None:
                         "process's start-up included).")
                 shutil.rmtree(root / "cold-1")
                 shutil.rmtree(root / "cold-2")
+                streamed, anon = first_step(corpus, root / "stream", root / "runs", extra=("data.streaming=true",))
+                cold += (f" Streamed (data.streaming=true: nothing prepared, the files read as it trains): the first "
+                         f"step after {streamed:.1f} s, RssAnon {anon:.0f} MiB.")
+                shutil.rmtree(root / "stream", ignore_errors=True)
             shutil.rmtree(corpus)
         lines += ["", f"Start-up alone (a 2 MB corpus, prepared): {baseline:.1f} s to the first step.", cold]
     finally:

@@ -299,7 +299,7 @@ def build_components(cfg: DictConfig, plugins: Plugins | None = None,
         if cfg.get("adapter"):  # the adapter's layers, and its refusals (targets, rank), before launch
             model = build(cfg.adapter, "adapter").apply(model)
     data = build(cfg.data, "data")
-    sources = data.problems() + test_split_problems(cfg, data, stage)
+    sources = data.problems() + test_split_problems(cfg, data, stage) + data.run_problems(cfg.trainer, stage.name)
     if sources:
         raise ConfigError("\n".join(sources))
     if warnings is not None:

@@ -3,7 +3,7 @@
 The data of the config (the shipped one, or a recipe's) with the overrides is read, tokenised and
 written to its store (framework/data/prepare.py) with progress and an ETA, in `data.num_proc`
 processes; a later run (any number of processes or nodes) finds it ready. Data that needs no
-preparation (a built-in set) says so. Nothing is trained; no process group is started.
+preparation (a built-in set, a stream) says so. Nothing is trained; no process group is started.
 """
 from __future__ import annotations
 
@@ -38,6 +38,10 @@ def main(args: list[str]) -> int:
             raise ConfigError("\n".join(problems))
         if not hasattr(data, "store_spec"):
             print(f"data={type(data).__name__}: nothing to prepare (it is built when a run starts)")
+            return ExitCode.OK
+        if getattr(data, "streaming", False):
+            print("data.streaming=true: nothing to prepare (the files are read while the run trains; "
+                  "data.streaming=false prepares a store every rank shares)")
             return ExitCode.OK
         started = time.time()
         data.prepare_data(say=print)

@@ -35,6 +35,11 @@ class DataModule(ABC):
         problem, naming the key and the fix."""
         return []
 
+    def run_problems(self, trainer, stage: str) -> list[str]:
+        """What this data cannot do with the run's loop settings (`trainer`: max_steps,
+        val_batches, test_batches, ...) at `stage` (fit, test, predict), said before launch."""
+        return []
+
     def warnings(self) -> list[str]:
         """What is allowed but likely a mistake, said before launch (a chat template's marker the
         tokenizer splits into several tokens); one message each."""

@@ -177,7 +177,7 @@ class ChatFiles(TextFiles):
                  chat_template: str | None = None, scored_roles: list[str] | None = None, tokenizer: str = BYTES,
                  block_size: PositiveInt = 512, packing: bool = True, drop_unscorable: bool = False,
                  cache_dir: str | None = None, num_proc: PositiveInt | None = None, allow_changed: bool = False,
-                 **loader):
+                 streaming: bool = False, **loader):
         """files, val_files, val_percent, test_files, test_percent, format, tokenizer, cache_dir,
         num_proc, allow_changed: as data=text_files (format: jsonl, json, parquet or csv); messages_field: the field
         holding a conversation as a list of {role, content}; prompt_field, response_field: the
@@ -189,7 +189,12 @@ class ChatFiles(TextFiles):
         loss counts (null: [assistant]); block_size: tokens per row (a longer conversation is cut);
         packing: several whole conversations per row, kept apart by position_ids (false: one per
         row, padded per batch); drop_unscorable: leave out conversations with nothing to score
-        within the block (false: refuse them)."""
+        within the block (false: refuse them); streaming: false (chat data is prepared: a
+        conversation's rendering and its scored tokens are worked out once)."""
+        if streaming:
+            raise ConfigError("data.streaming=true: chat data is always prepared (a few MB of conversations take "
+                              "seconds; `framework prepare-data` does it ahead); streaming is data=text_files's, for "
+                              "pre-training corpora. Leave data.streaming=false.")
         super().__init__(files=files, val_files=val_files, val_percent=val_percent, test_files=test_files,
                          test_percent=test_percent, format=format, text_field=messages_field, tokenizer=tokenizer,
                          block_size=block_size, packing=packing, add_eos=False, cache_dir=cache_dir,

@@ -9,6 +9,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from framework.data.base import DataModule
 from framework.data.sampler import rank_sampler
+from framework.errors import ConfigError
 
 warnings.filterwarnings("ignore", message="'set_vital' is deprecated")  # torchdata 0.11 on torch 2.13
 
@@ -40,9 +41,20 @@ def build_loader(datamodule: DataModule, strategy, split: str, seed: int, limit_
     its weights collectively in each)."""
     train = split == "train" if training is None else training
     dataset = split_dataset(datamodule, split)
-    if not train and limit_batches is not None:
+    streamed = getattr(dataset, "streamed", False)  # read forward, shuffled within (framework/data/stream.py)
+    if streamed and train:
+        dataset.seeded(seed)
+    elif streamed:  # evaluation: the split's first samples, held
+        if limit_batches is None:
+            limit_key = {"val": "trainer.val_batches", "test": "trainer.test_batches"}.get(split)
+            fix = (f"give {limit_key} a number" if limit_key else
+                   "use the validation or test split (their first trainer.val_batches / test_batches batches)")
+            raise ConfigError(f"data.streaming=true: the streamed {split} split has no end to read to; {fix}, or "
+                              "prepare the data (data.streaming=false).")
+        dataset = dataset.head(limit_batches * datamodule.val_batch_size)
+    elif not train and limit_batches is not None:
         dataset = Subset(dataset, range(min(len(dataset), limit_batches * datamodule.val_batch_size)))
-    sampler = rank_sampler(dataset, strategy, shuffle=train and datamodule.shuffle, seed=seed,
+    sampler = rank_sampler(dataset, strategy, shuffle=train and datamodule.shuffle and not streamed, seed=seed,
                            drop_last=train and datamodule.drop_last, even=train)
     loader = StatefulDataLoader(
         dataset,

@@ -215,30 +215,40 @@ def _batches(rows: Iterator[tuple[int, object]], size: int) -> Iterator[list]:
         yield batch
 
 
+def unit_documents(spec: StoreSpec, unit: Unit) -> Iterator[tuple[str | None, object, int, int]]:
+    """A unit's documents in file order, each as (split, document, digest, position): the split
+    by the files' role or by a hash of the document (the one rule of the store and the stream);
+    a row without the field the settings name as (None, MISSING, 0, its position)."""
+    path = spec.files[unit.file]
+    forced = ROLES[spec.role_of(unit.file)]
+    val_cut = 0 if spec.roles.get("val_files") else spec.val_percent
+    test_cut = val_cut + (0 if spec.roles.get("test_files") else spec.test_percent)
+    rows = read_rows(path, spec.format, unit, spec.text_unit, spec.separator)
+    for batch in _batches(rows, BATCH_ROWS):
+        for (position, _), doc in zip(batch, spec.encoder(path, [row for _, row in batch])):
+            if doc is MISSING:
+                yield None, MISSING, 0, position
+            elif doc is not None and len(doc.tokens):
+                split, digest = (forced, 0) if forced else _split_of(doc.key, val_cut, test_cut)
+                yield split, doc, digest, position
+
+
 def run_unit(job: tuple) -> UnitResult:
     """Read, tokenise and write one unit: its documents into the shards of their splits."""
     index, unit, out = job
     spec = _SPEC
     path = spec.files[unit.file]
-    forced = ROLES[spec.role_of(unit.file)]
-    val_cut = 0 if spec.roles.get("val_files") else spec.val_percent
-    test_cut = val_cut + (0 if spec.roles.get("test_files") else spec.test_percent)
     result = UnitResult(index)
     writers = {name: _ShardWriter(Path(out) / f"u{index:06d}-{name}", spec.dtype, spec.kind == "chat")
                for name in SPLITS}
-    rows = read_rows(path, spec.format, unit, spec.text_unit, spec.separator)
-    for batch in _batches(rows, BATCH_ROWS):
-        for (position, _), doc in zip(batch, spec.encoder(path, [row for _, row in batch])):
-            if doc is MISSING:
-                result.missing += 1
-                result.first_missing = result.first_missing or (path, position)
-                continue
-            if doc is None or not len(doc.tokens):
-                continue
-            split, digest = (forced, 0) if forced else _split_of(doc.key, val_cut, test_cut)
-            if split == "train" and (result.smallest is None or digest < result.smallest[0]):
-                result.smallest = (digest, len(writers["train"].starts) - 1)
-            writers[split].add(doc)
+    for split, doc, digest, position in unit_documents(spec, unit):
+        if doc is MISSING:
+            result.missing += 1
+            result.first_missing = result.first_missing or (path, position)
+            continue
+        if split == "train" and (result.smallest is None or digest < result.smallest[0]):
+            result.smallest = (digest, len(writers["train"].starts) - 1)
+        writers[split].add(doc)
     for name, writer in writers.items():
         documents = writer.close()
         result.counts[name] = [writer.starts[-1], documents]

@@ -31,6 +31,7 @@ from framework.config.types import NonNegativeInt, PositiveInt
 from framework.data.base import DataModule
 from framework.data.prepare import MISSING, Encoded, StoreSpec, default_cache_root, file_sha256, prepare
 from framework.data.sources import TEXT_UNITS, RowError, expand, file_format, read_rows
+from framework.data.stream import TokenStream, stream_fingerprint
 from framework.data.store import Documents, PackedTokens, fingerprint, open_split, read_manifest
 from framework.errors import ConfigError
 
@@ -94,24 +95,6 @@ class Tokenizer:
         if self._tokenizer is None:
             return [np.frombuffer(text.encode("utf-8"), dtype=np.uint8) for text in texts]
         return [np.asarray(e.ids, dtype=np.int64) for e in self._tokenizer.encode_batch(texts, add_special_tokens=False)]
-
-
-def loaded_tokenizer(spec: str) -> Tokenizer:
-    """The tokenizer of `spec`, loaded once per process while its file is unchanged (a tokenizer
-    retrained at the same path is loaded again)."""
-    stamp = None
-    if str(spec) != BYTES:
-        try:
-            stat = tokenizer_file(str(spec)).stat()
-            stamp = (stat.st_mtime_ns, stat.st_size)
-        except (OSError, ConfigError):
-            stamp = None
-    return _loaded_tokenizer(str(spec), stamp)
-
-
-@functools.lru_cache(maxsize=4)
-def _loaded_tokenizer(spec: str, stamp) -> Tokenizer:
-    return Tokenizer(spec)
 
 
 def loaded_tokenizer(spec: str) -> Tokenizer:
@@ -215,7 +198,7 @@ class TextFiles(DataModule):
                  text_field: str = "text", text_unit: str = "document", separator: str | None = None,
                  tokenizer: str = BYTES, block_size: PositiveInt = 128, packing: bool = True, add_eos: bool = True,
                  cache_dir: str | None = None, num_proc: PositiveInt | None = None, token_dtype: str = "auto",
-                 allow_changed: bool = False, **loader):
+                 allow_changed: bool = False, streaming: bool = False, stream_window: PositiveInt = 1024, **loader):
         """files: glob patterns or folders of the training files (and of the validation and test
         documents too, unless val_files / test_files are given); val_files: patterns of separate
         validation files; val_percent: share of documents held out for validation when val_files is
@@ -235,7 +218,10 @@ class TextFiles(DataModule):
         token_dtype: the store's integer type (auto: the smallest holding every id: uint8 for bytes,
         uint16 up to 65,536 tokens, else uint32);
         allow_changed: resume a checkpoint even though the data differs from the data it was
-        trained on (refused otherwise)."""
+        trained on (refused otherwise); streaming: read the files while training instead of
+        preparing a store (framework/data/stream.py: nothing copied, every rank reads the stream,
+        passes follow each other with no epochs); stream_window: samples of the stream shuffled
+        together (with the order of the files, drawn each pass)."""
         super().__init__(**loader)
         if text_unit not in TEXT_UNITS:
             raise ConfigError(f"data.text_unit={text_unit!r}: choose one of {', '.join(TEXT_UNITS)}.")
@@ -263,6 +249,8 @@ class TextFiles(DataModule):
         self.num_proc = num_proc
         self.token_dtype = store_dtype(self.tokenizer, token_dtype)
         self.allow_changed = allow_changed
+        self.streaming = streaming
+        self.stream_window = stream_window
 
     # ---- checks before launch ------------------------------------------------------------
     def problems(self) -> list[str]:
@@ -328,7 +316,9 @@ class TextFiles(DataModule):
 
     def prepare_data(self, say=None) -> None:
         """Tokenise into the store once (reused while nothing that changes it changed), and open its
-        splits (a split too small for one sample is refused here)."""
+        splits (a split too small for one sample is refused here). Streamed data prepares nothing."""
+        if self.streaming:
+            return
         self._store = prepare(self.store_spec(), lambda line: say(line) if say else None)
         self._splits  # noqa: B018
 
@@ -359,10 +349,15 @@ class TextFiles(DataModule):
 
     def fingerprint(self) -> str | None:
         """The prepared data's identity (files, sizes, tokenizer, settings, counts): kept in checkpoints."""
+        if self.streaming:
+            return stream_fingerprint(self.store_spec(), self.block_size, self.packing)
         manifest = read_manifest(self._store)
         return manifest.get("fingerprint") if manifest else None
 
     def _dataset(self, split: str) -> Dataset:
+        if self.streaming:
+            return TokenStream(self.store_spec(), split, self.block_size, self.packing, shuffle=self.shuffle,
+                               window=self.stream_window)
         view = open_split(self._store, split)
         return PackedTokens(view, self.block_size) if self.packing else Documents(view, self.block_size)
 
@@ -372,7 +367,7 @@ class TextFiles(DataModule):
                   "test": self._dataset("test") if self.has_test_split else None}
         names = {"train": "training", "val": "validation", "test": "test"}
         for name, dataset in splits.items():
-            if dataset is not None and len(dataset) == 0:
+            if dataset is not None and not self.streaming and len(dataset) == 0:
                 view = dataset.split
                 what = (f"{view.tokens_total:,} tokens in {view.documents:,} document(s)" if view.documents else
                         "no document")
@@ -384,6 +379,24 @@ class TextFiles(DataModule):
     @property
     def has_test_split(self) -> bool:
         return bool(self.test_files) or self.test_percent > 0
+
+    def run_problems(self, trainer, stage: str) -> list[str]:
+        """A stream has no epochs and no end to score to: it needs trainer.max_steps, and a number
+        of batches for each split it evaluates (their first samples)."""
+        if not self.streaming:
+            return []
+        found = []
+        if stage == "fit" and trainer.get("max_steps") is None:
+            found.append("data.streaming=true: a stream has no epochs (its passes follow each other), so "
+                         "trainer.max_epochs cannot end the run; give trainer.max_steps.")
+        if stage == "fit" and trainer.get("val_batches") is None:
+            found.append("data.streaming=true: validation scores the first trainer.val_batches batches of the streamed "
+                         "validation split; trainer.val_batches=null would read all of it at every validation. Give "
+                         "a number (e.g. trainer.val_batches=20), or prepare the data (data.streaming=false).")
+        if (stage == "test" or trainer.get("test_at_end")) and trainer.get("test_batches") is None:
+            found.append("data.streaming=true: testing scores the first trainer.test_batches batches of the streamed "
+                         "test split; give trainer.test_batches (e.g. 50), or prepare the data (data.streaming=false).")
+        return found
 
     def train_dataset(self) -> Dataset:
         return self._splits[0]

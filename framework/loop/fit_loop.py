@@ -570,7 +570,9 @@ class FitLoop:
             return ""
         sample, length = int(position["sample"]), sampler.length
         rest = length - sample
-        if rest <= 0:
+        if getattr(loader.dataset, "streamed", False):  # an endless stream: no epoch to finish
+            what = f"the stream continues at sample {sample:,} (no sample skipped or repeated)"
+        elif rest <= 0:
             what = "the epoch it was in had ended: the next one starts"
         else:
             sampler.set_epoch(self.state.epoch, sample)  # (set again when the epoch starts)

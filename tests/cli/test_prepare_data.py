@@ -26,7 +26,7 @@ def test_the_readme_prepares_a_corpus_ahead_and_the_run_reuses_it(tmp_path):
             f.writelines(json.dumps({"text": t}) + "\n" for t in chunk)
     train_tokenizer(tmp_path / "tok", texts)
     prepare_line = next(a for _, a in shown_lines(r"^\s*framework (prepare-data .*data.tokenizer.*)$"))
-    train_line = next(a for _, a in shown_lines(r"^\s*python train\.py (data=text_files .*jsonl\.gz.*)$"))
+    train_line, stream_line = (a for _, a in shown_lines(r"^\s*python train\.py (data=text_files .*jsonl\.gz.*)$"))
     env = {"FRAMEWORK_DATA_CACHE": str(tmp_path / "cache")}
 
     prepared = framework_cmd(*shlex.split(prepare_line), cwd=tmp_path, env=env)
@@ -51,3 +51,11 @@ def test_the_readme_prepares_a_corpus_ahead_and_the_run_reuses_it(tmp_path):
     validated = framework_cmd("plan", *shlex.split(train_line), cwd=tmp_path, env=env)
     assert validated.returncode == 0, validated.stderr[-2000:]
     assert "8 process(es)" in validated.stdout and "fsdp" in validated.stdout
+
+    # the README's streamed run: nothing prepared, its 5000 steps cut to 2 here; 24 documents hold
+    # none for validation at 5% (a store then lends one of training's, a stream cannot): 20%
+    streamed = framework_cmd("train", *shlex.split(stream_line), *tiny, "trainer.max_steps=2", "trainer.val_every=2",
+                             "name=streamed", "data.val_percent=20", f"data.cache_dir={tmp_path / 'stream-cache'}", cwd=tmp_path, env=env)
+    assert streamed.returncode == 0, streamed.stderr[-3000:]
+    assert "data: prepar" not in streamed.stdout + streamed.stderr
+    assert [p.name.split("-")[0] for p in (tmp_path / "stream-cache").iterdir()] == ["stream"]  # counts, no store

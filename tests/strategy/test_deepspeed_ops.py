@@ -55,3 +55,20 @@ def test_zero3s_partitioned_build_takes_the_weights_of_every_other_strategy(tmp_
     assert replayed == [""]
     zero3, one = (load_model_state(checkpoints(tmp_path / name)[-1]) for name in ("zero3", "one"))
     assert set(zero3) == set(one) and all(torch.equal(zero3[k], one[k]) for k in one)
+
+
+@pytest.mark.slow
+def test_a_second_zero3_run_in_the_same_process_sets_up_like_the_first(tmp_path, monkeypatch):
+    """A Hydra sweep runs its jobs in one process: DeepSpeed's cached clone of the first job's
+    world group must not outlive that group (framework/strategy/deepspeed/groups.py), or ZeRO-3's
+    set-up of the second job fails with "Group ... is not registered"."""
+    from tests.conftest import TINY_GPT, checkpoints, load_model_state, run_inprocess
+
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    one_step = [*TINY_GPT, "trainer.max_steps=1", "trainer.val_at_start=false", "callbacks=[checkpoint]",
+                "model.n_layer=2", "strategy=deepspeed_stage_3"]
+    for name in ("first", "second"):
+        run_inprocess(one_step, tmp_path / name)
+    first, second = (load_model_state(checkpoints(tmp_path / name)[-1]) for name in ("first", "second"))
+    assert set(first) == set(second)
+    assert all(torch.allclose(first[k], second[k], rtol=0, atol=1e-6) for k in first)

@@ -22,6 +22,7 @@ from framework.errors import ConfigError
 from framework.strategy.deepspeed.arch_list import readable_arch_list
 from framework.strategy.deepspeed.cpu_init import initialise_from_cpu
 from framework.strategy.deepspeed.grad_buffer import release_gradient_buffer, zeros_on_demand
+from framework.strategy.deepspeed.groups import forget_process_groups
 from framework.strategy.deepspeed.imports import deepspeed_package, muon_left_uncompiled
 from framework.strategy.deepspeed.master_weights import shared_master_partitions
 from framework.strategy.deepspeed.sizes import nvme_param_swap, zero_sizes
@@ -270,6 +271,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         self.engine = None  # the engine holds the model: free it before the process group goes
         gc.collect()
         super().teardown()
+        forget_process_groups()
 
     def unwrap(self, model):
         return model.module if self.engine is not None and model is self.engine else model
