@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 
 import pytest
 import torch
@@ -76,11 +77,13 @@ def test_a_shuffled_stream_is_drawn_from_the_seed_and_a_jump_reads_only_what_it_
     assert again._pass == 2 and again._window_start == 2 * n
     assert not torch.equal(stream(4)[5]["input_ids"], samples[5])  # another seed, another order
     # The files change: the counts no longer hold, the stream reads from its start again.
-    (corpus / "b.jsonl").touch()
+    times = (corpus / "b.jsonl").stat()
+    os.utime(corpus / "b.jsonl", ns=(times.st_atime_ns, times.st_mtime_ns + 10**9))
     try:
         assert stream(3)._pass_length() is None
     finally:
-        (corpus / "b.jsonl").touch()
+        os.utime(corpus / "b.jsonl", ns=(times.st_atime_ns, times.st_mtime_ns))
+    assert stream(3)._pass_length() == n  # the files as counted again
 
 
 def test_streamed_settings_that_cannot_work_are_refused_by_key(corpus, tmp_path):
