@@ -102,8 +102,11 @@ OPERATION_CASES = {"eager": "eager", "torch.compile(model)": "raw",
                    "framework: by unit (fsdp, hsdp, model_parallel)": "units"}
 
 
-def count_operations(mode: str) -> int:
-    """Operations dispatched in the fourth step (three to compile and warm up) of a plain loop."""
+def count_operations(mode: str, n_layer: int = 4, n_embd: int = 256, n_head: int = 4, block_size: int = 128,
+                     batch: int = 16) -> int:
+    """aten operations dispatched in the fourth training step (forward, backward, AdamW; three to
+    compile and warm up) of a plain loop on a GPT: mode eager, raw (torch.compile(model)), whole or
+    units (the framework's compile). tests/construction/test_compile.py counts a tiny GPT with it."""
     import torch
     from torch.nn import functional as F
     from torch.profiler import ProfilerActivity, profile
@@ -113,19 +116,15 @@ def count_operations(mode: str) -> int:
     from framework.models.gpt import GPT
 
     torch.manual_seed(0)
-    model = GPT(vocab_size=256, block_size=128, n_layer=4, n_head=4, n_embd=256, dropout=0.0)
-    if mode == "raw":
-        forward = torch.compile(model)
-    else:
-        forward = model
-        if mode != "eager":
-            compile_model(model, choose_units if mode == "units" else None, talk=False)
+    model = GPT(vocab_size=256, block_size=block_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd, dropout=0.0)
+    forward = torch.compile(model) if mode == "raw" else model
+    if mode in ("whole", "units"):
+        compile_model(model, choose_units if mode == "units" else None, talk=False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    tokens = torch.randint(0, 256, (16, 129), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(0, 256, (batch, block_size + 1), generator=torch.Generator().manual_seed(0))
 
     def step():
-        logits = forward(tokens[:, :-1])
-        F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
+        F.cross_entropy(forward(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 

@@ -37,15 +37,7 @@ class PlannedAccelerator(Accelerator):
     def memory_bytes(self) -> int | None:
         return self.memory
 
-    def supports_bf16(self) -> bool:
-        return True
-
-    def fast_bf16(self) -> bool:
-        return True
-
-    def fast_fp16(self) -> bool:
-        return True
-
+    # bf16 and fp16 in hardware: the base class's answers (not the real type's, which asks a device)
     def fp8_support(self) -> str | None:
         return None
 

@@ -131,7 +131,7 @@ class StoreSpec:
         return Path(self.cache_root) / f"{self.kind}-{self.key()}"
 
     def file_stats(self) -> list[list]:
-        return [[path, os.path.getsize(path), os.stat(path).st_mtime_ns] for path in self.files]
+        return [[path, stat.st_size, stat.st_mtime_ns] for path, stat in ((p, os.stat(p)) for p in self.files)]
 
 
 # ---- a unit's work (in a worker process) ---------------------------------------------------

@@ -31,7 +31,7 @@ from framework.config.types import NonNegativeInt, PositiveInt
 from framework.data.base import DataModule
 from framework.data.prepare import MISSING, Encoded, StoreSpec, default_cache_root, file_sha256, prepare
 from framework.data.sources import TEXT_UNITS, RowError, expand, file_format, read_rows
-from framework.data.stream import TokenStream, stream_fingerprint
+from framework.data.stream import SPLIT_NAMES, TokenStream, stream_fingerprint
 from framework.data.store import Documents, PackedTokens, fingerprint, open_split, read_manifest
 from framework.errors import ConfigError
 
@@ -303,6 +303,11 @@ class TextFiles(DataModule):
                          separator=self.separator, val_percent=self.val_percent, test_percent=self.test_percent,
                          missing=self.missing_message())
 
+    @cached_property
+    def _stream_spec(self) -> StoreSpec:
+        """The spec a stream reads by (its splits and fingerprint share one: the tokenizer hashed once)."""
+        return self.store_spec()
+
     def _tokenizer_identity(self) -> str:
         """The tokenizer's path as the store's key holds it: absolute (`./tok` from the folder a run is
         in, and the absolute path its recorded config holds, are one store), or a name as given."""
@@ -350,13 +355,13 @@ class TextFiles(DataModule):
     def fingerprint(self) -> str | None:
         """The prepared data's identity (files, sizes, tokenizer, settings, counts): kept in checkpoints."""
         if self.streaming:
-            return stream_fingerprint(self.store_spec(), self.block_size, self.packing)
+            return stream_fingerprint(self._stream_spec, self.block_size, self.packing)
         manifest = read_manifest(self._store)
         return manifest.get("fingerprint") if manifest else None
 
     def _dataset(self, split: str) -> Dataset:
         if self.streaming:
-            return TokenStream(self.store_spec(), split, self.block_size, self.packing, shuffle=self.shuffle,
+            return TokenStream(self._stream_spec, split, self.block_size, self.packing, shuffle=self.shuffle,
                                window=self.stream_window)
         view = open_split(self._store, split)
         return PackedTokens(view, self.block_size) if self.packing else Documents(view, self.block_size)
@@ -365,13 +370,12 @@ class TextFiles(DataModule):
     def _splits(self) -> tuple:
         splits = {"train": self._dataset("train"), "val": self._dataset("val"),
                   "test": self._dataset("test") if self.has_test_split else None}
-        names = {"train": "training", "val": "validation", "test": "test"}
         for name, dataset in splits.items():
             if dataset is not None and not self.streaming and len(dataset) == 0:
                 view = dataset.split
                 what = (f"{view.tokens_total:,} tokens in {view.documents:,} document(s)" if view.documents else
                         "no document")
-                raise ConfigError(f"data: the {names[name]} split holds {what}, which makes no sample of "
+                raise ConfigError(f"data: the {SPLIT_NAMES[name]} split holds {what}, which makes no sample of "
                                   f"data.block_size={self.block_size} tokens; add text, lower data.block_size, or split "
                                   "plain text finer (data.text_unit=paragraph or line).")
         return splits["train"], splits["val"], splits["test"]

@@ -161,7 +161,7 @@ class FitLoop:
             for batch in pending:
                 self._micro_batch(batch, group, scale)
             pending = []
-            if self.state.batch_in_epoch % k == 0 or self.state.batch_in_epoch == n:  # the group's last
+            if self._ends_step(self.state.batch_in_epoch):
                 self._optimizer_step()
                 if self._done():
                     return
@@ -176,10 +176,8 @@ class FitLoop:
         loss is normalised by the step's scored items) its summed loss times scale; else its loss
         over the group."""
         strategy = self.strategy
-        is_last = (self.state.batch_in_epoch + 1) % self.trainer.accumulate == 0 or \
-            self.state.batch_in_epoch + 1 == len(self.train_loader)
         batch = strategy.batch_to_device(batch)
-        with strategy.no_backward_sync(self.model, skip=not is_last):
+        with strategy.no_backward_sync(self.model, skip=not self._ends_step(self.state.batch_in_epoch + 1)):
             with strategy.forward_context():
                 if scale is None:
                     loss = self._loss_of(self.task.training_step(self.model, batch))
@@ -193,6 +191,11 @@ class FitLoop:
         self._step["batches"] += 1
         self._step["items"] += self.task.batch_size(batch)
         self.state.batch_in_epoch += 1
+
+    def _ends_step(self, batches_done: int) -> bool:
+        """Whether the epoch's `batches_done`-th micro-batch is its step's last (every trainer.accumulate,
+        and the epoch's last: its final group may be short)."""
+        return batches_done % self.trainer.accumulate == 0 or batches_done == len(self.train_loader)
 
     def _step_scale(self, batches: list) -> float:
         """Data-parallel ranks / the items the step scores on all of them (one all-reduce): each

@@ -3,6 +3,8 @@ losses and checkpoint names as without, under the strategies that take it; refus
 from __future__ import annotations
 
 import csv
+import importlib.util
+import sys
 import textwrap
 
 import pytest
@@ -13,7 +15,7 @@ from framework.construction.units import choose_units
 from framework.models.gpt import GPT
 from framework.models.mlp import MLP
 from tests.cli.helpers import framework_cmd
-from tests.conftest import DIGITS, TINY_GPT, checkpoints, load_model_state, run_inprocess
+from tests.conftest import DIGITS, ROOT, TINY_GPT, checkpoints, load_model_state, run_inprocess
 
 BASE = [*TINY_GPT, "model.n_layer=2", "trainer.max_steps=3", "trainer.log_every=1", "trainer.val_every=3",
         "model.dropout=0.0", "trainer.val_at_start=false", "callbacks=[checkpoint]"]
@@ -108,29 +110,17 @@ def test_a_forward_that_cannot_be_one_graph_is_refused_before_launch(tmp_path):
     assert untraceable(gpt, (torch.zeros(2, 16, dtype=torch.long, device="meta"),), {}) is None
 
 
-def _operations(mode: str) -> int:
-    """aten operations dispatched by one training step (forward, backward, AdamW) after three."""
-    from torch.nn import functional as F
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.manual_seed(0)
-    model = GPT(vocab_size=256, block_size=32, n_layer=2, n_head=2, n_embd=32, dropout=0.0)
-    forward = torch.compile(model) if mode == "raw" else model
-    if mode in ("whole", "units"):
-        compile_model(model, choose_units if mode == "units" else None, talk=False)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    tokens = torch.randint(0, 256, (4, 33), generator=torch.Generator().manual_seed(0))
-
-    def step():
-        F.cross_entropy(forward(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    for _ in range(3):
-        step()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        step()
-    return sum(1 for event in prof.events() if event.name.startswith("aten::"))
+def _compile_benchmark():
+    """benchmarks/compile.py, whose operation counter this test runs on a tiny GPT."""
+    benchmarks = str(ROOT / "benchmarks")
+    sys.path.insert(0, benchmarks)  # the script imports its neighbours as a script run does
+    try:
+        spec = importlib.util.spec_from_file_location("compile_benchmark", ROOT / "benchmarks" / "compile.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(benchmarks)
 
 
 @pytest.mark.slow
@@ -139,5 +129,7 @@ def test_compiled_whole_dispatches_what_torch_compile_of_the_model_does():
     as few aten operations per step as torch.compile(model); by unit (the sharding strategies) some
     more, the embeddings, final norm and head staying eager (benchmarks/compile.py: 2121 vs 2207 of
     2931 eager for a 4 x 256 GPT)."""
-    counts = {mode: _operations(mode) for mode in ("eager", "raw", "whole", "units")}
+    count = _compile_benchmark().count_operations
+    counts = {mode: count(mode, n_layer=2, n_embd=32, n_head=2, block_size=32, batch=4)
+              for mode in ("eager", "raw", "whole", "units")}
     assert counts["whole"] <= counts["raw"] < counts["units"] < counts["eager"], counts
