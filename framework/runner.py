@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 import time
@@ -17,19 +16,17 @@ from omegaconf.errors import OmegaConfBaseException
 from framework.checkpoint.resume import check_run_dir
 from framework.config.build import build
 from framework.config.compatibility import Plan, judge, processes_per_node
-from framework.config.resolvers import BYTES, tokenizer_file
 from framework.config.loop_settings import loop_settings
 from framework.config.targets import check_targets
 from framework.config.validate import check_values
 from framework.console import human_bytes
 from framework.accelerator.planned import planned
 from framework.construction.meta_build import meta_device
-from framework.data.prepare import file_sha256
+from framework.data.text_files import tokenizer_mismatch
 from framework.models.build import build_model
 from framework.errors import (ConfigError, ExitCode, RunExit, StorageError, UserError, did_you_mean, heading, report,
                               wants_traceback)
 from framework.construction.activation_checkpointing import checkpoint_units
-from framework.construction.compile import untraceable
 from framework.launch.elastic import WorkerFailed
 from framework.launch.launcher import launch
 from framework.loop.nonfinite import Diverged
@@ -42,7 +39,7 @@ from framework.plugins import Plugins, build_plugins
 from framework.reproduce import write_recipe
 from framework.results import TEST_METRICS_FILE, merge_predictions, metrics_table, test_record, write_json
 from framework.sweeps import SUMMARY_FILE, current_job, finished_objective, run_overrides, write_summary
-from framework.tasks.fit_check import check_fit, forward_call, validation_metric_names
+from framework.tasks.fit_check import check_compilable, check_fit, validation_metric_names
 
 # How each way a run can fail leaves the process (framework/errors.py documents the codes).
 EXIT_CODES = {StorageError: ExitCode.STORAGE, UserError: ExitCode.USER_ERROR, WorkerFailed: ExitCode.FAILED,
@@ -304,7 +301,7 @@ def build_components(cfg: DictConfig, plugins: Plugins | None = None,
         raise ConfigError("\n".join(sources))
     if warnings is not None:
         warnings.extend(data.warnings())
-    mismatch = tokenizer_mismatch(cfg, data)
+    mismatch = tokenizer_mismatch(cfg.model.get("pretrained"), data)
     if mismatch:
         raise ConfigError(mismatch)
     task = build(cfg.task, "task")
@@ -326,37 +323,6 @@ def build_components(cfg: DictConfig, plugins: Plugins | None = None,
 def device_type(plugins: Plugins | None) -> str:
     """The device the run computes on (whose attention kernels the activations are measured for)."""
     return plugins.accelerator.name if plugins is not None else "cpu"
-
-
-def tokenizer_mismatch(cfg: DictConfig, data) -> str | None:
-    """A tokenizer given to the data that is not the pretrained model's own (its directory holds
-    another): the model's embedding rows would be read as other tokens."""
-    pretrained = cfg.model.get("pretrained")
-    given = getattr(getattr(data, "tokenizer", None), "spec", None)
-    if not pretrained or given is None or not os.path.isfile(os.path.join(str(pretrained), "tokenizer.json")):
-        return None
-    own = os.path.join(str(pretrained), "tokenizer.json")
-    if given != BYTES and file_sha256(tokenizer_file(given)) == file_sha256(own):
-        return None
-    return (f"data.tokenizer={given!r} is not the tokenizer of model.pretrained ({own}): the pretrained model's "
-            "embeddings belong to its own token ids. Leave data.tokenizer unset (it then follows model.pretrained), "
-            "or give the pretrained model's tokenizer.")
-
-
-def check_compilable(model, data, task, strategy, activation_checkpointing: bool) -> None:
-    """trainer.compile=true: what will be compiled (the model whole, or its first unit where the
-    strategy compiles units: framework/construction/compile.py) must trace as one graph; where it
-    cannot, compiling would run it in pieces, eagerly between them, for little or no speed-up."""
-    units = strategy.units(model).modules if strategy.shards_states or activation_checkpointing else []
-    target = units[0] if units else model
-    call = forward_call(target, model, data, task)
-    reason = untraceable(target, *call) if call is not None else None
-    if reason:
-        what = f"{type(target).__name__} (the model's unit)" if units else type(model).__name__
-        raise ConfigError(f"trainer.compile=true: torch.compile cannot capture {what}'s forward as one graph: {reason}. "
-                          "Compiled, it would run in pieces with eager code between them, for little or no speed-up. "
-                          "Make that code traceable (no Python branch on a tensor's value, no .item() or print in "
-                          "the forward), or set trainer.compile=false.")
 
 
 def test_split_problems(cfg: DictConfig, data, stage: Stage) -> list[str]:

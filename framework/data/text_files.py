@@ -155,6 +155,20 @@ class TextEncoder:
         return out
 
 
+def tokenizer_mismatch(pretrained: str | None, data) -> str | None:
+    """A tokenizer given to the data that is not the pretrained model's own (the model.pretrained
+    directory holds another): the model's embedding rows would be read as other tokens."""
+    given = getattr(getattr(data, "tokenizer", None), "spec", None)
+    if not pretrained or given is None or not os.path.isfile(os.path.join(str(pretrained), "tokenizer.json")):
+        return None
+    own = os.path.join(str(pretrained), "tokenizer.json")
+    if given != BYTES and file_sha256(tokenizer_file(given)) == file_sha256(own):
+        return None
+    return (f"data.tokenizer={given!r} is not the tokenizer of model.pretrained ({own}): the pretrained model's "
+            "embeddings belong to its own token ids. Leave data.tokenizer unset (it then follows model.pretrained), "
+            "or give the pretrained model's tokenizer.")
+
+
 def _named(files: list[str], most: int = 3) -> str:
     return ", ".join(files[:most]) + (f" and {len(files) - most} more" if len(files) > most else "")
 

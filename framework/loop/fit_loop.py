@@ -342,11 +342,13 @@ class FitLoop:
 
     # ---- validation ---------------------------------------------------------------------
     def validate(self) -> dict[str, float]:
-        self._nonfinite(self.guard.settle(self.strategy))  # never score (or select checkpoints by) NaN weights
         started = time.perf_counter()
+        self._nonfinite(self.guard.settle(self.strategy))  # never score (or select checkpoints by) NaN weights
         metrics = score(self.strategy, self.task, self.model, self.val_loader, "val")
-        self._window["start"] += time.perf_counter() - started  # validating is not training: off the throughput
         self.log_metrics(metrics)
+        # validating and logging its scores is not training: off the throughput (a save the hooks
+        # make below takes itself off)
+        self._window["start"] += time.perf_counter() - started
         self.state.last_val_step = self.state.step
         self._hook("on_validation_end", metrics)
         return metrics

@@ -13,6 +13,7 @@ from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves, tree_map
 
+from framework.construction.compile import untraceable
 from framework.construction.meta_build import meta_device
 from framework.errors import ConfigError
 
@@ -198,3 +199,19 @@ def forward_call(module, model, data, task, batch_size: int = 2) -> tuple[tuple,
     finally:
         handle.remove()
     return calls[0] if calls else None
+
+
+def check_compilable(model, data, task, strategy, activation_checkpointing: bool) -> None:
+    """trainer.compile=true: what will be compiled (the model whole, or its first unit where the
+    strategy compiles units: framework/construction/compile.py) must trace as one graph; where it
+    cannot, compiling would run it in pieces, eagerly between them, for little or no speed-up."""
+    units = strategy.units(model).modules if strategy.shards_states or activation_checkpointing else []
+    target = units[0] if units else model
+    call = forward_call(target, model, data, task)
+    reason = untraceable(target, *call) if call is not None else None
+    if reason:
+        what = f"{type(target).__name__} (the model's unit)" if units else type(model).__name__
+        raise ConfigError(f"trainer.compile=true: torch.compile cannot capture {what}'s forward as one graph: {reason}. "
+                          "Compiled, it would run in pieces with eager code between them, for little or no speed-up. "
+                          "Make that code traceable (no Python branch on a tensor's value, no .item() or print in "
+                          "the forward), or set trainer.compile=false.")
