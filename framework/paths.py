@@ -54,24 +54,25 @@ def builtin_recipe(name: str) -> Path:
                       f"Built-in recipes: {', '.join(recipes)} (`framework list recipes`).")
 
 
-def check_creatable_dir(path: Path, key: str) -> None:
+def check_creatable_dir(path: Path, key: str, fix: str = "") -> None:
     """Refuse a directory the run could not create or write (a path under a file, a read-only
     file system, a folder without write permission) before anything starts: the nearest existing
     ancestor must be a folder in which a file can really be made (root passes permission bits, a
-    read-only mount does not)."""
+    read-only mount does not). `fix`: what to do instead (default: another run directory)."""
     path = Path(path).expanduser()
     ancestor = path
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
     if not ancestor.is_dir():
-        raise ConfigError(f"{key}={path}: cannot be created, because {ancestor} is a file, not a folder; choose "
-                          "another directory (e.g. another name=..., or hydra.run.dir=...).")
+        raise ConfigError(f"{key}={path}: cannot be created, because {ancestor} is a file, not a folder; "
+                          f"{fix or 'choose another directory (e.g. another name=..., or hydra.run.dir=...)'}.")
     try:
         probe = tempfile.mkdtemp(prefix=".write-test-", dir=ancestor)
         os.rmdir(probe)
     except OSError as err:
-        raise ConfigError(f"{key}={path}: cannot be created or written under {ancestor} ({err.strerror}); choose a "
-                          "directory you can write (e.g. hydra.run.dir=... or run from another folder).") from None
+        raise ConfigError(f"{key}={path}: cannot be created or written under {ancestor} ({err.strerror}); "
+                          f"{fix or 'choose a directory you can write (e.g. hydra.run.dir=... or run from another folder)'}."
+                          ) from None
 
 
 def find_recipe(spec: str) -> Path:

@@ -22,7 +22,7 @@ from framework.config.validate import check_values
 from framework.console import human_bytes
 from framework.accelerator.planned import planned
 from framework.construction.meta_build import meta_device
-from framework.data.text_files import tokenizer_mismatch
+from framework.data.tokenizer import tokenizer_mismatch
 from framework.models.build import build_model
 from framework.errors import (ConfigError, ExitCode, RunExit, StorageError, UserError, did_you_mean, heading, report,
                               wants_traceback)
@@ -32,8 +32,8 @@ from framework.launch.launcher import launch
 from framework.loop.nonfinite import Diverged
 from framework.loop.preemption import Preempted
 from framework.loop.state import Stage
-from framework.planning.memory import estimate, model_stats
-from framework.paths import with_absolute_paths
+from framework.planning.memory import beyond_memory, estimate, model_stats
+from framework.paths import check_creatable_dir, with_absolute_paths
 from framework.plotting.at_end import run_figures
 from framework.plugins import Plugins, build_plugins
 from framework.reproduce import write_recipe
@@ -234,6 +234,14 @@ def prepare(cfg: DictConfig, strict: bool = True, stage: Stage = Stage(), device
             if prepared.model is not None:
                 problems.extend(prepared.plugins.precision.model_problems(prepared.model))
             problems.extend(prepared.plugins.strategy.problems(prepared.model))
+            if prepared.model is not None and not problems:
+                too_large = beyond_memory(prepared.plugins, model_stats(resolved, prepared.plugins, prepared.model)[0],
+                                          prepared.world_size, processes_per_node(prepared.plugins.strategy,
+                                                                                  prepared.devices),
+                                          prepared.activation_bytes, MEMORY_ADVICE)
+                if too_large:
+                    prepared.refusals.append(too_large)
+                    problems.append(too_large)
     return prepared.raise_problems() if strict else prepared
 
 
@@ -296,6 +304,8 @@ def build_components(cfg: DictConfig, plugins: Plugins | None = None,
         if cfg.get("adapter"):  # the adapter's layers, and its refusals (targets, rank), before launch
             model = build(cfg.adapter, "adapter").apply(model)
     data = build(cfg.data, "data")
+    for key, (path, fix) in data.written_paths().items():
+        check_creatable_dir(path, key, fix)
     sources = data.problems() + test_split_problems(cfg, data, stage) + data.run_problems(cfg.trainer, stage.name)
     if sources:
         raise ConfigError("\n".join(sources))
@@ -338,9 +348,8 @@ def test_split_problems(cfg: DictConfig, data, stage: Stage) -> list[str]:
         return []
     if data.has_test_split:
         return []
-    return [f"{asked}: the data ({type(data).__name__}) has no test split. Give it one: data=digits "
-            "data.test_every_nth=5, data=stdlib_text data.test_percent=10, data=text_files data.test_files=... or "
-            "data.test_percent=10; a DataModule of your own defines test_dataset()."]
+    return [f"{asked}: the data ({type(data).__name__}) has no test split. "
+            f"{data.test_split_hint(trained=stage.name != 'fit')}"]
 
 
 def compatibility_plan(plugins: Plugins, resolved: DictConfig, devices: int) -> Plan:
@@ -355,10 +364,12 @@ def memory_advice(prepared: Prepared) -> str:
     states = estimate(prepared.plugins.strategy, stats, prepared.world_size)
     per_rank = states.device + states.host + prepared.activation_bytes
     return (f"framework plan estimated {human_bytes(per_rank)} per rank ({prepared.plugins.strategy.name}: "
-            f"{states.formula} for the model states, plus one micro-batch's activations). To need less: a sharding "
-            "strategy (strategy=fsdp or deepspeed_stage_3), CPU offload (fsdp_cpu_offload, deepspeed_stage_3_offload), "
-            "trainer.activation_checkpointing=true, a smaller data.batch_size (trainer.accumulate keeps the batch), or "
-            "fewer processes per node (devices=...).")
+            f"{states.formula} for the model states, plus one micro-batch's activations). {MEMORY_ADVICE}")
+
+
+MEMORY_ADVICE = ("To need less: a smaller model, a sharding strategy (strategy=fsdp or deepspeed_stage_3), CPU offload "
+                 "(fsdp_cpu_offload, deepspeed_stage_3_offload), trainer.activation_checkpointing=true, a smaller "
+                 "data.batch_size (trainer.accumulate keeps the batch), or fewer processes per node (devices=...).")
 
 
 def _train(cfg: DictConfig, output_dir) -> float | None:

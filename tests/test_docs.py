@@ -167,3 +167,27 @@ def test_the_conversation_commands_run_as_written(tmp_path):
     assert "<|im_start|>" not in reply.stdout and "framework generate: outputs/chat/checkpoints/" in reply.stderr
     adapter = json.loads((tmp_path / "chat_adapters/adapter_config.json").read_text())
     assert adapter["r"] == 8 and set(adapter["target_modules"]) >= {"transformer.h.0.attn.c_attn"}
+
+def test_the_chat_shapes_the_docs_show_are_the_ones_chat_files_reads():
+    """The README's example rows each read as a conversation (a user's turn, then the
+    assistant's), and every page that describes chat data names all four shapes and the formats."""
+    import json
+
+    from framework.data.chat_files import Fields
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### Fine-tune on conversations"):]
+    block = re.search(r"```json\n(.*?)```", section, re.S).group(1)
+    rows = [json.loads(line) for line in block.splitlines() if line.strip()]
+    fields = Fields("messages", "prompt", "response", "system", None)
+    shapes = set()
+    for row in rows:
+        roles = [m["role"] for m in fields.conversation(row)]
+        assert roles[-2:] == ["user", "assistant"], row
+        shapes.add(next(iter(row)))
+    assert shapes == {"messages", "conversations", "instruction", "prompt"}
+    for page in (ROOT / "README.md", ROOT / "docs" / "your-model.md", ROOT / "recipes" / "hf_lora_chat.yaml"):
+        text = " ".join(page.read_text().split())
+        for named in ("messages", "ShareGPT", "conversations", "Alpaca", "instruction", "prompt", "JSON arrays",
+                      "parquet", "CSV"):
+            assert named in text, (page.name, named)

@@ -155,7 +155,15 @@ CASES = [
                                                                  "and 'output'"),
     (TRAIN + ["data=chat_files", "model.block_size=16"], "longer than data.block_size=16, and no response starts "
                                                          "within the block: nothing in it is left to score"),
+    (FRAMEWORK + ["run", "hf_lora_chat", "adapter=null"], "adapter: settings (r, alpha) for an adapter that is not "
+                                                          "chosen"),
+    # the last mile (issue 43): refused before anything is allocated or written
+    (TRAIN + ["model.block_size=100000000"], "memory: the run cannot fit this machine"),
+    (TRAIN + ["data=text_files", "data.cache_dir={tmp}/rows.jsonl/cache"],
+     "data.cache_dir={tmp}/rows.jsonl/cache: cannot be created, because {tmp}/rows.jsonl is a file, not a folder; set "
+     "data.cache_dir to a folder you can write"),
 ]
+
 if importlib.util.find_spec("flash_attn") is None:  # a CUDA-only package: refused where it is not installed
     CASES.append((TRAIN + ["model=hf_causal_lm", "model.attn_implementation=flash_attention_2"],
                   "model.attn_implementation=flash_attention_2: needs the flash_attn package"))

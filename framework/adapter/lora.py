@@ -25,6 +25,15 @@ from framework.config.types import NonNegativeFloat, PositiveFloat, PositiveInt
 from framework.errors import ConfigError, did_you_mean
 from framework.precision.quantized_layers import quiet_bitsandbytes
 
+def peft_package():
+    """peft, imported for every use the framework makes of it (training, merging, exporting): peft
+    imports bitsandbytes where it is installed, so the framework's quiet import of bitsandbytes
+    comes first (its CPU backend's note about optional hub kernels is expected here, never shown)."""
+    if importlib.util.find_spec("bitsandbytes") is not None:
+        quiet_bitsandbytes()
+    return importlib.import_module("peft")
+
+
 # Attention and MLP projections of each family (the last part of the module name).
 DEFAULT_TARGETS = {
     "GPT": ["qkv", "proj", "mlp.0", "mlp.2"],  # framework/models/gpt.py
@@ -111,10 +120,8 @@ class LoRA:
 
     def apply(self, model: nn.Module) -> nn.Module:
         """The model with adapters injected (in place) and everything else frozen."""
-        # peft imports bitsandbytes where it is installed: the framework's quiet import of it first
-        if importlib.util.find_spec("bitsandbytes") is not None:
-            quiet_bitsandbytes()
-        from peft import LoraConfig, inject_adapter_in_model
+        peft = peft_package()
+        LoraConfig, inject_adapter_in_model = peft.LoraConfig, peft.inject_adapter_in_model
 
         targets = self.targets(model)
         missing = [m for m in self.modules_to_save if m not in dict(model.named_modules())]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from framework.adapter.lora import base_name, fan_in_fan_out
+from framework.adapter.lora import base_name, fan_in_fan_out, peft_package
 from framework.checkpoint.format import read_meta
 from framework.cli.hub_tokenizer import export_tokenizer, run_tokenizer
 from framework.config.build import build
@@ -25,6 +25,7 @@ def adapter_config(meta: dict) -> dict | None:
 def merged_state(checkpoint: Path) -> tuple[dict, dict]:
     """(meta.json, the state of the model with the adapters merged into its weights), under the
     names of the model without adapters: what the adapted model computes, as a plain model."""
+    peft_package()
     from peft.tuners.lora import LoraLayer
 
     meta = read_meta(checkpoint)
@@ -40,8 +41,8 @@ def merged_state(checkpoint: Path) -> tuple[dict, dict]:
 def write_peft_directory(checkpoint: Path, out: Path) -> Path:
     """adapter_config.json and adapter_model.safetensors, written by peft itself from the base
     model of the run's config with the checkpoint's adapters."""
-    from peft import LoraConfig, get_peft_model
-
+    peft = peft_package()
+    LoraConfig, get_peft_model = peft.LoraConfig, peft.get_peft_model
     meta = read_meta(checkpoint)
     config = meta.get("config") or {}
     if not adapter_config(meta):

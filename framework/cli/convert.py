@@ -10,7 +10,7 @@ from framework.checkpoint.convert import export_weights, import_deepspeed, read_
 from framework.checkpoint.format import read_meta
 from framework.checkpoint.load import find_checkpoint
 from framework.cli.adapter_export import adapter_config, merged_state, write_peft_directory
-from framework.cli.hub_tokenizer import export_tokenizer, run_tokenizer, write_generation_ids
+from framework.cli.hub_tokenizer import end_marker_ids, export_tokenizer, run_tokenizer, write_generation_ids
 from framework.errors import ConfigError, ExitCode, UserError, report
 from framework.generation.load import quantizing_precision
 from framework.models.hf_causal_lm import is_hub_model, save_for_hub
@@ -48,7 +48,7 @@ def export_hub_directory(checkpoint: Path, out: Path) -> Path:
     config = json.loads((out / "config.json").read_text())
     tokenizer, template = run_tokenizer(meta.get("config") or {})
     ids = export_tokenizer(tokenizer, out, config.get("n_positions") or config.get("max_position_embeddings"), template)
-    write_generation_ids(out, ids)
+    write_generation_ids(out, ids, end_marker_ids(tokenizer, template))
     return out
 
 

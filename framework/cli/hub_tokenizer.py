@@ -1,16 +1,17 @@
 """The tokenizer half of a Hugging Face export (`framework convert --to hf` and `--to peft`): the
 run's tokenizer saved the way transformers reads it (tokenizer.json, tokenizer_config.json with
 its special tokens and the chat template the run trained with), and the special ids in the
-model's config.json and generation_config.json, so `generate` stops at the end of text and
-`apply_chat_template` formats a conversation as the run did."""
+model's config.json and generation_config.json, so `generate` stops at the end of text (and, for
+a chat run, at the end of the assistant's turn: every end marker of the template that is one token
+of the tokenizer) and `apply_chat_template` formats a conversation as the run did."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from framework.config.resolvers import BYTES
+from framework.config.resolvers import BYTES, tokenizer_file
 from framework.data.chat_template import ChatTemplate
-from framework.data.text_files import EOS_NAMES, loaded_tokenizer, tokenizer_file
+from framework.data.tokenizer import EOS_NAMES, loaded_tokenizer
 
 BOS_NAMES = ("<|startoftext|>", "<|begin_of_text|>", "<s>", "<bos>", "[CLS]")
 PAD_NAMES = ("<pad>", "[PAD]", "<|pad|>", "<|padding|>")
@@ -55,9 +56,23 @@ def export_tokenizer(spec: str | None, out: Path, max_length: int | None = None,
     return {f"{role}_token_id": getattr(tokenizer, f"{role}_token_id", None) for role in ("eos", "bos", "pad")}
 
 
-def write_generation_ids(out: Path, ids: dict[str, int | None]) -> None:
+def end_marker_ids(tokenizer: str | None, template: str | None) -> list[int]:
+    """The ids of a chat template's end markers that are single tokens of the tokenizer: the end of
+    an assistant's turn (ChatML's `<|im_end|>`, Llama 3's `<|eot_id|>`, Gemma's `<end_of_turn>`)
+    and the template's `eos_token` where it writes one. A marker the tokenizer splits into several
+    tokens cannot stop transformers' generate (the run warned of it before launch)."""
+    if not tokenizer or not template or str(tokenizer) == BYTES:
+        return []
+    loaded = loaded_tokenizer(str(tokenizer))
+    found = [loaded.token_id(marker) for marker in ChatTemplate(template, "the run's chat template").end_markers()]
+    return list(dict.fromkeys(i for i in found if i is not None))
+
+
+def write_generation_ids(out: Path, ids: dict[str, int | None], end_markers: list[int] = ()) -> None:
     """The tokenizer's special ids in the exported model's config.json, and a generation_config.json
-    that stops at the end of text (padding with it where the tokenizer has no pad token)."""
+    that stops at the end of text and at each of `end_markers` (a chat template's end of turn: a
+    list of ids, which transformers' generate stops at, any of them), padding with the end of text
+    where the tokenizer has no pad token."""
     from transformers import GenerationConfig
 
     if not ids:
@@ -67,8 +82,9 @@ def write_generation_ids(out: Path, ids: dict[str, int | None]) -> None:
     config.update(ids)
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     pad = ids.get("pad_token_id") if ids.get("pad_token_id") is not None else ids.get("eos_token_id")
-    GenerationConfig(bos_token_id=ids.get("bos_token_id"), eos_token_id=ids.get("eos_token_id"),
-                     pad_token_id=pad).save_pretrained(str(out))
+    stops = list(dict.fromkeys(i for i in (ids.get("eos_token_id"), *end_markers) if i is not None))
+    GenerationConfig(bos_token_id=ids.get("bos_token_id"), eos_token_id=stops if len(stops) > 1 else
+                     (stops[0] if stops else None), pad_token_id=pad).save_pretrained(str(out))
 
 
 def run_tokenizer(config: dict) -> tuple[str | None, str | None]:

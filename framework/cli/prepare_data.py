@@ -7,7 +7,6 @@ preparation (a built-in set, a stream) says so. Nothing is trained; no process g
 """
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 

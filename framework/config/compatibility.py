@@ -157,7 +157,10 @@ RULES: list[Rule] = [
     Rule(
         lambda p: not p.accelerator.is_available(),
         lambda p: f"accelerator={_acc(p)}: {p.accelerator.unavailable_reason()} "
-        "Use accelerator=cpu (or accelerator=auto to pick what this machine has).",
+        "Use accelerator=cpu (or accelerator=auto to pick what this machine has)"
+        + (f"; to plan the run for a machine that has it from here: framework plan --device {p.accelerator.name} "
+           "--device-memory SIZE (one device's memory there, e.g. 80GiB) with the same overrides, "
+           f"accelerator={_acc(p)} left out." if p.accelerator.name not in ("cpu", "auto") else "."),
     ),
     Rule(
         lambda p: p.accelerator.is_available() and p.devices > _max_processes(p),

@@ -77,6 +77,12 @@ def check_values(cfg: DictConfig) -> None:
         node = cfg[group]
         if not isinstance(node, DictConfig) or "_target_" not in node:
             problems.append(f"{group}: must be a config with a _target_ (choose an option from conf/{group}/).")
+    adapter = cfg.get("adapter")
+    if isinstance(adapter, DictConfig) and "_target_" not in adapter:  # a recipe's settings, its adapter not chosen
+        keys = [str(k) for k in adapter.keys()]
+        problems.append(f"adapter: settings ({', '.join(keys)}) for an adapter that is not chosen: adapter=null (or "
+                        "~adapter) left the adapter out while a recipe or an override still sets adapter.*. Choose "
+                        f"one (adapter=lora), or drop its settings too ({' '.join(f'~adapter.{k}' for k in keys)}).")
     for group, noun in (("callbacks", "callback"), ("logger", "logger")):
         for name, node in (cfg.get(group) or {}).items():
             if node is None or (isinstance(node, DictConfig) and "_target_" in node):

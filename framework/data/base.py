@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from pathlib import Path
 
 from torch.utils.data import Dataset, default_collate
 
@@ -84,6 +85,18 @@ class DataModule(ABC):
         subclass that overrides test_dataset has one; a subclass whose test split is optional
         (a setting turns it off) overrides this too."""
         return type(self).test_dataset is not DataModule.test_dataset
+
+    def written_paths(self) -> dict[str, tuple[Path, str]]:
+        """The folders this data writes (a cache of prepared data), by the config key that sets
+        each, with what to do instead: checked before launch to be creatable and writable."""
+        return {}
+
+    def test_split_hint(self, trained: bool) -> str:
+        """How to give this data a test split, said when testing is asked of data without one.
+        `trained`: asked of a finished run (`framework test`, `predict --split test`), whose
+        training data is settled: only data it never saw can test it; else a run not started yet
+        (trainer.test_at_end), which can still hold a split out."""
+        return "A DataModule of your own gives one by defining test_dataset()."
 
     def example_batch(self, size: int = 2):
         """A small training batch with the real shapes and dtypes (the contents do not matter):

@@ -32,7 +32,8 @@ from framework.config.types import NonNegativeInt, PositiveInt
 from framework.data.chat_template import ChatTemplate
 from framework.data.prepare import MISSING, Encoded
 from framework.data.store import Documents, PackedDocuments, open_split
-from framework.data.text_files import TextFiles, first_rows, loaded_tokenizer
+from framework.data.text_files import TextFiles, first_rows
+from framework.data.tokenizer import loaded_tokenizer
 from framework.errors import ConfigError
 
 IGNORE_INDEX = -100

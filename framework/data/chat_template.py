@@ -35,6 +35,8 @@ BUILT_IN = {
                "{% endif %}"),
 }
 TEMPLATE_FILE = "chat_template.jinja"
+# Special-token spellings a template writes into the text: <|im_start|>, <|eot_id|>, </s>, [INST], <end_of_turn>
+_MARKER = re.compile(r"<\|[^|<>\s]+\|>|</?s>|\[/?INST\]|<\|?[a-z_]*(?:turn|eot|im)[a-z_]*\|?>")
 TOKENIZER_CONFIG = "tokenizer_config.json"
 
 
@@ -163,9 +165,15 @@ class ChatTemplate:
         the text (`<|im_start|>`, `<|im_end|>`; `</s>`, `[INST]` ...), found by rendering a
         conversation and keeping what the messages do not hold."""
         text = self.render([{"role": "user", "content": "\x00"}, {"role": "assistant", "content": "\x00"}])
-        found = re.findall(r"<\|[^|<>\s]+\|>|</?s>|\[/?INST\]|<\|?[a-z_]*(?:turn|eot|im)[a-z_]*\|?>", text)
+        return list(dict.fromkeys([*_MARKER.findall(text), *self.end_markers()]))
+
+    def end_markers(self) -> list[str]:
+        """The markers that end an assistant's reply: those in the text the template puts after it
+        (ChatML's `<|im_end|>`, Llama 3's `<|eot_id|>`, `</s>`), or that whole text where it is one
+        short marker of another spelling. What generation stops at."""
         end = self.turn_end()
-        return list(dict.fromkeys([*found, *([end] if end and not end.isspace() and len(end) < 32 else [])]))
+        found = _MARKER.findall(end)
+        return found or ([end] if end and not end.isspace() and len(end) < 32 else [])
 
     def turn_end(self) -> str:
         """The text the template puts after an assistant's reply (ChatML's `<|im_end|>`): where a

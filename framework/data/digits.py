@@ -27,6 +27,35 @@ class Digits(DataModule):
     def has_test_split(self) -> bool:
         return self.test_every_nth is not None
 
+    def test_split_hint(self, trained: bool) -> str:
+        if trained:
+            return ("Test a run on the images it held out: data.test_every_nth as the run trained with it (a run "
+                    "trained with data.test_every_nth=null held none out: hold a test split out when training, "
+                    "data.test_every_nth=5, then test that run).")
+        return "Give it one: data.test_every_nth=5 holds out a fifth of the images that do not validate."
+
+    def test_overlap(self, trained) -> str | None:
+        if not isinstance(trained, Digits) or not self.has_test_split:
+            return None
+        index = torch.arange(len(self._labels()))
+        tested = self._roles(index)[2]
+        shared = int((tested & trained._roles(index)[0]).sum())
+        return (f"data.test_every_nth={self.test_every_nth} tests {shared} image(s) the run trained on (it held out "
+                f"data.val_every_nth={trained.val_every_nth}, data.test_every_nth={trained.test_every_nth})"
+                if shared else None)
+
+    def _roles(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(train, val, test) masks over the images' indices: the split rule, written once."""
+        is_val = index % self.val_every_nth == 0
+        is_test = ~is_val & (index % self.test_every_nth == 1) if self.test_every_nth else torch.zeros_like(is_val)
+        return ~is_val & ~is_test, is_val, is_test
+
+    @staticmethod
+    def _labels():
+        from sklearn.datasets import load_digits  # bundled with scikit-learn, read from its package
+
+        return load_digits().target
+
     @cached_property
     def _tensors(self):
         from sklearn.datasets import load_digits  # bundled with scikit-learn, read from its package
@@ -34,10 +63,7 @@ class Digits(DataModule):
         bunch = load_digits()
         x = torch.tensor(bunch.data, dtype=torch.float32) / 16.0
         y = torch.tensor(bunch.target, dtype=torch.long)
-        index = torch.arange(len(y))
-        is_val = index % self.val_every_nth == 0
-        is_test = ~is_val & (index % self.test_every_nth == 1) if self.test_every_nth else torch.zeros_like(is_val)
-        is_train = ~is_val & ~is_test
+        is_train, is_val, is_test = self._roles(torch.arange(len(y)))
         return (x[is_train], y[is_train]), (x[is_val], y[is_val]), (x[is_test], y[is_test])
 
     def train_dataset(self) -> Dataset:

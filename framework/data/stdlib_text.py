@@ -107,6 +107,13 @@ class StdlibText(DataModule):
     def val_dataset(self) -> Dataset:
         return TokenBlocks(self._splits[1], self.block_size)
 
+    def test_split_hint(self, trained: bool) -> str:
+        if trained:
+            return ("Test a run on the files it held out: data.test_percent as the run trained with it (a run trained "
+                    "with data.test_percent=0 held none out: hold a test split out when training, "
+                    "data.test_percent=10, then test that run).")
+        return "Give it one: data.test_percent=10 holds out a tenth of the files."
+
     def test_overlap(self, trained) -> str | None:
         if not isinstance(trained, StdlibText) or self.test_percent == 0:
             return None

@@ -192,5 +192,19 @@ def open_split(root: Path, name: str) -> StoreSplit | None:
     return StoreSplit(root, info, manifest["dtype"], manifest["kind"] == "chat")
 
 
+def shared_documents(split: StoreSplit, other: StoreSplit) -> int:
+    """How many of `split`'s documents are also documents of `other` (the same tokens, wherever
+    they came from: a copied file, rows taken from another). Only documents of a length that
+    `split` has are read from `other`, so a large training split costs its offsets and little else."""
+    def digest(view: StoreSplit, i: int) -> bytes:
+        start, end = view.document(i)
+        return hashlib.blake2b(view._slice(start, end, 0).tobytes(), digest_size=16).digest()
+
+    lengths = np.diff(split.doc_starts)
+    wanted = set(lengths.tolist())
+    seen = {digest(other, i) for i, length in enumerate(np.diff(other.doc_starts).tolist()) if length in wanted}
+    return sum(digest(split, i) in seen for i in range(split.documents))
+
+
 def directory_size(root: Path) -> int:
     return sum(f.stat().st_size for f in Path(root).iterdir() if f.is_file()) if os.path.isdir(root) else 0

@@ -16,7 +16,6 @@ padding) when padded; framework/tasks/language_modeling.py reads them.
 """
 from __future__ import annotations
 
-import functools
 import itertools
 import os
 from functools import cached_property
@@ -26,93 +25,18 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from framework.config.resolvers import BYTES, tokenizer_file
+from framework.config.resolvers import BYTES
 from framework.config.types import NonNegativeInt, PositiveInt
 from framework.data.base import DataModule
-from framework.data.prepare import MISSING, Encoded, StoreSpec, default_cache_root, file_sha256, prepare
+from framework.data.prepare import (CACHE_VARIABLE, MISSING, Encoded, StoreSpec, default_cache_root, file_sha256,
+                                    prepare)
 from framework.data.sources import TEXT_UNITS, RowError, expand, file_format, read_rows
+from framework.data.store import Documents, PackedTokens, open_split, read_manifest, shared_documents
 from framework.data.stream import SPLIT_NAMES, TokenStream, stream_fingerprint
-from framework.data.store import Documents, PackedTokens, fingerprint, open_split, read_manifest
+from framework.data.tokenizer import Tokenizer, loaded_tokenizer
 from framework.errors import ConfigError
 
-EOS_NAMES = ("<|endoftext|>", "</s>", "<eos>", "[SEP]")
 TOKEN_DTYPES = ("auto", "uint8", "uint16", "uint32")
-
-
-class Tokenizer:
-    """Bytes (256 ids, no file) or a local tokenizer.json (the `tokenizers` library)."""
-
-    def __init__(self, spec: str):
-        self.spec = str(spec)
-        self.eos_id: int | None = None
-        self.pad_id = 0
-        self._tokenizer = None
-        if self.spec != BYTES:
-            from tokenizers import Tokenizer as HFTokenizer
-
-            self._tokenizer = HFTokenizer.from_file(str(tokenizer_file(self.spec)))
-            ids = [self._tokenizer.token_to_id(name) for name in EOS_NAMES]
-            self.eos_id = next((i for i in ids if i is not None), None)
-            self.pad_id = self.eos_id if self.eos_id is not None else 0
-
-    def token_id(self, token: str) -> int | None:
-        """The id of one token of the vocabulary (a special token's), or None."""
-        return None if self._tokenizer is None else self._tokenizer.token_to_id(token)
-
-    def encode(self, texts: list[str]) -> list[list[int]]:
-        if self._tokenizer is None:
-            return [list(text.encode("utf-8")) for text in texts]
-        return [e.ids for e in self._tokenizer.encode_batch(texts, add_special_tokens=False)]
-
-    def encode_with_offsets(self, text: str) -> tuple[list[int], list[int]]:
-        """One text's token ids and, for each, the index of the character where it starts."""
-        if self._tokenizer is None:
-            ids, starts = [], []
-            for index, char in enumerate(text):
-                encoded = char.encode("utf-8", errors="replace")
-                ids += encoded
-                starts += [index] * len(encoded)
-            return ids, starts
-        encoding = self._tokenizer.encode(text, add_special_tokens=False)
-        return encoding.ids, [start for start, _ in encoding.offsets]
-
-    def decode(self, ids: list[int]) -> str:
-        """Text of token ids (bytes that are not valid UTF-8 become U+FFFD)."""
-        if self._tokenizer is None:
-            return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
-        return self._tokenizer.decode(ids, skip_special_tokens=False)
-
-    @property
-    def vocab_size(self) -> int:
-        return 256 if self._tokenizer is None else self._tokenizer.get_vocab_size()
-
-    def sha256(self) -> str:
-        """What the token ids depend on: the tokenizer file's contents ("bytes" for bytes)."""
-        return BYTES if self._tokenizer is None else file_sha256(tokenizer_file(self.spec))
-
-    def encode_numpy(self, texts: list[str]) -> list[np.ndarray]:
-        """Each text's token ids as an array (bytes: its UTF-8, without a Python list per token)."""
-        if self._tokenizer is None:
-            return [np.frombuffer(text.encode("utf-8"), dtype=np.uint8) for text in texts]
-        return [np.asarray(e.ids, dtype=np.int64) for e in self._tokenizer.encode_batch(texts, add_special_tokens=False)]
-
-
-def loaded_tokenizer(spec: str) -> Tokenizer:
-    """The tokenizer of `spec`, loaded once per process while its file is unchanged (a tokenizer
-    retrained at the same path is loaded again)."""
-    stamp = None
-    if str(spec) != BYTES:
-        try:
-            stat = tokenizer_file(str(spec)).stat()
-            stamp = (stat.st_mtime_ns, stat.st_size)
-        except (OSError, ConfigError):
-            stamp = None
-    return _loaded_tokenizer(str(spec), stamp)
-
-
-@functools.lru_cache(maxsize=4)
-def _loaded_tokenizer(spec: str, stamp) -> Tokenizer:
-    return Tokenizer(spec)
 
 
 def store_dtype(tokenizer: Tokenizer, given: str) -> str:
@@ -153,20 +77,6 @@ class TextEncoder:
                 text, ids = next(encoded)
                 out[i] = Encoded(text.encode("utf-8"), ids if eos is None else np.concatenate([ids, eos]))
         return out
-
-
-def tokenizer_mismatch(pretrained: str | None, data) -> str | None:
-    """A tokenizer given to the data that is not the pretrained model's own (the model.pretrained
-    directory holds another): the model's embedding rows would be read as other tokens."""
-    given = getattr(getattr(data, "tokenizer", None), "spec", None)
-    if not pretrained or given is None or not os.path.isfile(os.path.join(str(pretrained), "tokenizer.json")):
-        return None
-    own = os.path.join(str(pretrained), "tokenizer.json")
-    if given != BYTES and file_sha256(tokenizer_file(given)) == file_sha256(own):
-        return None
-    return (f"data.tokenizer={given!r} is not the tokenizer of model.pretrained ({own}): the pretrained model's "
-            "embeddings belong to its own token ids. Leave data.tokenizer unset (it then follows model.pretrained), "
-            "or give the pretrained model's tokenizer.")
 
 
 def _named(files: list[str], most: int = 3) -> str:
@@ -355,8 +265,9 @@ class TextFiles(DataModule):
         trained_files = set(trained.files)
         if self.test_files:
             shared = sorted(set(self.test_files) & trained_files)
-            return (f"data.test_files holds files the run trained on ({_named(shared)}: data.files then)"
-                    if shared else None)
+            if shared:
+                return f"data.test_files holds files the run trained on ({_named(shared)}: data.files then)"
+            return self._trained_contents(trained)
         shared = sorted(set(self.files) & trained_files)
         start = 0 if self.val_files else self.val_percent
         low, high = max(start, trained._train_buckets()[0]), min(start + self.test_percent, 100)
@@ -365,6 +276,38 @@ class TextFiles(DataModule):
         return (f"data.test_percent={self.test_percent} holds out documents of {_named(shared)} that the run trained on "
                 f"(it held out data.val_percent={trained.val_percent} and data.test_percent={trained.test_percent}: "
                 f"{high - low}% of these documents trained)")
+
+    def _trained_contents(self, trained: TextFiles) -> str | None:
+        """data.test_files that hold what the run trained on under other names: a copy of a training
+        file (the same bytes), or documents with the same tokens as training documents (rows copied
+        out of data.files), compared through the prepared stores."""
+        trained_hashes = {file_sha256(path): path for path in trained.files}
+        copies = sorted(f"{path} = {trained_hashes[digest]}" for path, digest in
+                        ((path, file_sha256(path)) for path in self.test_files) if digest in trained_hashes)
+        if copies:
+            return f"data.test_files holds copies of files the run trained on ({_named(copies)})"
+        if self.streaming or trained.streaming:
+            return None  # a stream keeps no store to compare documents in
+        tested, trained_split = open_split(self._store, "test"), open_split(trained._store, "train")
+        if tested is None or trained_split is None or not tested.documents:
+            return None
+        shared = shared_documents(tested, trained_split)
+        return (f"data.test_files holds {shared} of its {tested.documents} document(s) with the tokens of documents the "
+                f"run trained on (rows copied from {_named(sorted(trained.files))})" if shared else None)
+
+    def written_paths(self) -> dict[str, tuple[Path, str]]:
+        """The store's cache folder (a stream writes its unit counts there too)."""
+        key = "data.cache_dir" if self.cache_dir else f"data.cache_dir (null: ${CACHE_VARIABLE} or ~/.cache)"
+        path = Path(self.cache_dir).expanduser() if self.cache_dir else default_cache_root()
+        return {key: (path, f"set data.cache_dir to a folder you can write (or ${CACHE_VARIABLE} for every run)")}
+
+    def test_split_hint(self, trained: bool) -> str:
+        if trained:
+            return ("Test a run on files it never trained on, data.test_files=PATH (rows in the shape of data.files), "
+                    "or on the documents it held out: data.test_percent as the run trained with it (a run trained "
+                    "with data.test_percent=0 held none out; raising it now would test on documents it trained on).")
+        return ("Give it one: data.test_files=PATH (files of their own), or data.test_percent=10 (a tenth of the "
+                "documents of data.files, held out by a hash of each).")
 
     def fingerprint(self) -> str | None:
         """The prepared data's identity (files, sizes, tokenizer, settings, counts): kept in checkpoints."""

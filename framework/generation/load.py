@@ -17,7 +17,7 @@ from framework.checkpoint.weights import fit_saved_state, load_error_summary
 from framework.config.build import build
 from framework.config.resolvers import BYTES, tokenizer_file
 from framework.construction.named_state import strict_load
-from framework.data.text_files import Tokenizer
+from framework.data.tokenizer import Tokenizer
 from framework.errors import CheckpointError, ConfigError
 from framework.generation.decode import context_length, vocabulary_size
 from framework.models.build import build_model

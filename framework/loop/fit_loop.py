@@ -276,10 +276,18 @@ class FitLoop:
         self._finalize_checkpoint_if_written()
         if self.state.step % t.log_every == 0:
             self._log_train(grad_norm, stepped)
-        if self.state.step % t.val_every == 0:
-            self.validate()
+        if self.state.step % t.val_every == 0 or self._last_step():
+            self.validate()  # the run's last step validates here: before a checkpoint hook saves that step
         self._hook("on_train_step_end")
         self._check_preemption()
+
+    def _last_step(self) -> bool:
+        """Whether the step just taken is the run's last by its length (trainer.max_steps, or the
+        last batch of the last of trainer.max_epochs)."""
+        t, s = self.trainer, self.state
+        return ((t.max_steps is not None and s.step >= t.max_steps)
+                or (t.max_epochs is not None and s.epoch + 1 >= t.max_epochs
+                    and s.batch_in_epoch >= len(self.train_loader)))
 
     def _check_preemption(self) -> None:
         """Every rank stops at the same step: the flag is agreed with one all-reduce (only in

@@ -178,3 +178,29 @@ def model_stats(cfg: DictConfig, plugins, model):
     stats = ModelStats(params, units.largest or params, param_bytes, mixed_half, optimizer_states(cfg), frozen_bytes,
                        largest)
     return stats, units
+
+
+def beyond_memory(plugins, stats: ModelStats, world_size: int, processes_on_node: int, activation_bytes: int,
+                  advice: str) -> str | None:
+    """A refusal when the run cannot fit the machine it would run on, by `framework plan`'s own
+    arithmetic (model states by the strategy's formula, one micro-batch's activations measured on the
+    meta device): on the CPU every process of the node shares the RAM; on an accelerator one rank's
+    share must fit one device. A lower bound (buffers, the allocator, the loader are not counted), so
+    only what cannot possibly fit is refused; None when it may fit or the memory is not known."""
+    accelerator = plugins.accelerator
+    memory = accelerator.memory_bytes() if accelerator.is_available() else None
+    if not memory:
+        return None
+    states = estimate(plugins.strategy, stats, world_size)
+    per_rank = states.device + activation_bytes + (states.host if accelerator.name == "cpu" else 0)
+    need = per_rank * processes_on_node if accelerator.name == "cpu" else per_rank
+    if need <= memory:
+        return None
+    where = (f"{processes_on_node} process(es) on this node need {human_bytes(need)}, more than its "
+             f"{human_bytes(memory)} of RAM" if accelerator.name == "cpu"
+             else f"more than one {accelerator.name} device's {human_bytes(memory)}")
+    machine = "the machine planned for" if type(accelerator).__name__ == "PlannedAccelerator" else "this machine"
+    return (f"memory: the run cannot fit {machine}: {human_bytes(per_rank)} per rank by framework plan's arithmetic "
+            f"({stats.params:,} trainable parameters; model states {states.formula} = {human_bytes(states.device)}"
+            f"{f' + {human_bytes(states.host)} offloaded' if states.host else ''}, one micro-batch's activations "
+            f"{human_bytes(activation_bytes)}): {where}. {advice}")

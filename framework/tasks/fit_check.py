@@ -124,11 +124,23 @@ def check_packing(model, batch) -> None:
                           "data.packing=false (each sample a row of its own, padded per batch).")
 
 
+def meta_example_batch(data, size: int):
+    """The data's example batch as meta tensors: made on the meta device, so a batch of any shape
+    (a context of 10^8 tokens) costs no memory; an example_batch that reads values is made for
+    real and moved."""
+    try:
+        with torch.device("meta"):
+            batch = data.example_batch(size)
+    except (RuntimeError, NotImplementedError, TypeError, ValueError):
+        batch = data.example_batch(size)
+    return tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, batch)
+
+
 def validation_metric_names(model, data, task) -> set[str] | None:
     """The metric names a validation logs (val/<name>), from the task's own validation step run on
     an example batch on the meta device and its compute_metrics on stand-in totals; None when that
     cannot be told here (an op without a meta kernel, a step that reads values)."""
-    batch = tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, data.example_batch(2))
+    batch = meta_example_batch(data, 2)
     try:
         with meta_device(), torch.no_grad():
             sums = task.validation_step(model, batch)
@@ -146,7 +158,7 @@ def check_fit(model, data, task, batch_size: int = 2, device_type: str = "cpu") 
     without a meta kernel are not the user's."""
     if not getattr(task, "automatic_optimization", True):
         return 0
-    batch = data.example_batch(batch_size)
+    batch = meta_example_batch(data, batch_size)
     check_context(model, batch)
     check_packing(model, batch)
     meta_batch = tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, batch)
@@ -183,7 +195,7 @@ def forward_call(module, model, data, task, batch_size: int = 2) -> tuple[tuple,
     cannot run on meta or does not call it."""
     if not getattr(task, "automatic_optimization", True):
         return None
-    batch = tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, data.example_batch(batch_size))
+    batch = meta_example_batch(data, batch_size)
     calls: list = []
 
     def grab(_, args, kwargs):

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 MARKERS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
-def _pretrained(directory, special_tokens):
+def _pretrained(directory, special_tokens, init_range=0.02):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from tests.helpers.text_data import stdlib_documents
@@ -34,7 +34,8 @@ def _pretrained(directory, special_tokens):
     tokenizer.save(str(directory / "tokenizer.json"))
     torch.manual_seed(0)
     transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=400, n_positions=256, n_embd=32, n_layer=1,
-                                                         n_head=2)).save_pretrained(directory)
+                                                         n_head=2, initializer_range=init_range, bos_token_id=0,
+                                                         eos_token_id=0)).save_pretrained(directory)
 
 
 def test_a_fine_tune_reads_with_its_base_tokenizer_and_exports_what_transformers_needs(tmp_path):
@@ -58,6 +59,7 @@ def test_a_fine_tune_reads_with_its_base_tokenizer_and_exports_what_transformers
     for to in ("hf", "peft"):
         converted = framework_cmd("convert", "outputs/chat", f"export-{to}", "--to", to, cwd=tmp_path)
         assert converted.returncode == 0, converted.stderr
+        assert "gemm_4bit" not in converted.stderr  # no bitsandbytes note on a plain LoRA export
     messages = [{"role": "user", "content": "What is os for?"}]
     for to in ("hf", "peft"):
         tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / f"export-{to}")
@@ -75,3 +77,51 @@ def test_a_fine_tune_reads_with_its_base_tokenizer_and_exports_what_transformers
     with torch.no_grad():
         torch.testing.assert_close(model(prompt).logits, merged(prompt).logits, atol=1e-4, rtol=1e-4)
     assert merged.generate(prompt, max_new_tokens=5, do_sample=False).shape[1] > prompt.shape[1]
+
+
+def test_a_merged_chat_export_stops_in_transformers_at_the_end_of_the_turn(tmp_path):
+    """A chat LoRA run that learned to answer "ok", merged and exported, then loaded by transformers
+    alone: generation_config.json names the template's end of turn (<|im_end|>) beside the end of
+    text, so `generate` stops there by itself. (A base whose embeddings have some range: with
+    GPT-2's 0.02 init a 32-wide model's logits cannot move far enough for LoRA to teach it.)"""
+    _pretrained(tmp_path / "base", MARKERS, init_range=0.2)
+    rows = [{"prompt": f"Say ok to number {i}.", "response": "ok"} for i in range(200)]
+    (tmp_path / "ok.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = framework_cmd("run", "hf_lora_chat", "model.config=null", "model.pretrained=base", "data.files=ok.jsonl",
+                        "data.cache_dir=cache", "data.batch_size=8", "data.block_size=64", "optimizer.lr=0.02",
+                        "trainer.max_steps=40", "trainer.val_every=40", "trainer.progress_bar=false",
+                        "trainer.plot=false", "name=ok", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    converted = framework_cmd("convert", "outputs/ok", "merged", "--to", "hf", cwd=tmp_path)
+    assert converted.returncode == 0, converted.stderr
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "merged")
+    end, eos = tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    settings = json.loads((tmp_path / "merged" / "generation_config.json").read_text())
+    assert settings["eos_token_id"] == [eos, end]
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Say ok to number 7."}],
+                                           add_generation_prompt=True, return_tensors="pt")
+    prompt = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
+    new = model.generate(prompt, max_new_tokens=40, do_sample=False)[0, prompt.shape[1]:].tolist()
+    assert new[-1] == end and len(new) < 40, tokenizer.decode(new)  # stopped at its end of turn, by itself
+    assert tokenizer.decode(new) == "ok<|im_end|>"
+
+
+def test_a_tokenizer_saved_again_with_a_post_processor_is_the_same_tokenizer(tmp_path):
+    """The folder a base was pretrained with and the tokenizer its export wrote (transformers adds a
+    post_processor, which the framework never applies) turn text into the same ids: one tokenizer.
+    Another vocabulary is still refused."""
+    from types import SimpleNamespace
+
+    from framework.cli.hub_tokenizer import export_tokenizer
+    from framework.data.tokenizer import tokenizer_mismatch
+
+    _pretrained(tmp_path / "tok", MARKERS)
+    export_tokenizer(str(tmp_path / "tok"), tmp_path / "exported")
+    exported = json.loads((tmp_path / "exported" / "tokenizer.json").read_text())
+    assert exported != json.loads((tmp_path / "tok" / "tokenizer.json").read_text())  # the bytes differ
+    data = SimpleNamespace(tokenizer=SimpleNamespace(spec=str(tmp_path / "tok")))
+    assert tokenizer_mismatch(str(tmp_path / "exported"), data) is None
+    _pretrained(tmp_path / "other", MARKERS[:1])
+    other = SimpleNamespace(tokenizer=SimpleNamespace(spec=str(tmp_path / "other")))
+    assert "is not the tokenizer of model.pretrained" in tokenizer_mismatch(str(tmp_path / "exported"), other)

@@ -70,3 +70,24 @@ def test_a_monitor_the_validation_never_logs_is_refused_or_warned_before_launch(
     assert [r.split("=")[0] for r in refused] == ["callbacks.early_stopping.monitor"]
     assert [w.split("=")[0] for w in warned] == ["callbacks.checkpoint.monitor", "trainer.objective"]
     assert "(the shipped default) is never logged by this task, so it selects nothing" in warned[0]
+
+
+def test_the_last_checkpoint_holds_the_final_validation(tmp_path):
+    """A checkpoint saved at the run's last step (every_n_steps divides max_steps, val_every does
+    not) is written after that step's validation, so it records val/loss and `framework test` or
+    `convert` of the run can rank it; the last step is validated once."""
+    from framework.checkpoint.format import read_meta
+    from framework.checkpoint.load import checkpoint_to_evaluate
+    from tests.conftest import checkpoints
+
+    out = tmp_path / "run"
+    run_inprocess(DIGITS + ["trainer.max_steps=6", "trainer.val_every=4", "callbacks.checkpoint.every_n_steps=3",
+                            "callbacks.checkpoint.keep_last_k=5"], out)
+    saved = checkpoints(out)
+    assert [p.name for p in saved] == ["step_000003", "step_000006"]
+    assert "val/loss" in read_meta(saved[-1])["metrics"] and "val/loss" not in read_meta(saved[0])["metrics"]
+    info, why = checkpoint_to_evaluate(out / "checkpoints", "val/loss", "min")
+    assert info.path == saved[-1] and why.startswith("best val/loss")
+    with open(out / "metrics.csv") as f:
+        validated = [int(row["step"]) for row in csv.DictReader(f) if row.get("val/loss")]
+    assert validated == [0, 4, 6]

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from framework.cli.plan import plan
 from framework.config.build import build
@@ -176,15 +177,28 @@ def test_plan_for_a_gpu_machine_from_one_without():
     """A login node plans its GPU nodes' run: the device taken as present with the memory given;
     attention counted as CUDA's fused kernels keep it (no T x T matrix: at context 4096 that matrix
     alone would be 32 x 32 heads x 4096^2 x 4 bytes = 64 GiB per layer)."""
-    result = framework_cmd("plan", "--device", "cuda", "--device-memory", "80GiB", "devices=8", "strategy=fsdp",
-                           "precision=bf16", "model.n_layer=32", "model.n_embd=4096", "model.n_head=32",
-                           "model.block_size=4096", "model.dropout=0.1")
-    assert result.returncode == 0, result.stdout + result.stderr
+    model = ["devices=8", "strategy=fsdp", "precision=bf16", "model.n_layer=32", "model.n_embd=4096", "model.n_head=32",
+             "model.block_size=4096", "model.dropout=0.1"]
+    result = framework_cmd("plan", "--device", "cuda", "--device-memory", "80GiB", *model)
+    assert result.returncode == 2, result.stdout + result.stderr  # its activations cannot fit one device: refused
+    assert "memory: the run cannot fit the machine planned for" in result.stdout
+    assert "more than one cuda device's 80.0 GiB" in result.stdout
     assert "planned for another machine: cuda devices of 80.0 GiB" in result.stdout
     assert "device memory: 80.0 GiB" in result.stdout and "8 process(es)" in result.stdout
     activations = re.search(r"activations: ([\d.]+) (GiB|TiB)", result.stdout)
     tib = float(activations.group(1)) / (1024 if activations.group(2) == "GiB" else 1)
     assert 0.5 < tib < 2.0  # ~1.2 TiB in float32 for a micro-batch of 32 (the T x T matrices: 2 TiB more)
+    fits = framework_cmd("plan", "--device", "cuda", "--device-memory", "80GiB", *model, "data.batch_size=1",
+                         "trainer.activation_checkpointing=true")
+    assert fits.returncode == 0 and "compatibility: ok" in fits.stdout, fits.stdout + fits.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="plans for a CUDA machine from one without")
+def test_a_refused_accelerator_names_the_way_to_plan_for_it_from_here():
+    result = framework_cmd("plan", "accelerator=cuda", "strategy=fsdp", "devices=2")
+    assert result.returncode == 2
+    assert ("to plan the run for a machine that has it from here: framework plan --device cuda --device-memory SIZE"
+            in result.stdout), result.stdout
 
 
 @pytest.mark.parametrize("args,message", [

@@ -92,3 +92,21 @@ def test_a_run_directory_works_from_anywhere_and_refuses_to_test_on_what_it_trai
     allowed = framework_cmd("test", str(project / "outputs" / "run"), "data.test_percent=30", "--allow-overlap",
                             cwd=elsewhere)
     assert allowed.returncode == 0 and "WARNING: data.test_percent=30" in allowed.stderr
+    # the overlap is found by content, not by path: a copy of the training file, rows taken out of it
+    trained = (project / "corpus" / "a.jsonl").read_text().splitlines(keepends=True)
+    (project / "held.jsonl").write_text("".join(trained))
+    copied = framework_cmd("test", str(project / "outputs" / "run"), f"data.test_files={project / 'held.jsonl'}",
+                           cwd=elsewhere)
+    assert copied.returncode == 2, copied.stderr[-2000:]
+    assert f"data.test_files holds copies of files the run trained on ({project / 'held.jsonl'} = " in copied.stderr
+    fresh = stdlib_documents(40, max_chars=2000)[30:]
+    write_jsonl(project / "mixed.jsonl", fresh)
+    (project / "mixed.jsonl").write_text((project / "mixed.jsonl").read_text() + "".join(trained[:12]))
+    taken = framework_cmd("test", str(project / "outputs" / "run"), f"data.test_files={project / 'mixed.jsonl'}",
+                          cwd=elsewhere)
+    assert taken.returncode == 2 and "of its 22 document(s) with the tokens of documents the run trained on" in \
+        " ".join(taken.stderr.split()), taken.stderr[-2000:]
+    write_jsonl(project / "fresh.jsonl", fresh)
+    unseen = framework_cmd("test", str(project / "outputs" / "run"), f"data.test_files={project / 'fresh.jsonl'}",
+                           cwd=elsewhere)
+    assert unseen.returncode == 0 and "test/loss" in unseen.stdout, unseen.stderr[-2000:]

@@ -294,3 +294,21 @@ def test_the_chat_shapes_people_have_give_the_same_conversation(tmp_path):
     with_input = ChatFiles(files=str(tmp_path / "alpaca" / "alpaca.json"), cache_dir=str(tmp_path / "cache"),
                            block_size=128, chat_template="chatml").fields.conversation({"instruction": "Sum", "input": "1 2", "output": "3"})
     assert with_input[0] == {"role": "user", "content": "Sum\n\n1 2"}
+
+
+def test_testing_chat_data_without_a_test_split_names_its_own_keys():
+    """The hint names this data's keys (not other datasets'), and for a trained run it does not send
+    the user to data.test_percent, which would then be refused as an overlap."""
+    from framework.loop.state import Stage
+    from framework.runner import prepare
+    from tests.conftest import compose_cfg
+
+    with pytest.raises(ConfigError) as refused:
+        prepare(compose_cfg(["data=chat_files"]), stage=Stage("test"))
+    text = " ".join(str(refused.value).split())
+    assert "framework test: the data (ChatFiles) has no test split" in text and "data.test_files=PATH" in text
+    assert "digits" not in text and "stdlib_text" not in text
+    assert "raising it now would test on documents it trained on" in text
+    with pytest.raises(ConfigError) as at_end:
+        prepare(compose_cfg(["data=chat_files", "trainer.test_at_end=true"]))
+    assert "Give it one: data.test_files=PATH (files of their own), or data.test_percent=10" in str(at_end.value)

@@ -25,6 +25,7 @@ from framework.strategy.deepspeed.grad_buffer import release_gradient_buffer, ze
 from framework.strategy.deepspeed.groups import forget_process_groups
 from framework.strategy.deepspeed.imports import deepspeed_package, muon_left_uncompiled
 from framework.strategy.deepspeed.master_weights import shared_master_partitions
+from framework.strategy.deepspeed.op_locks import build_root_problem
 from framework.strategy.deepspeed.sizes import nvme_param_swap, zero_sizes
 from framework.strategy.base import with_adapter
 from framework.strategy.parallel import ParallelStrategy
@@ -165,7 +166,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         (`strategy.config`): a bad value is refused before any process starts. Without raw keys
         the generated config is known to be valid, and deepspeed is not imported. NVMe offload:
         a folder that cannot be written."""
-        problems = self._nvme_path_problems()
+        problems = self._nvme_path_problems() + [p for p in [build_root_problem()] if p]
         if not self.raw_config:
             return problems
         self._choose_deepspeed_accelerator()

@@ -18,6 +18,8 @@ import importlib
 import sys
 from types import ModuleType
 
+from framework.strategy.deepspeed.op_locks import watch_op_builds
+
 #: packages DeepSpeed's import would load only for features the framework does not use
 KEPT_OUT = ("mlflow",)
 #: the module DeepSpeed's ZeRO optimizers import to recognise Muon
@@ -26,7 +28,9 @@ MUON_MODULE = "deepspeed.runtime.zero.muon.muon_optimizer"
 
 def deepspeed_package() -> ModuleType:
     """The deepspeed package, imported once without the packages in KEPT_OUT (unless something
-    has imported them already)."""
+    has imported them already), with its op builds watched (framework/strategy/deepspeed/op_locks.py:
+    a lock left by a build that stopped is taken over, a wait says what it waits for)."""
+    watch_op_builds()
     if "deepspeed" in sys.modules:
         return sys.modules["deepspeed"]
     hidden = [name for name in KEPT_OUT if name not in sys.modules]

@@ -1,0 +1,85 @@
+"""A DeepSpeed op build stopped mid-way (SIGKILL while it holds torch's extension lock) never
+leaves the next run waiting in silence: the next builder takes the lock over, and a process that
+was waiting for the dead builder stops with the cause (framework/strategy/deepspeed/op_locks.py).
+torch's own FileBaton is what DeepSpeed's op builder locks with, used here as it uses it."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+from torch.utils.file_baton import FileBaton
+
+from framework.strategy.deepspeed import op_locks
+
+BUILDER = textwrap.dedent("""
+    import sys, time
+    from torch.utils.file_baton import FileBaton
+    from framework.strategy.deepspeed.op_locks import watch_op_builds
+    watch_op_builds()
+    baton = FileBaton(sys.argv[1])
+    assert baton.try_acquire()
+    print("building", flush=True)
+    time.sleep(600)  # killed mid-build
+""")
+
+
+@pytest.fixture(autouse=True)
+def watched():
+    op_locks.watch_op_builds()
+
+
+def _killed_builder(lock) -> int:
+    """A process that takes the op's lock as a framework builder does, then dies by SIGKILL."""
+    builder = subprocess.Popen([sys.executable, "-c", BUILDER, str(lock)], stdout=subprocess.PIPE, text=True)
+    assert builder.stdout.readline().strip() == "building"
+    builder.send_signal(signal.SIGKILL)
+    builder.wait(timeout=30)
+    return builder.pid
+
+
+def test_a_lock_left_by_a_killed_build_is_taken_over_by_the_next(tmp_path, capfd):
+    lock = tmp_path / "async_io" / "lock"
+    lock.parent.mkdir()
+    pid = _killed_builder(lock)
+    assert lock.exists()  # what torch alone would wait on forever
+    baton = FileBaton(str(lock))
+    assert baton.try_acquire()  # taken over: this process builds
+    assert f"(pid {pid}) stopped before it finished" in capfd.readouterr().err
+    second = FileBaton(str(lock))
+    assert not second.try_acquire()  # a live builder's lock is respected
+    baton.release()
+    assert not lock.exists()
+    assert FileBaton(str(lock)).try_acquire()
+
+
+def test_a_wait_for_a_builder_that_dies_stops_with_the_cause(tmp_path):
+    lock = tmp_path / "cpu_adam" / "lock"
+    lock.parent.mkdir()
+    builder = subprocess.Popen([sys.executable, "-c", BUILDER, str(lock)], stdout=subprocess.PIPE, text=True)
+    assert builder.stdout.readline().strip() == "building"
+    waiter = FileBaton(str(lock), wait_seconds=0.05)
+    assert not waiter.try_acquire()
+    threading.Timer(0.5, builder.send_signal, (signal.SIGKILL,)).start()
+    started = time.monotonic()
+    with pytest.raises(op_locks.OpBuildStopped, match=f"pid {builder.pid}.*Run again"):
+        waiter.wait()
+    builder.wait(timeout=30)
+    assert time.monotonic() - started < 30 and not lock.exists()
+
+
+def test_a_wait_for_a_lock_of_unknown_origin_says_what_it_waits_for(tmp_path, monkeypatch, capfd):
+    lock = tmp_path / "fused_adam" / "lock"
+    lock.parent.mkdir()
+    lock.touch()  # made by something that is not a framework builder (a plain torch build)
+    monkeypatch.setattr(op_locks, "SAY_EVERY_S", 0.2)
+    assert not FileBaton(str(lock)).try_acquire()  # not known to be dead: not taken
+    threading.Timer(0.7, os.remove, (lock,)).start()
+    FileBaton(str(lock), wait_seconds=0.05).wait()
+    said = capfd.readouterr().err
+    assert "waiting" in said and f"remove {lock} and run again" in said
