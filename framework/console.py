@@ -3,6 +3,7 @@ warnings shown once instead of once per rank and call."""
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import time
 import warnings
@@ -94,3 +95,9 @@ def human_bytes(n: float) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
     return f"{n:.1f} TiB"
+
+
+def warn(message: str, stream=None) -> None:
+    """A warning as the user reads it, `WARNING: ...` on stderr at once: the one way the framework
+    warns outside a worker's rank-zero console (the loop's `say` prefixes its own the same way)."""
+    print(f"WARNING: {message}", file=stream or sys.stderr, flush=True)

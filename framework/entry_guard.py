@@ -23,6 +23,7 @@ from hydra._internal.hydra import Hydra
 from omegaconf import open_dict
 
 from framework import runner
+from framework.preflight import prepare
 from framework.config.compose import composer, friendly_message, keys_lookup, search_dirs_of, sweep_variants
 from framework.config.overrides import (
     NO_PRECHECK_FLAGS,
@@ -66,7 +67,7 @@ def precheck(args: list[str], config_dir, config_name: str):
             for cfg in configs:
                 with open_dict(cfg):
                     cfg.pop("hydra")
-                runner.prepare(cfg)
+                prepare(cfg)
         return mode
     except ConfigError as err:
         if wants_traceback(any(a in ("debug=true", "debug=True") for a in overrides)):

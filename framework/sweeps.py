@@ -25,7 +25,6 @@ from framework.config.overrides import defining_overrides
 from framework.errors import ExitCode, RunExit
 from framework.loggers.mlflow import close_sweep_run, open_sweep_run
 from framework.plotting.at_end import sweep_figures
-from framework.results import write_json
 from framework.sweep_record import SUMMARY_FILE, SWEEP_RECORD_FILE, SWEEP_SUMMARY_FILE
 
 
@@ -65,10 +64,6 @@ def finished_objective(output_dir: Path, job: SweepJob) -> tuple[bool, Any]:
     if summary.get("status") == "completed" and same:
         return True, summary.get("objective_value")
     return False, None
-
-
-def write_summary(output_dir: Path, summary: dict) -> None:
-    write_json(Path(output_dir) / SUMMARY_FILE, summary)
 
 
 def read_jobs(sweep_dir: Path) -> list[dict]:

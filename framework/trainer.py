@@ -31,6 +31,7 @@ from framework.data.ranks import prepare_once
 from framework.errors import ConfigError
 from framework.loop.evaluation import predict, score
 from framework.loop.fit_loop import FitLoop
+from framework.loop.parts import Loaders, RunContext, Training
 from framework.loop.preemption import PreemptionWatcher
 from framework.loop.state import FitResult, Stage
 from framework.models.build import build_model
@@ -168,11 +169,9 @@ def _fit(cfg, config: dict, plugins, output_dir: Path, stage: Stage) -> FitResul
                 "accelerator": plugins.accelerator.name, "checkpoint_io": strategy.checkpoint_io.name, "config": config}
     signals = list(dict.fromkeys([*cfg.trainer.preemption_signals, *plugins.cluster.preemption_signals()]))
     preemption = PreemptionWatcher(signals)
-    loop = FitLoop(strategy=strategy, task=task, model=model, optimizer=optimizer, scheduler=scheduler,
-                   scheduler_interval=interval, train_loader=train_loader, val_loader=val_loader,
-                   trainer=cfg.trainer, callbacks=callbacks, loggers=loggers, output_dir=output_dir,
-                   run_meta=run_meta, preemption=preemption, manual=manual, test_loader=test_loader,
-                   data_identity=data_identity)
+    loop = FitLoop(Training(strategy, task, model, optimizer, scheduler, interval, manual),
+                   Loaders(train_loader, val_loader, test_loader), cfg.trainer,
+                   RunContext(output_dir, run_meta, callbacks, loggers, preemption, *data_identity))
     try:
         return loop.fit(resume_path(cfg, output_dir, loop.say, restarted=plugins.cluster.restarted))
     finally:

@@ -9,7 +9,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from framework.config.overrides import normalize_overrides
-from framework.runner import prepare
+from framework.preflight import prepare
 from tests.conftest import ROOT, compose_cfg
 
 

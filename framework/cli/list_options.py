@@ -21,7 +21,7 @@ from framework.config.groups import PLUGIN_GROUPS
 from framework.config.targets import import_target, iter_target_nodes, missing_packages
 from framework.errors import ConfigError, ExitCode, UserError, did_you_mean, report
 from framework.paths import builtin_recipes, conf_dir
-from framework.runner import prepare
+from framework.preflight import prepare
 
 
 @dataclass

@@ -23,7 +23,7 @@ from framework.console import human_bytes, parse_size
 from framework.errors import ConfigError, ExitCode, UserError, report
 from framework.paths import conf_dir, find_recipe
 from framework.planning.memory import estimate, model_stats
-from framework.runner import prepare
+from framework.preflight import prepare
 
 
 def ranks_per_node(devices: int, num_nodes: int) -> str:

@@ -19,7 +19,7 @@ from framework.cli.trained_run import trained_run
 from framework.data.loaders import SPLITS
 from framework.errors import ConfigError, ExitCode, RunExit, UserError, report
 from framework.results import PREDICTION_FORMATS
-from framework.runner import run_predict
+from framework.stages import run_predict
 
 COMMAND = "framework predict"
 

@@ -21,7 +21,7 @@ from framework.checkpoint.format import read_meta
 from framework.cli.trained_run import trained_run
 from framework.config.build import build
 from framework.errors import ConfigError, ExitCode, RunExit, UserError, report
-from framework.runner import run_test
+from framework.stages import run_test
 
 
 def parser() -> argparse.ArgumentParser:

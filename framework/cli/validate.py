@@ -11,11 +11,11 @@ import sys
 from framework.config.compose import compose
 from framework.errors import ConfigError, ExitCode, UserError, report
 from framework.paths import find_recipe
-from framework.runner import prepare
+from framework.preflight import prepare
 
 
 def problems_of(cfg) -> list[str]:
-    """Every problem the run's own preparation finds (framework.runner.prepare)."""
+    """Every problem the run's own preparation finds (framework.preflight.prepare)."""
     return prepare(cfg, strict=False).problems
 
 

@@ -68,6 +68,14 @@ class Diverged(Exception):
         super().__init__(divergence.describe())
 
 
+class StopNonFinite(Exception):
+    """Inside the loop: the guard decided to stop (trainer.on_nonfinite); fit() ends the run."""
+
+    def __init__(self, what: str, step: int | None, detail: str = ""):
+        super().__init__(what)
+        self.what, self.step, self.detail = what, step, detail
+
+
 class NonFiniteGuard:
     """The loop's watch on non-finite values. Per micro-batch `observe_loss`, per step
     `observe_gradients` (and `skips_step` first under the skip policy), then `local_verdict`
@@ -179,6 +187,29 @@ class NonFiniteGuard:
             return None
         step, what = min(seen, key=lambda item: (item[0] is None, item[0] or 0))
         return what, step
+
+    # ---- acting on a verdict, by the policy --------------------------------------------------------
+    def act(self, verdict, say) -> None:
+        """Act on a verdict (what went non-finite, at which step): stop (and skip, whose skipped
+        steps never reach here) raise StopNonFinite; warn says so once (`say`: rank zero's print)."""
+        if verdict is None:
+            return
+        what, step = verdict
+        if self.policy != "warn":
+            raise StopNonFinite(what, step)
+        if not self.warned:
+            self.warned = True
+            at = f" at step {step}" if step is not None else ""
+            say(f"WARNING: {what} became non-finite{at}; training goes on (trainer.on_nonfinite=warn). Checkpoints "
+                "of non-finite weights are marked in their meta.json and never replace the last finite one.")
+
+    def after_step(self, step: int, say) -> None:
+        """After each step: act on what can be read without waiting (one process), and on a loss
+        scaler's (or the skip policy's) skips in a row."""
+        too_many = self.too_many_skips()
+        if too_many is not None:
+            raise StopNonFinite("the gradient norm", step, detail=too_many)
+        self.act(self.local_verdict(), say)
 
     # ---- the scaler's and the skip policy's skips --------------------------------------------------
     def too_many_skips(self) -> str | None:

@@ -57,7 +57,8 @@ def test_memory_monitor_reads_the_memory_group_a_rank_has_to_itself(tmp_path):
 def test_a_monitor_the_validation_never_logs_is_refused_or_warned_before_launch():
     """A name the user chose is refused; the shipped default (val/loss) under a task without a loss
     is a warning, so a task of one's own still runs with the shipped config."""
-    from framework.runner import monitor_problems, prepare
+    from framework.preflight import prepare
+    from framework.preflight.monitors import monitor_problems
 
     cfg = compose_cfg(["model=mlp", "data=digits", "task=classification", "callbacks=[checkpoint,early_stopping]",
                        "callbacks.early_stopping.monitor=val/acc"])

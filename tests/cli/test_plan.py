@@ -13,7 +13,7 @@ from framework.cli.plan import plan
 from framework.config.build import build
 from framework.planning.memory import (ModelStats, estimate, fully_sharded, model_stats, optimizer_sharded, replicated,
                                        zero)
-from framework.runner import prepare
+from framework.preflight import prepare
 from tests.cli.helpers import framework_cmd
 from tests.conftest import compose_cfg, run_train
 

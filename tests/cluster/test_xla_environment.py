@@ -11,7 +11,7 @@ import pytest
 from framework.cluster.xla import XLAEnvironment
 from framework.errors import ConfigError
 from framework.plugins import build_plugins
-from framework.runner import prepare
+from framework.preflight import prepare
 from tests.conftest import TINY_GPT, compose_cfg, run_train
 
 

@@ -300,7 +300,7 @@ def test_testing_chat_data_without_a_test_split_names_its_own_keys():
     """The hint names this data's keys (not other datasets'), and for a trained run it does not send
     the user to data.test_percent, which would then be refused as an overlap."""
     from framework.loop.state import Stage
-    from framework.runner import prepare
+    from framework.preflight import prepare
     from tests.conftest import compose_cfg
 
     with pytest.raises(ConfigError) as refused:

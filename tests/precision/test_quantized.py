@@ -16,7 +16,7 @@ from framework.precision.bnb_fp4 import BnbFP4Precision
 from framework.precision.bnb_int8 import BnbInt8Precision
 from framework.precision.bnb_nf4 import BnbNF4Precision
 from framework.precision.bnb_nf4_dq import BnbNF4DoubleQuantPrecision
-from framework.runner import compatibility_plan, prepare
+from framework.preflight import compatibility_plan, prepare
 from tests.conftest import TINY_GPT, checkpoints, compose_cfg, load_model_state, run_inprocess, run_train
 
 pytest.importorskip("bitsandbytes", reason="bitsandbytes is in the dev extra; `pip install 'framework[quant]'`")

@@ -12,7 +12,7 @@ from framework.config.compatibility import judge
 from framework.errors import ConfigError
 from framework.models.gpt import GPT
 from framework.precision.te_fp8 import TransformerEngineFP8Precision
-from framework.runner import compatibility_plan, prepare
+from framework.preflight import compatibility_plan, prepare
 from tests.conftest import TINY_GPT, compose_cfg
 
 

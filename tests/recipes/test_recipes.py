@@ -154,7 +154,7 @@ def test_every_recipe_validates_and_swaps_to_every_strategy():
     task (e.g. DeepSpeed refuses a task that steps two optimizers), given as the reason."""
     from framework.config.compose import composer
     from framework.paths import conf_dir
-    from framework.runner import prepare
+    from framework.preflight import prepare
 
     strategies = sorted(p.stem for p in (conf_dir() / "strategy").glob("*.yaml"))
     for name, path in builtin_recipes().items():

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from framework.accelerator.cpu import CPUAccelerator
-from framework.runner import prepare
+from framework.preflight import prepare
 from tests.conftest import (
     DIGITS,
     ROOT,
@@ -213,7 +213,7 @@ def _refused_on_this_machine(fragment: str) -> bool:
 
 
 def test_deepspeed_and_fairscale_are_imported_only_when_chosen():
-    code = ("import sys; from tests.conftest import compose_cfg; from framework.runner import prepare; "
+    code = ("import sys; from tests.conftest import compose_cfg; from framework.preflight import prepare; "
             "prepare(compose_cfg(['strategy=ddp', 'devices=2'])); "
             "prepare(compose_cfg(['strategy=deepspeed_stage_3', 'devices=2'])); "
             "print(sorted(m for m in ('deepspeed', 'fairscale', 'tensorboard') if m in sys.modules))")

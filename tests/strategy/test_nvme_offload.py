@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from framework.planning.memory import estimate, model_stats
-from framework.runner import prepare
+from framework.preflight import prepare
 from framework.strategy.deepspeed_stage_3_offload_nvme import DeepSpeedStage3OffloadNvmeStrategy
 from tests.conftest import ROOT, TINY_GPT, compose_cfg, run_train
 from tests.helpers.libaio import ensure_libaio

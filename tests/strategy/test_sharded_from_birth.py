@@ -118,7 +118,7 @@ def test_a_unit_the_model_lacks_is_refused_before_launch():
     """The run, `framework plan` and `framework validate` share prepare(): the unit rule runs on
     the meta model there, so a wrap_modules typo never reaches a worker."""
     from framework.errors import ConfigError
-    from framework.runner import prepare
+    from framework.preflight import prepare
     from tests.conftest import compose_cfg
 
     with pytest.raises(ConfigError, match=r"strategy.wrap_modules=\['Blok'\]: the model has no module of class Blok"):

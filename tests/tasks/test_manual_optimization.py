@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from framework.errors import ConfigError
-from framework.runner import prepare
+from framework.preflight import prepare
 from framework.tasks.manual import OptimizerSet, optimizer_set_factory
 from tests.conftest import assert_resume_is_exact, compose_cfg, run_inprocess, run_train
 

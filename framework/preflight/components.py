@@ -1,0 +1,79 @@
+"""Model, data and task built and tried together before launch: the model on the meta device (no
+memory, no initialisation), the data's own checks (its files, the paths it writes, what testing
+needs of it), one example batch through model and task (the shapes fit; the activations one
+micro-batch keeps for backward, measured), the metrics a validation logs."""
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from framework.config.build import build
+from framework.construction.activation_checkpointing import checkpoint_units
+from framework.construction.meta_build import meta_device
+from framework.data.tokenizer import tokenizer_mismatch
+from framework.errors import ConfigError
+from framework.loop.state import Stage
+from framework.models.build import build_model
+from framework.paths import check_creatable_dir
+from framework.plugins import Plugins
+from framework.tasks.fit_check import check_compilable, check_fit, validation_metric_names
+
+
+def build_components(cfg: DictConfig, plugins: Plugins | None = None,
+                     stage: Stage = Stage(), warnings: list | None = None) -> tuple[object, int, set[str] | None]:
+    """Build the model (on the meta device: no memory, no init cost), data module and task once,
+    so an argument their constructors refuse is reported before anything is written, and pass one
+    batch through them (framework/tasks/fit_check.py); returns the meta model (its size is what
+    `framework plan` reports) and the activation bytes of one micro-batch (what the forward keeps
+    for backward; with trainer.activation_checkpointing the units' inputs and one unit's
+    activations, live again while backward recomputes it), and the metric names a validation logs."""
+    with meta_device():
+        model = build_model(cfg.model)
+        if cfg.get("adapter"):  # the adapter's layers, and its refusals (targets, rank), before launch
+            model = build(cfg.adapter, "adapter").apply(model)
+    data = build(cfg.data, "data")
+    for key, (path, fix) in data.written_paths().items():
+        check_creatable_dir(path, key, fix)
+    sources = data.problems() + test_split_problems(cfg, data, stage) + data.run_problems(cfg.trainer, stage.name)
+    if sources:
+        raise ConfigError("\n".join(sources))
+    if warnings is not None:
+        warnings.extend(data.warnings())
+    mismatch = tokenizer_mismatch(cfg.model.get("pretrained"), data)
+    if mismatch:
+        raise ConfigError(mismatch)
+    task = build(cfg.task, "task")
+    if stage.name == "predict" and not task.can_predict:
+        raise ConfigError(f"framework predict: the task ({type(task).__name__}) defines no predict_step; give it one "
+                          "(what it predicts for each sample: framework/tasks/base.py), or use a built-in task.")
+    batch_size = int(cfg.data.get("batch_size", 2) or 2)
+    logged = validation_metric_names(model, data, task)
+    if plugins is not None and cfg.trainer.get("compile"):
+        check_compilable(model, data, task, plugins.strategy, bool(cfg.trainer.get("activation_checkpointing")))
+    if plugins is None or not cfg.trainer.get("activation_checkpointing"):
+        return model, check_fit(model, data, task, batch_size, device_type(plugins)), logged
+    whole = check_fit(model, data, task, batch_size, device_type(plugins))
+    count = checkpoint_units(plugins.strategy.units(model))
+    kept = check_fit(model, data, task, batch_size, device_type(plugins))
+    return model, kept + (max(whole - kept, 0) // count if count else 0), logged
+
+
+def device_type(plugins: Plugins | None) -> str:
+    """The device the run computes on (whose attention kernels the activations are measured for)."""
+    return plugins.accelerator.name if plugins is not None else "cpu"
+
+
+def test_split_problems(cfg: DictConfig, data, stage: Stage) -> list[str]:
+    """Testing (`framework test`, trainer.test_at_end, predictions of the test split) needs data
+    with a test split."""
+    if stage.name == "test":
+        asked = "framework test"
+    elif stage.name == "predict" and stage.split == "test":
+        asked = "framework predict --split test"
+    elif cfg.trainer.get("test_at_end"):
+        asked = "trainer.test_at_end=true"
+    else:
+        return []
+    if data.has_test_split:
+        return []
+    return [f"{asked}: the data ({type(data).__name__}) has no test split. "
+            f"{data.test_split_hint(trained=stage.name != 'fit')}"]
