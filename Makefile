@@ -8,7 +8,7 @@ TORCH_VERSION ?= 2.13.0
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup train test test-xla test-floor gpu-check bench clean
+.PHONY: setup train lint test test-xla test-floor gpu-check bench clean
 
 # $(call install_venv,DIR,TORCH,PACKAGE): a virtual environment with torch installed first (TORCH:
 # pip arguments), then the framework (PACKAGE: pip arguments after -e).
@@ -27,6 +27,10 @@ setup: $(BIN)/.installed
 
 train: setup
 	$(BIN)/python train.py $(ARGS)
+
+# The linter (rules in pyproject.toml [tool.ruff]); CI runs it before the tests.
+lint: setup
+	$(BIN)/ruff check framework tests benchmarks examples hydra_plugins train.py setup.py
 
 # Two pytest-xdist workers, a file's tests together on one (tests/conftest.py says why); TEST_WORKERS=0
 # runs the suite in this process, one test at a time.

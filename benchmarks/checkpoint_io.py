@@ -23,11 +23,11 @@ from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
-
-from framework.checkpoint_io.dcp_reader import load_into
-from framework.checkpoint_io.dcp import DCPCheckpointIO
-from framework.checkpoint_io.torch import TorchCheckpointIO
 from results_table import publish  # benchmarks/ is on sys.path when a script runs
+
+from framework.checkpoint_io.dcp import DCPCheckpointIO
+from framework.checkpoint_io.dcp_reader import load_into
+from framework.checkpoint_io.torch import TorchCheckpointIO
 
 AsyncCheckpointIO = importlib.import_module("framework.checkpoint_io.async").AsyncCheckpointIO
 ROUNDS = 5

@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from results_table import publish  # benchmarks/ is on sys.path when a script runs
 
 ROOT = Path(__file__).resolve().parents[1]

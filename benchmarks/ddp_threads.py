@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
+from results_table import publish  # benchmarks/ is on sys.path when a script runs
 
 import framework
-from results_table import publish  # benchmarks/ is on sys.path when a script runs
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = 5

@@ -67,7 +67,7 @@ def planned(strategy: str, devices: int, model: list[str], extra=()) -> float:
     text = subprocess.run([sys.executable, "-m", "framework", "plan", f"strategy={strategy}", f"devices={devices}",
                            *model, *RUN, "trainer.max_steps=3", *extra],
                           capture_output=True, text=True, cwd=ROOT).stdout
-    line = next(l for l in text.splitlines() if l.strip().startswith("total per rank:"))
+    line = next(row for row in text.splitlines() if row.strip().startswith("total per rank:"))
     value, unit = line.split(":")[-1].split(" on ")[0].split()
     return float(value) * {"KiB": 2**10, "MiB": MiB, "GiB": GiB}[unit]
 
@@ -199,7 +199,7 @@ def mesh(workdir: Path, strategies=tuple(MESHES)) -> None:
             print(row["tail"][-400:], flush=True)
             continue
 
-        def vs(key: str) -> str:
+        def vs(key: str, row=row) -> str:
             return f"{row[key] / fsdp[key]:.2f}x" if fsdp and fsdp[key] and row[key] else ""
 
         unit = f"{row['unit'] / MiB:.1f}" if row["unit"] else "none (the whole model)"

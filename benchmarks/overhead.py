@@ -21,13 +21,13 @@ from pathlib import Path
 
 import torch
 from hydra import compose, initialize_config_dir
+from results_table import publish  # benchmarks/ is on sys.path when a script runs
 from torch.nn import functional as F
 
 import framework
 from framework.config.build import build
 from framework.models.build import build_model
 from framework.scheduler.cosine import warmup_cosine
-from results_table import publish  # benchmarks/ is on sys.path when a script runs
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = 5
@@ -137,9 +137,10 @@ def rows(case: str, per_step: dict[str, list[float]]) -> list[str]:
 
 
 def main() -> None:
-    import lightning  # noqa: F401  (fail early, before minutes of measuring, if it is missing)
     import logging
     import warnings
+
+    import lightning  # noqa: F401  (fail early, before minutes of measuring, if it is missing)
 
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)

@@ -23,7 +23,6 @@ from hydra._internal.hydra import Hydra
 from omegaconf import open_dict
 
 from framework import runner
-from framework.preflight import prepare
 from framework.config.compose import composer, friendly_message, keys_lookup, search_dirs_of, sweep_variants
 from framework.config.overrides import (
     NO_PRECHECK_FLAGS,
@@ -35,7 +34,7 @@ from framework.config.overrides import (
 from framework.config.trust import allow_from_command_line, check_hydra_settings, check_trusted
 from framework.errors import ConfigError, ExitCode, RunExit, report, wants_traceback
 from framework.paths import check_creatable_dir, conf_dir, make_importable
-
+from framework.preflight import prepare
 
 UNKNOWN = object()  # precheck did not compose (Hydra's own flags such as --cfg)
 

@@ -104,7 +104,7 @@ def test_rerunning_a_sweep_with_resume_auto_skips_finished_and_resumes_unfinishe
     assert (finished / "summary.json").read_text() == finished_summary  # untouched
     assert metric_rows(unfinished) == original  # resumed exactly: the same losses as the undisturbed job
     assert [r["status"] for r in summary_rows(sweep)] == ["completed", "completed"]
-    assert len([p for p in (tmp_path / "multirun").rglob("sweep.yaml")]) == 1  # no second sweep directory
+    assert len(list((tmp_path / "multirun").rglob("sweep.yaml"))) == 1  # no second sweep directory
 
 
 @pytest.mark.slow

@@ -25,6 +25,7 @@ from framework.config.types import NonNegativeFloat, PositiveFloat, PositiveInt
 from framework.errors import ConfigError, did_you_mean
 from framework.precision.quantized_layers import quiet_bitsandbytes
 
+
 def peft_package():
     """peft, imported for every use the framework makes of it (training, merging, exporting): peft
     imports bitsandbytes where it is installed, so the framework's quiet import of bitsandbytes

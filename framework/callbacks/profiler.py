@@ -38,9 +38,9 @@ class Profiler(Callback):
         row_limit: rows of the table; memory_snapshot: on CUDA, record the allocator's history."""
         if sort_by not in SORT_KEYS:
             raise ConfigError(f"callbacks.profiler.sort_by={sort_by!r}: choose one of {', '.join(SORT_KEYS)}.")
-        self.steps = dict(skip_first=skip_first, wait=wait, warmup=warmup, active=active, repeat=repeat)
+        self.steps = {"skip_first": skip_first, "wait": wait, "warmup": warmup, "active": active, "repeat": repeat}
         self.ranks = [0] if ranks is None else list(ranks)
-        self.options = dict(record_shapes=record_shapes, profile_memory=profile_memory, with_stack=with_stack)
+        self.options = {"record_shapes": record_shapes, "profile_memory": profile_memory, "with_stack": with_stack}
         self.sort_by, self.row_limit, self.memory_snapshot = sort_by, row_limit, memory_snapshot
         self._profile = None
         self._directory: Path | None = None

@@ -12,11 +12,19 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from framework.checkpoint.format import (META, CheckpointInfo, check_files, is_sharded, list_checkpoints, read_meta,
-                                         sharded_files)
+from framework.checkpoint.format import (
+    META,
+    CheckpointInfo,
+    check_files,
+    is_sharded,
+    list_checkpoints,
+    read_meta,
+    sharded_files,
+)
 from framework.checkpoint.weights import fit_saved_state, is_weights_file, load_error_summary, read_weights
 from framework.checkpoint_io.dcp_reader import STATE_DIR
 from framework.errors import CheckpointError, ConfigError
+
 
 def monitored(meta: dict, monitor: str | None) -> float | None:
     """The monitored metric's value recorded in a checkpoint's meta.json (None: not recorded, or NaN)."""

@@ -75,7 +75,7 @@ class DCPCheckpointIO(TorchCheckpointIO):
             self._planner = DefaultSavePlanner(enable_plan_caching=True)
         try:
             writer = FileSystemWriter(str(path), sync_files=self.fsync, thread_count=self.thread_count)
-            kwargs = dict(storage_writer=writer, planner=self._planner, process_group=group, no_dist=group is None)
+            kwargs = {"storage_writer": writer, "planner": self._planner, "process_group": group, "no_dist": group is None}
             if self.async_save:
                 response = dcp.async_save(state, async_stager=self._staging(), **kwargs)
                 self._future = getattr(response, "upload_completion", response)

@@ -16,6 +16,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from framework.adapter.lora import count_parameters
+from framework.cli.options import split_options
 from framework.config.compatibility import processes_per_node
 from framework.config.compose import compose
 from framework.config.groups import PLUGIN_GROUPS
@@ -125,26 +126,9 @@ USAGE = "usage: framework plan [--recipe RECIPE] [--device TYPE] [--device-memor
 OPTIONS = ("--recipe", "-r", "--device", "--device-memory")
 
 
-def _options(args: list[str]) -> tuple[dict[str, str], list[str]]:
-    """(the plan's own options, the overrides), options anywhere among the overrides."""
-    options, rest, i = {}, [], 0
-    while i < len(args):
-        name, _, value = args[i].partition("=")
-        if name in OPTIONS:
-            if not value:
-                if i + 1 >= len(args):
-                    raise ConfigError(f"framework plan {name}: give it a value. {USAGE}")
-                value, i = args[i + 1], i + 1
-            options["--recipe" if name == "-r" else name] = value
-        else:
-            rest.append(args[i])
-        i += 1
-    return options, rest
-
-
 def main(args: list[str]) -> int:
     try:
-        options, overrides = _options(args)
+        options, overrides = split_options(args, OPTIONS, "framework plan", USAGE)
         memory = None
         if "--device-memory" in options:
             memory = parse_size(options["--device-memory"])

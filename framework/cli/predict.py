@@ -16,7 +16,7 @@ import importlib.util
 from pathlib import Path
 
 from framework.cli.trained_run import trained_run
-from framework.data.loaders import SPLITS
+from framework.data.splits import SPLITS
 from framework.errors import ConfigError, ExitCode, RunExit, UserError, report
 from framework.results import PREDICTION_FORMATS
 from framework.stages import run_predict

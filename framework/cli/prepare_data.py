@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from framework.cli.plan import _options
+from framework.cli.options import split_options
 from framework.config.build import build
 from framework.config.compose import compose
 from framework.console import human_bytes
@@ -23,9 +23,7 @@ USAGE = "usage: framework prepare-data [-r RECIPE] [OVERRIDES...]"
 
 def main(args: list[str]) -> int:
     try:
-        options, overrides = _options(args)
-        if set(options) - {"--recipe"}:
-            raise ConfigError(f"framework prepare-data takes no {', '.join(sorted(set(options) - {'--recipe'}))}. {USAGE}")
+        options, overrides = split_options(args, ("--recipe", "-r"), "framework prepare-data", USAGE)
         if "--recipe" in options:
             path = find_recipe(options["--recipe"])
             cfg = compose(path.parent, path.stem, overrides)

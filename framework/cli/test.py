@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 
-import sys
-
 from omegaconf import OmegaConf
 
 from framework.checkpoint.format import read_meta
 from framework.cli.trained_run import trained_run
 from framework.config.build import build
+from framework.console import warn
 from framework.errors import ConfigError, ExitCode, RunExit, UserError, report
 from framework.stages import run_test
 
@@ -62,7 +61,7 @@ def main(argv: list[str]) -> int:
                            "they were), or pass --allow-overlap to score it anyway."))
         return ExitCode.USER_ERROR
     if overlap:
-        print(f"WARNING: {overlap} (--allow-overlap)", file=sys.stderr, flush=True)
+        warn(f"{overlap} (--allow-overlap)")
     print(f"testing {checkpoint} ({why})", flush=True)
     try:
         run_test(cfg, run_dir or checkpoint.parent, why, log=args.log)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 
 from framework.config.compose import compose
+from framework.console import warn
 from framework.errors import ConfigError, ExitCode, UserError, report
 from framework.paths import find_recipe
 from framework.preflight import prepare
@@ -32,7 +33,7 @@ def main(args: list[str]) -> int:
     prepared = prepare(cfg, strict=False)
     problems = prepared.problems
     for warning in prepared.warnings:
-        print(f"WARNING: {warning}", file=sys.stderr)
+        warn(warning)
     if problems:
         noun = "problem" if len(problems) == 1 else "problems"
         print(f"{path}: {len(problems)} {noun}", file=sys.stderr)

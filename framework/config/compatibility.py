@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ctypes.util
 import importlib.util
-import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -16,6 +15,7 @@ import torch
 
 from framework.config.groups import PLUGIN_GROUPS
 from framework.config.loop_settings import LoopSettings
+from framework.console import warn
 from framework.errors import ConfigError
 
 
@@ -67,8 +67,8 @@ def _strat(p: Plan) -> str:
 
 
 def _flag(p: Plan, name: str, default):
-    """A capability flag of the strategy class (framework/strategy/base.py lists them); a strategy
-    from a plugin package that predates a flag gets the permissive default."""
+    """A setting only some strategies have (DeepSpeed's stage and offload devices, ddp's kwargs);
+    capability flags are declared on the Strategy class and read as attributes."""
     return getattr(p.strategy, name, default)
 
 
@@ -115,12 +115,12 @@ def _too_old(p: Plan) -> list[tuple[str, str, str]]:
 
 
 def _missing_libraries(p: Plan) -> list[str]:
-    return [lib for lib in _flag(p, "native_libraries", ()) if ctypes.util.find_library(lib) is None]
+    return [lib for lib in p.strategy.native_libraries if ctypes.util.find_library(lib) is None]
 
 
 RULES: list[Rule] = [
     Rule(
-        lambda p: p.loop.on_nonfinite == "skip" and not _flag(p, "supports_step_skipping", True),
+        lambda p: p.loop.on_nonfinite == "skip" and not p.strategy.supports_step_skipping,
         lambda p: f"trainer.on_nonfinite=skip with strategy={_strat(p)}: its engine clips and steps in one call, "
         "so there is no point at which to leave a step out (its fp16 loss scaler still skips overflowing steps); "
         "use trainer.on_nonfinite=stop or warn, or a torch strategy (ddp, fsdp) to skip.",
@@ -132,9 +132,9 @@ RULES: list[Rule] = [
         "step itself).",
     ),
     Rule(
-        lambda p: p.loop.compile and not _flag(p, "supports_compile", True),
+        lambda p: p.loop.compile and not p.strategy.supports_compile,
         lambda p: f"trainer.compile=true with strategy={_strat(p)}: "
-        + ("XLA compiles the whole step itself" if _flag(p, "spmd", False) or "xla" in _strat(p) else
+        + ("XLA compiles the whole step itself" if p.strategy.spmd or "xla" in _strat(p) else
            "its engine wraps and drives the model's modules itself")
         + "; use strategy=single_device, ddp, fsdp or hsdp to compile, or trainer.compile=false.",
     ),
@@ -144,7 +144,7 @@ RULES: list[Rule] = [
         "torch.compile does not trace; use trainer.compile=false, or a precision such as bf16 or 32.",
     ),
     Rule(
-        lambda p: p.loop.adapter is not None and _flag(p, "splits_layers", False),
+        lambda p: p.loop.adapter is not None and p.strategy.splits_layers,
         lambda p: f"adapter={p.loop.adapter} with strategy={_strat(p)}: the adapters wrap the very layers tensor "
         "parallelism splits, and their small matrices would have to be split the same way; use strategy=fsdp "
         "(or hsdp) to shard the frozen base, which is what an adapter run needs.",
@@ -177,12 +177,12 @@ RULES: list[Rule] = [
         level="warn",
     ),
     Rule(
-        lambda p: _xla_accelerator(p) and not _flag(p, "xla", False),
+        lambda p: _xla_accelerator(p) and not p.strategy.xla,
         lambda p: f"accelerator={_acc(p)} with strategy={_strat(p)}: XLA devices are driven by the XLA strategies; "
         "use strategy=single_xla (one device), xla_spmd (data parallel over devices) or xla_fsdp (sharded).",
     ),
     Rule(
-        lambda p: _flag(p, "xla", False) and not _xla_accelerator(p),
+        lambda p: p.strategy.xla and not _xla_accelerator(p),
         lambda p: f"strategy={_strat(p)} with accelerator={_acc(p)}: an XLA strategy needs accelerator=xla (the TPU, "
         "or XLA on the CPU) or tpu; for this device use strategy=single_device, ddp or fsdp.",
     ),
@@ -194,7 +194,7 @@ RULES: list[Rule] = [
         "and cluster=auto.",
     ),
     Rule(
-        lambda p: _flag(p, "xla", False) and not p.strategy.spmd and p.devices > 1,
+        lambda p: p.strategy.xla and not p.strategy.spmd and p.devices > 1,
         lambda p: f"strategy={_strat(p)} drives one XLA device, but devices={p.devices}; use strategy=xla_spmd "
         "(data parallel) or xla_fsdp (sharded) for several, or devices=1.",
     ),
@@ -208,7 +208,7 @@ RULES: list[Rule] = [
         lambda p: "precision=64 with accelerator=tpu: TPUs have no float64; use precision=32.",
     ),
     Rule(
-        lambda p: p.world_size > 1 and not p.strategy.multi_process and not _flag(p, "xla", False),
+        lambda p: p.world_size > 1 and not p.strategy.multi_process and not p.strategy.xla,
         lambda p: f"strategy={p.names['strategy']} runs one process, but devices={p.devices} x "
         f"num_nodes={p.num_nodes} asks for {p.world_size}; use devices=1 num_nodes=1, or a "
         "multi-process strategy.",
@@ -232,7 +232,7 @@ RULES: list[Rule] = [
         "another option.",
     ),
     Rule(
-        lambda p: _flag(p, "requires_cuda", False) and _acc(p) != "cuda",
+        lambda p: p.strategy.requires_cuda and _acc(p) != "cuda",
         lambda p: f"strategy={_strat(p)} needs CUDA (fairscale's FSDP creates CUDA streams) and "
         f"accelerator={_acc(p)} has none; use strategy=fsdp (torch FSDP2), which runs everywhere.",
     ),
@@ -242,17 +242,17 @@ RULES: list[Rule] = [
         "CUDA only; set strategy.sync_batchnorm=false.",
     ),
     Rule(
-        lambda p: _prec(p) == "64" and not _flag(p, "supports_float64", True),
+        lambda p: _prec(p) == "64" and not p.strategy.supports_float64,
         lambda p: f"strategy={_strat(p)} with precision=64: DeepSpeed has no float64 mode; use precision=32 "
         "(or strategy=ddp / fsdp for float64).",
     ),
     Rule(
-        lambda p: _prec(p) in ("16_true", "bf16_true") and not _flag(p, "supports_true_half_precision", True),
+        lambda p: _prec(p) in ("16_true", "bf16_true") and not p.strategy.supports_true_half_precision,
         lambda p: f"strategy={_strat(p)} with precision={_prec(p)}: DeepSpeed always keeps float32 master "
         f"weights, so it has no true half precision; use precision={_prec(p).split('_')[0]} (its mixed mode).",
     ),
     Rule(
-        lambda p: _prec(p) == "16" and _flag(p, "fp16_needs_device_support", False) and not p.accelerator.fast_fp16(),
+        lambda p: _prec(p) == "16" and p.strategy.fp16_needs_device_support and not p.accelerator.fast_fp16(),
         lambda p: f"strategy={_strat(p)} with precision=16 on accelerator={_acc(p)}: DeepSpeed refuses fp16 "
         "on a device without fp16 support; use precision=bf16.",
     ),
@@ -262,7 +262,7 @@ RULES: list[Rule] = [
         f"stage {p.strategy.stage}; use strategy=deepspeed_stage_3_offload.",
     ),
     Rule(
-        lambda p: p.loop.clip_grad_value is not None and not _flag(p, "supports_clip_grad_value", True),
+        lambda p: p.loop.clip_grad_value is not None and not p.strategy.supports_clip_grad_value,
         lambda p: f"strategy={_strat(p)} with trainer.clip_grad_value: DeepSpeed clips by global norm only; "
         "use trainer.clip_grad_norm instead.",
     ),
@@ -272,7 +272,7 @@ RULES: list[Rule] = [
         "(Debian/Ubuntu: apt-get install libaio-dev); use strategy=deepspeed_stage_3_offload (CPU offload).",
     ),
     Rule(
-        lambda p: p.loop.manual_optimization and not _flag(p, "supports_manual_optimization", True),
+        lambda p: p.loop.manual_optimization and not p.strategy.supports_manual_optimization,
         lambda p: f"strategy={_strat(p)} drives one optimizer through its own engine, but the task steps its "
         "optimizers itself (manual optimization, e.g. a GAN); use strategy=ddp, "
         "strategy=fsdp or strategy=single_device.",
@@ -374,4 +374,4 @@ def check_compatibility(plan: Plan) -> None:
     if refusals:
         raise ConfigError("\n".join(refusals))
     for warning in warnings:
-        print(f"WARNING: {warning}", file=sys.stderr, flush=True)
+        warn(warning)

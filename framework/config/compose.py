@@ -9,7 +9,8 @@ import re
 from contextlib import contextmanager
 from pathlib import Path
 
-from hydra import compose as hydra_compose, initialize_config_dir
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf

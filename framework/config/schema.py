@@ -13,7 +13,6 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-
 NONFINITE_POLICIES = ("stop", "skip", "warn")  # trainer.on_nonfinite (framework/loop/nonfinite.py)
 
 

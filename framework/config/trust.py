@@ -36,7 +36,8 @@ TRUSTED = ("framework.", "torch.")
 TRUSTED_IN_HYDRA = ("hydra.", "hydra_plugins.", "optuna.samplers.", "optuna.pruners.")
 # Inside the trusted prefixes, entry points that load, build or write code or files (and the
 # command line and this module): refused unless allowed by name.
-DENIED = ("framework.cli.", "framework.config.trust.", "torch.hub.", "torch.load", "torch.save", "torch.serialization.", "torch.jit.load", "torch.package.",
+DENIED = ("framework.cli.", "framework.config.trust.", "torch.hub.", "torch.load", "torch.save", "torch.serialization.",
+          "torch.jit.load", "torch.package.",
           "torch.utils.cpp_extension.", "torch.utils.bottleneck", "torch.utils.collect_env", "torch.distributed.rpc.",
           "torch._dynamo.", "torch._inductor.", "torch.compiler.", "torch.ops.", "torch.classes.")
 ENV_ALLOW = "FRAMEWORK_TRUST_ALLOW"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import torch
 
-
 # peft's names for an adapter's own weights (framework/adapter/lora.py)
 ADAPTER_WEIGHTS = (".lora_A.", ".lora_B.", ".lora_magnitude_vector")
 

@@ -31,7 +31,6 @@ from typing import Callable
 from torch import nn
 from torch.nn import functional as F
 
-
 #: styles of a plan without sequence parallelism, and those sequence parallelism adds
 LINEAR_STYLES = ("colwise", "rowwise", "colwise_fused3")
 SEQUENCE_STYLES = ("sequence_parallel", "split_sequence", "gather_sequence")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import Callable
 
 from torch.utils.data import Dataset, default_collate
 
@@ -46,10 +47,11 @@ class DataModule(ABC):
         tokenizer splits into several tokens); one message each."""
         return []
 
-    def prepare_data(self) -> None:
+    def prepare_data(self, say: Callable[[str], None] | None = None) -> None:
         """Work to do once before the datasets are read (download-free preprocessing into a cache,
         e.g. tokenising). One process per node runs it while the others wait, then every process
-        builds its datasets (from that cache)."""
+        builds its datasets (from that cache). `say`: where progress lines go (the process that
+        talks gets `print`; None: quiet)."""
 
     def test_overlap(self, trained: "DataModule") -> str | None:
         """Where this data's test split holds samples that `trained` (the data a run was trained

@@ -242,7 +242,7 @@ class ChatFiles(TextFiles):
         token: a reply then ends with several tokens the model learns one by one, and a generator
         that stops at one id (transformers') never stops at the end of a turn."""
         if self.tokenizer.spec == BYTES:
-            return []  # bytes hold no token longer than a byte: every marker is spelled out, and known to be
+            return []  # bytes hold no token longer than a byte: every marker is spelled out, byte by byte, by design
         found = []
         for marker in self.template.markers():
             ids = self.tokenizer.encode([marker])[0]

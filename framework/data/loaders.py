@@ -19,7 +19,6 @@ def batches_yielded(loader_state: dict) -> int:
     return int(loader_state.get("_num_yielded", 0))
 
 
-SPLITS = ("train", "val", "test")
 
 
 def split_dataset(datamodule: DataModule, split: str):

@@ -25,7 +25,6 @@ import os
 import shutil
 import socket
 import time
-import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,11 +34,10 @@ import numpy as np
 
 from framework.console import human_bytes
 from framework.data.sources import Unit, plan_units, read_rows
+from framework.data.splits import FILE_ROLES, SPLITS, SplitRule
 from framework.data.store import MANIFEST, VERSION, fingerprint, read_manifest
 from framework.errors import ConfigError, StorageError
 
-SPLITS = ("train", "val", "test")
-ROLES = {"files": None, "val_files": "val", "test_files": "test"}  # a role's files all go to that split (None: by hash)
 PROGRESS_EVERY_S = 5.0
 
 
@@ -106,12 +104,17 @@ class StoreSpec:
     """What to say of rows the encoder found without what it reads ({count}, {where} filled in)."""
 
     @property
+    def split_rule(self) -> SplitRule:
+        return SplitRule(self.val_percent, self.test_percent, bool(self.roles.get("val_files")),
+                         bool(self.roles.get("test_files")))
+
+    @property
     def files(self) -> list[str]:
-        return [f for role in ROLES for f in self.roles.get(role) or []]
+        return [f for role in FILE_ROLES for f in self.roles.get(role) or []]
 
     def role_of(self, index: int) -> str:
         """The role of files[index] (a file named in two roles is read once for each)."""
-        for role in ROLES:
+        for role in FILE_ROLES:
             count = len(self.roles.get(role) or [])
             if index < count:
                 return role
@@ -189,12 +192,6 @@ def write_array(path: str, array: np.ndarray) -> None:
         f.write(memoryview(np.ascontiguousarray(array)))
 
 
-def _split_of(key: bytes, val_cut: int, test_cut: int) -> tuple[str, int]:
-    digest = zlib.crc32(key)
-    bucket = digest % 100
-    return ("val" if bucket < val_cut else "test" if bucket < test_cut else "train"), digest
-
-
 _SPEC: StoreSpec | None = None  # a worker process's spec, given once when it starts
 
 
@@ -220,16 +217,14 @@ def unit_documents(spec: StoreSpec, unit: Unit) -> Iterator[tuple[str | None, ob
     by the files' role or by a hash of the document (the one rule of the store and the stream);
     a row without the field the settings name as (None, MISSING, 0, its position)."""
     path = spec.files[unit.file]
-    forced = ROLES[spec.role_of(unit.file)]
-    val_cut = 0 if spec.roles.get("val_files") else spec.val_percent
-    test_cut = val_cut + (0 if spec.roles.get("test_files") else spec.test_percent)
+    forced, rule = FILE_ROLES[spec.role_of(unit.file)], spec.split_rule
     rows = read_rows(path, spec.format, unit, spec.text_unit, spec.separator)
     for batch in _batches(rows, BATCH_ROWS):
         for (position, _), doc in zip(batch, spec.encoder(path, [row for _, row in batch])):
             if doc is MISSING:
                 yield None, MISSING, 0, position
             elif doc is not None and len(doc.tokens):
-                split, digest = (forced, 0) if forced else _split_of(doc.key, val_cut, test_cut)
+                split, digest = (forced, 0) if forced else rule.split_of(doc.key)
                 yield split, doc, digest, position
 
 

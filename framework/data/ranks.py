@@ -9,7 +9,6 @@ process is seen by all of them at once.
 """
 from __future__ import annotations
 
-import inspect
 import itertools
 import time
 
@@ -22,12 +21,9 @@ _rounds = itertools.count()  # one set of keys per preparation in this process's
 
 
 def _prepare(datamodule, talk: bool) -> BaseException | None:
-    """Run prepare_data (with progress lines where it takes `say` and this process talks)."""
+    """Run prepare_data (with progress lines where this process talks)."""
     try:
-        if "say" in inspect.signature(datamodule.prepare_data).parameters:
-            datamodule.prepare_data(say=print if talk else None)
-        else:
-            datamodule.prepare_data()
+        datamodule.prepare_data(say=print if talk else None)
     except Exception as err:  # the others must not wait for a process that has given up
         return err
     return None

@@ -34,12 +34,12 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from framework.data.prepare import MISSING, ROLES, StoreSpec, unit_documents
+from framework.data.prepare import MISSING, StoreSpec, unit_documents
 from framework.data.sources import plan_units
+from framework.data.splits import FILE_ROLES, SPLIT_NAMES
 from framework.errors import ConfigError
 
 STREAM_LENGTH = 1 << 60  # the positions of an endless stream (its sampler deals them lazily)
-SPLIT_NAMES = {"train": "training", "val": "validation", "test": "test"}
 
 
 def stream_fingerprint(spec: StoreSpec, block_size: int, packing: bool) -> str:
@@ -49,18 +49,6 @@ def stream_fingerprint(spec: StoreSpec, block_size: int, packing: bool) -> str:
                 "format": spec.format, "split": [spec.val_percent, spec.test_percent], "block_size": block_size,
                 "packing": packing, "streaming": True}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _may_hold(spec: StoreSpec, role: str | None, split: str) -> bool:
-    """Whether a unit of files in `role` (None: data.files, split by hash) may hold documents of
-    `split`: the held-out splits read data.files only where no files of their own are given."""
-    if role is not None:
-        return role == split
-    if split == "val":
-        return not spec.roles.get("val_files") and spec.val_percent > 0
-    if split == "test":
-        return not spec.roles.get("test_files") and spec.test_percent > 0
-    return True
 
 
 class UnitCounts:
@@ -111,7 +99,7 @@ class TokenStream(Dataset):
         self.spec, self.split, self.block_size, self.packing = spec, split, block_size, packing
         self.shuffle, self.window, self.seed = shuffle, max(1, int(window)), seed
         self.units = [u for u in plan_units(spec.files, spec.format, spec.text_unit, spec.separator)
-                      if _may_hold(spec, ROLES[spec.role_of(u.file)], split)]
+                      if spec.split_rule.may_hold(FILE_ROLES[spec.role_of(u.file)], split)]
         self.counts = UnitCounts(spec, split)
         self._restart_at(0)
 

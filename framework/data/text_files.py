@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 
@@ -28,11 +29,11 @@ from torch.utils.data import Dataset
 from framework.config.resolvers import BYTES
 from framework.config.types import NonNegativeInt, PositiveInt
 from framework.data.base import DataModule
-from framework.data.prepare import (CACHE_VARIABLE, MISSING, Encoded, StoreSpec, default_cache_root, file_sha256,
-                                    prepare)
+from framework.data.prepare import CACHE_VARIABLE, MISSING, Encoded, StoreSpec, default_cache_root, file_sha256, prepare
 from framework.data.sources import TEXT_UNITS, RowError, expand, file_format, read_rows
+from framework.data.splits import FILE_ROLES, SPLIT_NAMES, SplitRule
 from framework.data.store import Documents, PackedTokens, open_split, read_manifest, shared_documents
-from framework.data.stream import SPLIT_NAMES, TokenStream, stream_fingerprint
+from framework.data.stream import TokenStream, stream_fingerprint
 from framework.data.tokenizer import Tokenizer, loaded_tokenizer
 from framework.errors import ConfigError
 
@@ -154,12 +155,13 @@ class TextFiles(DataModule):
         if not test_files and val_percent + test_percent >= 100:
             raise ConfigError(f"data.test_percent={test_percent}: with data.val_percent={val_percent} no row is left to "
                               "train on; keep their sum below 100, or give data.test_files.")
+        given = {"files": files, "val_files": val_files, "test_files": test_files}
         self.patterns = {key: [os.path.abspath(os.path.expanduser(str(p))) for p in ([v] if isinstance(v, str) else v)]
-                         for key, v in (("files", files), ("val_files", val_files), ("test_files", test_files)) if v}
-        self.files = expand(files, "data.files")
-        self.val_files = expand(val_files, "data.val_files") if val_files else None
-        self.test_files = expand(test_files, "data.test_files") if test_files else None
+                         for key, v in given.items() if v}
+        found = {role: expand(given[role], f"data.{role}") if given[role] else None for role in FILE_ROLES}
+        self.files, self.val_files, self.test_files = found["files"], found["val_files"], found["test_files"]
         self.test_percent = 0 if self.test_files else test_percent
+        self._opened: tuple | None = None  # the splits, once opened (splits())
         self.format = file_format(self.files + (self.val_files or []) + (self.test_files or []), format, "data.files")
         self.text_field = text_field
         self.text_unit = text_unit
@@ -180,7 +182,7 @@ class TextFiles(DataModule):
     def problems(self) -> list[str]:
         """Each file opened: empty files, first rows that do not parse, a text_field they lack."""
         found = []
-        for key, files in self._roles().items():
+        for key, files in ((f"data.{role}", files) for role, files in self.roles().items()):
             empty = [f for f in files if os.path.getsize(f) == 0]
             if self.format == "text":
                 if files and len(empty) == len(files):
@@ -203,9 +205,9 @@ class TextFiles(DataModule):
                     f"{', '.join(map(str, rows[0])) or 'none'}); set data.text_field to the one holding the text."]
         return []
 
-    def _roles(self) -> dict[str, list[str]]:
-        return {"data.files": self.files, "data.val_files": self.val_files or [],
-                "data.test_files": self.test_files or []}
+    def roles(self) -> dict[str, list[str]]:
+        """Each file role (framework/data/splits.py FILE_ROLES) and its files."""
+        return {role: getattr(self, role) or [] for role in FILE_ROLES}
 
     # ---- the prepared store ----------------------------------------------------------------
     def encoder(self):
@@ -217,8 +219,7 @@ class TextFiles(DataModule):
                 "add_eos": self.add_eos}
 
     def store_spec(self) -> StoreSpec:
-        return StoreSpec(kind=self.kind, roles={"files": self.files, "val_files": self.val_files or [],
-                                                "test_files": self.test_files or []},
+        return StoreSpec(kind=self.kind, roles=self.roles(),
                          patterns=self.patterns, tokenizer=self._tokenizer_identity(),
                          format=self.format, settings=self.settings(), tokenizer_sha256=self.tokenizer.sha256(),
                          dtype=self.token_dtype, encoder=self.encoder(),
@@ -243,21 +244,21 @@ class TextFiles(DataModule):
         return (f"data.text_field={self.text_field!r}: {{count}} row(s) have no such field (the first: {{where}}); fix "
                 "those rows, or set data.text_field to the field every row holds.")
 
-    def prepare_data(self, say=None) -> None:
+    def prepare_data(self, say: Callable[[str], None] | None = None) -> None:
         """Tokenise into the store once (reused while nothing that changes it changed), and open its
         splits (a split too small for one sample is refused here). Streamed data prepares nothing."""
         if self.streaming:
             return
         self._store = prepare(self.store_spec(), lambda line: say(line) if say else None)
-        self._splits  # noqa: B018
+        self.splits()
 
     @cached_property
     def _store(self) -> Path:
         return prepare(self.store_spec(), lambda line: None)
 
-    def _train_buckets(self) -> tuple[int, int]:
-        """The hash buckets (of 100) of data.files' documents that train: val, then test held out."""
-        return (0 if self.val_files else self.val_percent) + self.test_percent, 100
+    @property
+    def split_rule(self) -> SplitRule:
+        return SplitRule(self.val_percent, self.test_percent, bool(self.val_files), bool(self.test_files))
 
     def test_overlap(self, trained: TextFiles) -> str | None:
         if not isinstance(trained, TextFiles):
@@ -269,8 +270,8 @@ class TextFiles(DataModule):
                 return f"data.test_files holds files the run trained on ({_named(shared)}: data.files then)"
             return self._trained_contents(trained)
         shared = sorted(set(self.files) & trained_files)
-        start = 0 if self.val_files else self.val_percent
-        low, high = max(start, trained._train_buckets()[0]), min(start + self.test_percent, 100)
+        tested = self.split_rule.held_out("test")
+        low, high = max(tested[0], trained.split_rule.first_training_bucket()), tested[1]
         if not shared or low >= high:
             return None
         return (f"data.test_percent={self.test_percent} holds out documents of {_named(shared)} that the run trained on "
@@ -323,8 +324,14 @@ class TextFiles(DataModule):
         view = open_split(self._store, split)
         return PackedTokens(view, self.block_size) if self.packing else Documents(view, self.block_size)
 
-    @cached_property
-    def _splits(self) -> tuple:
+    def splits(self) -> tuple:
+        """(train, val, test), opened once; a split too small for one sample is refused here (by
+        prepare_data, before training starts)."""
+        if self._opened is None:
+            self._opened = self._open_splits()
+        return self._opened
+
+    def _open_splits(self) -> tuple:
         splits = {"train": self._dataset("train"), "val": self._dataset("val"),
                   "test": self._dataset("test") if self.has_test_split else None}
         for name, dataset in splits.items():
@@ -360,13 +367,13 @@ class TextFiles(DataModule):
         return found
 
     def train_dataset(self) -> Dataset:
-        return self._splits[0]
+        return self.splits()[0]
 
     def val_dataset(self) -> Dataset:
-        return self._splits[1]
+        return self.splits()[1]
 
     def test_dataset(self) -> Dataset | None:
-        return self._splits[2]
+        return self.splits()[2]
 
     def collate(self):
         return None if self.packing else PadCollate(self.tokenizer.pad_id)

@@ -7,11 +7,11 @@ from typing import Callable
 
 import torch
 
+from framework.data.splits import SPLIT_NAMES
 from framework.errors import ConfigError
 
 # The task method that scores a batch at each evaluation stage (the metric prefix).
 STEPS = {"val": "validation_step", "test": "test_step"}
-SPLIT_NAMES = {"val": "validation", "test": "test"}
 
 Step = Callable[[torch.nn.Module, object], dict]
 

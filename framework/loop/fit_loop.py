@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from framework.adapter.lora import is_adapted, trainable_names
 from framework.checkpoint.format import newest_finite
 from framework.checkpoint.rng import rng_state, set_rng_state
+from framework.console import warn
 from framework.errors import ConfigError
 from framework.loop.checkpointer import Checkpointer
 from framework.loop.data_position import changed_data, data_position, position_of_older_checkpoint, resume_note
@@ -66,7 +67,7 @@ class FitLoop:
         step it saved) and send them to the loggers (rank zero only)."""
         step = self.state.step if step is None else step
         self.state.metrics.update(metrics)
-        self.state.metric_steps.update({k: step for k in metrics})
+        self.state.metric_steps.update(dict.fromkeys(metrics, step))
         for logger in self.loggers:
             logger.log_metrics(metrics, step)
         self.hook("on_metrics", metrics)
@@ -74,6 +75,11 @@ class FitLoop:
     def say(self, message: str) -> None:
         if self.strategy.is_global_zero:
             print(message, flush=True)
+
+    def warn(self, message: str) -> None:
+        """A warning, said once for the run (rank zero), on stderr (framework/console.py `warn`)."""
+        if self.strategy.is_global_zero:
+            warn(message)
 
     def hook(self, name: str, *args) -> None:
         for callback in self.callbacks.values():
@@ -235,7 +241,7 @@ class FitLoop:
             self.say(f"compile: the first step took {time.perf_counter() - self._first_step_at:.1f} s, compiling "
                      "its forward and backward included")
             self._first_step_at = 0.0
-        self.guard.after_step(state.step, self.say)
+        self.guard.after_step(state.step, self.warn)
         self.checkpointer.finalize_if_written()
         if state.step % t.log_every == 0:
             self._log_train(grad_norm, stepped)
@@ -332,7 +338,7 @@ class FitLoop:
         warning = changed_data(position, self.run.data_fingerprint, self.train_loader.sampler.length,
                                self.run.allow_changed_data, path)
         if warning:
-            self.say(f"WARNING: {warning}")
+            self.warn(warning)
         self._resume_sample = int(position["sample"])
         self.state.batch_in_epoch = 0  # counted from the resume point: batches of this run's size
         set_rng_state(loop["rng"])  # at another world size, rank zero's streams: the old ones cannot be dealt out
@@ -358,7 +364,7 @@ class FitLoop:
 
     # ---- non-finite values (trainer.on_nonfinite: framework/loop/nonfinite.py) ---------------
     def act_on_nonfinite(self, verdict) -> None:
-        self.guard.act(verdict, self.say)
+        self.guard.act(verdict, self.warn)
 
     def _stopped_nonfinite(self, stop: StopNonFinite) -> FitResult:
         """End the run without saving: a checkpoint still being written (of finite weights: every

@@ -189,9 +189,9 @@ class NonFiniteGuard:
         return what, step
 
     # ---- acting on a verdict, by the policy --------------------------------------------------------
-    def act(self, verdict, say) -> None:
+    def act(self, verdict, warn) -> None:
         """Act on a verdict (what went non-finite, at which step): stop (and skip, whose skipped
-        steps never reach here) raise StopNonFinite; warn says so once (`say`: rank zero's print)."""
+        steps never reach here) raise StopNonFinite; warn says so once (`warn`: rank zero's)."""
         if verdict is None:
             return
         what, step = verdict
@@ -200,16 +200,16 @@ class NonFiniteGuard:
         if not self.warned:
             self.warned = True
             at = f" at step {step}" if step is not None else ""
-            say(f"WARNING: {what} became non-finite{at}; training goes on (trainer.on_nonfinite=warn). Checkpoints "
+            warn(f"{what} became non-finite{at}; training goes on (trainer.on_nonfinite=warn). Checkpoints "
                 "of non-finite weights are marked in their meta.json and never replace the last finite one.")
 
-    def after_step(self, step: int, say) -> None:
+    def after_step(self, step: int, warn) -> None:
         """After each step: act on what can be read without waiting (one process), and on a loss
         scaler's (or the skip policy's) skips in a row."""
         too_many = self.too_many_skips()
         if too_many is not None:
             raise StopNonFinite("the gradient norm", step, detail=too_many)
-        self.act(self.local_verdict(), say)
+        self.act(self.local_verdict(), warn)
 
     # ---- the scaler's and the skip policy's skips --------------------------------------------------
     def too_many_skips(self) -> str | None:

@@ -3,9 +3,9 @@ A figure is a convenience: drawing it never fails the run that made the numbers.
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 
+from framework.console import warn
 from framework.errors import UserError
 from framework.plotting.figures import runs_figure, write_sweep_figures
 from framework.plotting.run_data import read_run, read_sweep
@@ -35,6 +35,5 @@ def _drawn(draw) -> list[Path]:
     except UserError:  # nothing to draw (no metric a figure shows)
         return []
     except Exception as err:  # a plotting bug must not turn a finished run into a failed one
-        print(f"WARNING: the figure was not drawn ({type(err).__name__}: {err}); `framework plot` draws it later.",
-              file=sys.stderr, flush=True)
+        warn(f"the figure was not drawn ({type(err).__name__}: {err}); `framework plot` draws it later.")
         return []

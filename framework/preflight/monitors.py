@@ -7,7 +7,6 @@ from omegaconf import DictConfig
 
 from framework.errors import did_you_mean
 
-
 SHIPPED_MONITOR = "val/loss"  # what conf/ sets for the checkpoint's and early stopping's monitor and the objective
 
 

@@ -18,7 +18,7 @@ def auto_strategy(accelerator=None, precision=None, checkpoint_io=None, cluster=
                   devices="auto", num_nodes: int = 1) -> Strategy:
     """devices / num_nodes: the world to plan for (the YAML passes the top-level keys)."""
 
-    plugins = dict(accelerator=accelerator, precision=precision, checkpoint_io=checkpoint_io, cluster=cluster)
+    plugins = {"accelerator": accelerator, "precision": precision, "checkpoint_io": checkpoint_io, "cluster": cluster}
     per_node = accelerator.resolve_devices(devices) if accelerator is not None else 1
     if getattr(accelerator, "name", None) in ("xla", "tpu"):
         module, cls = XLA_DEFAULTS[per_node * num_nodes > 1]

@@ -92,12 +92,19 @@ class Strategy:
     native_libraries: tuple[str, ...] = ()
     #: one process drives all of a node's devices (XLA SPMD): `devices` starts no processes
     spmd: bool = False
-    # Flags only some strategies set (the table reads them with a default): `supports_compile`
-    # (True; False where an engine wraps and drives the model itself, or XLA compiles the step),
-    # `supports_step_skipping` (True; False where an engine clips and steps in one call, so
-    # trainer.on_nonfinite=skip has no point to leave a step out) and `splits_layers` (False; True
-    # under tensor parallelism). 2-D strategies also offer
-    # `state_shards(world)` and `describe_layout(world, model)` to `framework plan`.
+    #: whether trainer.compile can compile its units (False where an engine wraps and drives the
+    #: model itself, or XLA compiles the whole step)
+    supports_compile: bool = True
+    #: whether trainer.on_nonfinite=skip can leave a step out (False where an engine clips and
+    #: steps in one call)
+    supports_step_skipping: bool = True
+    #: whether it splits layers across ranks (tensor parallelism): adapters and some checks care
+    splits_layers: bool = False
+    #: an XLA strategy (accelerator=xla only), and one that needs CUDA (fairscale's FSDP)
+    xla: bool = False
+    requires_cuda: bool = False
+    # 2-D strategies also offer `state_shards(world)` and `describe_layout(world, model)` to
+    # `framework plan`.
     #: whether `sharded_state_dict` hands out each rank's own part (DTensor shards, or replicas
     #: that DCP writes once); strategies that keep state in their own layout hand out full state
     supports_sharded_state: bool = True

@@ -27,8 +27,8 @@ class DDPStrategy(ParallelStrategy):
         bucket_cap_mb: size of a gradient bucket; sync_batchnorm: BatchNorm statistics over all
         ranks; timeout_s: how long a collective may wait for the others."""
         super().__init__(*args, timeout_s=timeout_s, **kwargs)
-        self.ddp_kwargs = dict(find_unused_parameters=find_unused_parameters, static_graph=static_graph,
-                               gradient_as_bucket_view=gradient_as_bucket_view, bucket_cap_mb=bucket_cap_mb)
+        self.ddp_kwargs = {"find_unused_parameters": find_unused_parameters, "static_graph": static_graph,
+                           "gradient_as_bucket_view": gradient_as_bucket_view, "bucket_cap_mb": bucket_cap_mb}
         self.sync_batchnorm = sync_batchnorm
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:

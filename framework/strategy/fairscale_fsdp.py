@@ -47,7 +47,7 @@ class FairscaleFSDPStrategy(ParallelStrategy):
         from fairscale.nn.data_parallel import FullyShardedDataParallel as FSDP
 
         kwargs = self._fsdp_kwargs()
-        for name, child in list(model.named_modules()):
+        for child in list(model.modules()):
             for attr, grandchild in list(child.named_children()):
                 if type(grandchild).__name__ in self.auto_wrap_modules:
                     setattr(child, attr, FSDP(grandchild, **kwargs))

@@ -11,11 +11,18 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from framework.checkpoint.format import load_checkpoint_files, read_meta
-from framework.checkpoint_io.dcp_reader import read_full, read_metadata
 from framework.checkpoint_io.dcp import DCPCheckpointIO
+from framework.checkpoint_io.dcp_reader import read_full, read_metadata
 from framework.errors import CheckpointError
-from tests.conftest import (DIGITS, TINY_GPT, assert_resume_is_exact, assert_state_equal, checkpoints,
-                            load_model_state, run_inprocess)
+from tests.conftest import (
+    DIGITS,
+    TINY_GPT,
+    assert_resume_is_exact,
+    assert_state_equal,
+    checkpoints,
+    load_model_state,
+    run_inprocess,
+)
 
 FAST = [*DIGITS, "checkpoint_io=dcp", "trainer.val_every=2", "callbacks.checkpoint.every_n_steps=2",
         "callbacks.checkpoint.keep_last_k=3", "logger=null"]

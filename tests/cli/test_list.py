@@ -30,7 +30,7 @@ def test_usability_follows_the_compatibility_table(monkeypatch, fast_fp16, fast_
     # every kind of CPU this project's machines have, whichever this one is (the code's own predicates)
     monkeypatch.setattr(CPUAccelerator, "fast_fp16", lambda self: fast_fp16)
     monkeypatch.setattr(CPUAccelerator, "fast_bf16", lambda self: fast_bf16)
-    options = [o for o in discover(["accelerator", "strategy", "precision", "logger"])]
+    options = list(discover(["accelerator", "strategy", "precision", "logger"]))
     check_usable(options)
     by_name = {(o.group, o.name): o for o in options}
     assert by_name["accelerator", "cpu"].problem is None

@@ -250,7 +250,7 @@ def test_lsf_unreadable_rankfile(monkeypatch, tmp_path):
     lsf_task(monkeypatch, tmp_path)
     monkeypatch.setenv("LSB_DJOB_RANKFILE", str(tmp_path / "missing"))
     with pytest.raises(ConfigError, match="cannot be read"):
-        LSFEnvironment().main_address
+        _ = LSFEnvironment().main_address
 
 
 # ---- MPI -----------------------------------------------------------------------------------

@@ -291,8 +291,9 @@ def test_the_chat_shapes_people_have_give_the_same_conversation(tmp_path):
     for name, sample in rendered.items():
         assert torch.equal(sample["input_ids"], rendered["openai.jsonl"]["input_ids"]), name
         assert torch.equal(sample["labels"], rendered["openai.jsonl"]["labels"]), name
-    with_input = ChatFiles(files=str(tmp_path / "alpaca" / "alpaca.json"), cache_dir=str(tmp_path / "cache"),
-                           block_size=128, chat_template="chatml").fields.conversation({"instruction": "Sum", "input": "1 2", "output": "3"})
+    alpaca = ChatFiles(files=str(tmp_path / "alpaca" / "alpaca.json"), cache_dir=str(tmp_path / "cache"),
+                       block_size=128, chat_template="chatml")
+    with_input = alpaca.fields.conversation({"instruction": "Sum", "input": "1 2", "output": "3"})
     assert with_input[0] == {"role": "user", "content": "Sum\n\n1 2"}
 
 

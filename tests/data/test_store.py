@@ -10,18 +10,13 @@ import gzip
 import json
 import multiprocessing
 import os
-import shutil
-import subprocess
-import sys
 import zlib
 
-import numpy as np
 import pytest
-import torch
 
 from framework.data import sources
 from framework.data.text_files import TextFiles
-from framework.errors import CheckpointError, ConfigError, ExitCode, RunExit, StorageError
+from framework.errors import ConfigError, ExitCode, RunExit, StorageError
 from tests.cli.helpers import framework_cmd
 from tests.conftest import TINY_GPT, checkpoints, run_inprocess, run_train
 from tests.helpers.text_data import stdlib_documents, train_tokenizer, write_jsonl

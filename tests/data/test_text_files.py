@@ -13,7 +13,6 @@ from framework.errors import ConfigError
 from tests.helpers.text_data import stdlib_documents, train_tokenizer, write_jsonl
 
 
-
 def bucket(text: str) -> int:
     """The split bucket of a document: a hash of its text (framework/data/prepare.py)."""
     return zlib.crc32(text.encode("utf-8")) % 100

@@ -96,8 +96,8 @@ def test_warn_trains_on_and_never_rotates_the_last_finite_checkpoint_away(tmp_pa
     saved = checkpoints(tmp_path)
     assert [c.name for c in saved] == ["step_000002", "step_000005"]  # the newest, and the newest finite
     assert read_meta(saved[0])["finite"] and _finite(saved[0]) and not read_meta(saved[1])["finite"]
-    out = capsys.readouterr().out
-    assert out.count("became non-finite at step 3; training goes on (trainer.on_nonfinite=warn)") == 1
+    err = capsys.readouterr().err
+    assert err.count("WARNING: the training loss became non-finite at step 3; training goes on (trainer.on_nonfinite=warn)") == 1
     assert _summary(tmp_path)["status"] == "completed"
 
 

@@ -5,8 +5,15 @@ import shutil
 
 import pytest
 
-from tests.conftest import (DIGITS, TINY_GPT, assert_state_equal, checkpoints, load_model_state,
-                            load_optimizer_state, run_inprocess)
+from tests.conftest import (
+    DIGITS,
+    TINY_GPT,
+    assert_state_equal,
+    checkpoints,
+    load_model_state,
+    load_optimizer_state,
+    run_inprocess,
+)
 
 N = 6
 # dropout draws from the RNG; accumulation, clipping, a schedule and validation all run across

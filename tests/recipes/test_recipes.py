@@ -148,7 +148,8 @@ def test_an_installed_wheel_finds_its_own_config_tree(tmp_path):
 
 
 def test_every_recipe_validates_and_swaps_to_every_strategy():
-    """Every shipped recipe validates as shipped (what `framework validate` runs), and the one-key swap holds for the shipped recipes: under every strategy option each recipe
+    """Every shipped recipe validates as shipped (what `framework validate` runs), and the one-key swap
+    holds for the shipped recipes: under every strategy option each recipe
     composes and passes values, targets (no option a recipe sets that another strategy does not
     take) and constructors; what is left is the compatibility table's word on this machine and
     task (e.g. DeepSpeed refuses a task that steps two optimizers), given as the reason."""

@@ -19,6 +19,7 @@ from framework.construction.meta_build import meta_device, sharded_build
 from framework.construction.named_state import may_be_missing
 from framework.construction.prepare import checkpoint_activations
 from framework.errors import ConfigError
+from framework.strategy.base import with_adapter
 from framework.strategy.deepspeed.arch_list import readable_arch_list
 from framework.strategy.deepspeed.cpu_init import initialise_from_cpu
 from framework.strategy.deepspeed.grad_buffer import release_gradient_buffer, zeros_on_demand
@@ -27,7 +28,6 @@ from framework.strategy.deepspeed.imports import deepspeed_package, muon_left_un
 from framework.strategy.deepspeed.master_weights import shared_master_partitions
 from framework.strategy.deepspeed.op_locks import build_root_problem
 from framework.strategy.deepspeed.sizes import nvme_param_swap, zero_sizes
-from framework.strategy.base import with_adapter
 from framework.strategy.parallel import ParallelStrategy
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
@@ -330,7 +330,7 @@ class DeepSpeedStrategy(ParallelStrategy):
             if step is not None:
                 entry["step"] = step.detach().cpu().clone() if torch.is_tensor(step) else torch.tensor(float(step))
             state[name] = entry
-        groups = [{k: v for k, v in g.items() if k != "params"} | {"params": [n for n in state]}
+        groups = [{k: v for k, v in g.items() if k != "params"} | {"params": list(state)}
                   for g in optimizer.param_groups[:1]]
         return {"state": state, "param_groups": groups} if self.is_global_zero else {}
 
