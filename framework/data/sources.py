@@ -102,9 +102,11 @@ class Unit:
 
 
 def plan_units(files: list[str], fmt: str, text_unit: str, separator: str | None,
-               target: int = RANGE_BYTES) -> list[Unit]:
+               target: int | None = None) -> list[Unit]:
     """The files cut into units: uncompressed line-based files in ranges of about `target` bytes
-    ending at a line (a blank line for paragraphs); anything else whole."""
+    (default RANGE_BYTES, read when called) ending at a line (a blank line for paragraphs);
+    anything else whole."""
+    target = RANGE_BYTES if target is None else target
     units = []
     splittable = fmt == "jsonl" or (fmt == "text" and text_unit in ("line", "paragraph") and not separator)
     for index, path in enumerate(files):

@@ -15,6 +15,7 @@ import zlib
 import pytest
 
 from framework.data import sources
+from framework.data.store import read_manifest
 from framework.data.text_files import TextFiles
 from framework.errors import ConfigError, ExitCode, RunExit, StorageError
 from tests.cli.helpers import framework_cmd
@@ -82,10 +83,11 @@ def test_plain_text_by_line_paragraph_or_separator_at_any_number_of_processes(tm
     (tmp_path / "corpus.txt").write_text(body)
     kwargs = {"files": str(tmp_path / "corpus.txt"), "text_unit": unit, "separator": separator, "add_eos": False}
     one = dm(tmp_path, cache_dir=str(tmp_path / "c1"), num_proc=1, **kwargs)
+    assert len(read_manifest(one._store)["splits"]["train"]["shards"]) == 1  # the whole file, one unit
     monkeypatch.setattr(sources, "RANGE_BYTES", 3000)
-    if separator is None:
-        assert len(sources.plan_units([str(tmp_path / "corpus.txt")], "text", unit, None, 3000)) > 3
     ranged = dm(tmp_path, cache_dir=str(tmp_path / "c2"), num_proc=2, **kwargs)
+    units = len(read_manifest(ranged._store)["splits"]["train"]["shards"])
+    assert units > 3 if separator is None else units == 1  # byte ranges, prepared by 2 processes (a separator: whole)
     assert all_tokens(one) == all_tokens(ranged) and all_tokens(one, "val") == all_tokens(ranged, "val")
     assert one.train_dataset().split.documents > 25  # many documents in one file
 
@@ -114,21 +116,40 @@ def test_a_retrained_tokenizer_at_the_same_path_prepares_again(tmp_path, capsys)
 
 
 def _prepare_in_a_process(args):
-    path, cache = args
+    path, cache, said = args
     data = TextFiles(files=path, cache_dir=cache, block_size=32, num_proc=1)
     lines = []
-    data.prepare_data(say=lines.append)
+
+    def say(line):
+        lines.append(line)
+        said.put(line)
+
+    data.prepare_data(say=say)
     return str(data._store), lines
 
 
 def test_processes_sharing_a_cache_prepare_once(tmp_path):
+    """Two processes start preparing while the store's lock is held (the overlap is forced, not
+    left to timing): both wait, then one prepares and the other finds the store ready."""
+    import fcntl
+
     write_jsonl(tmp_path / "c" / "a.jsonl", TEXTS * 20)
-    jobs = [(str(tmp_path / "c" / "a.jsonl"), str(tmp_path / "cache"))] * 3
-    with multiprocessing.get_context("spawn").Pool(3) as pool:
-        done = pool.map(_prepare_in_a_process, jobs)
+    path, cache = str(tmp_path / "c" / "a.jsonl"), str(tmp_path / "cache")
+    directory = TextFiles(files=path, cache_dir=cache, block_size=32, num_proc=1).store_spec().directory()
+    directory.parent.mkdir(parents=True)
+    context = multiprocessing.get_context("spawn")
+    with context.Manager() as manager, open(directory.with_name(directory.name + ".lock"), "a+") as held:
+        said = manager.Queue()
+        fcntl.flock(held, fcntl.LOCK_EX)  # as a third process preparing it would
+        with context.Pool(2) as pool:
+            running = pool.map_async(_prepare_in_a_process, [(path, cache, said)] * 2)
+            waiting = [said.get(timeout=120) for _ in range(2)]
+            assert all("is preparing this data" in line and "waiting for it" in line for line in waiting), waiting
+            fcntl.flock(held, fcntl.LOCK_UN)
+            done = running.get(timeout=300)
     assert len({store for store, _ in done}) == 1
     prepared = [lines for _, lines in done if any("data: prepared" in line for line in lines)]
-    assert len(prepared) == 1  # the others waited on the lock and found it ready
+    assert len(prepared) == 1  # the other waited on the lock again and found it ready
     assert not [p for p in (tmp_path / "cache").iterdir() if ".partial" in p.name]
 
 

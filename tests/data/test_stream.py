@@ -158,3 +158,31 @@ def test_an_endless_split_is_refused_where_it_would_be_read_to_its_end(corpus, t
             build_loader(data, strategy, split, seed=0, limit_batches=None, training=False)
     held = build_loader(data, strategy, "val", seed=0, limit_batches=2, training=False)
     assert len(held.dataset) == 2 * data.val_batch_size
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_a_shuffled_pass_is_a_permutation_of_the_split(corpus, tmp_path, packing):
+    """Every pass of a shuffled stream serves each sample of the split once: unpacked, the same
+    documents as the unshuffled pass in another order; packed (blocks cut from the documents in
+    the pass's unit order), the same tokens, as many times each, but for the one short tail a pass
+    leaves out."""
+    def stream(shuffle):
+        data = TextFiles(**settings(corpus, tmp_path, packing=packing), streaming=True, stream_window=16,
+                         shuffle=shuffle)
+        return data.train_dataset().seeded(3)
+
+    def one_pass(dataset):
+        samples = []
+        while dataset._pass_length() is None or len(samples) < dataset._pass_length():
+            samples.append(tuple(dataset[len(samples)]["input_ids"].tolist()))
+        return samples
+
+    plain, shuffled = one_pass(stream(False)), one_pass(stream(True))
+    assert shuffled != plain and len(shuffled) == len(plain) > 30
+    if not packing:
+        assert sorted(shuffled) == sorted(plain)
+    else:
+        counts = [torch.bincount(torch.tensor([t for s in samples for t in s]), minlength=256) for samples in
+                  (plain, shuffled)]
+        differ = int((counts[0] - counts[1]).abs().sum())
+        assert differ < 2 * 64  # at most a block's worth moved between the two passes' left-out tails

@@ -94,8 +94,9 @@ def test_every_built_in_task_tests_at_the_end(task, tmp_path):
 
 @pytest.mark.slow
 def test_framework_test_under_other_strategies_and_world_sizes_gives_the_same_scores(tmp_path):
-    """A run trained with Hydra (its .hydra/ records the command): tested again under fsdp and
-    ZeRO-3 at 2 processes, the scores equal the one-process test within 1e-6."""
+    """A run trained with Hydra (its .hydra/ records the command): tested again at 2 processes under
+    a strategy of each family (replicated, fully sharded, ZeRO, fairscale's sharded optimizer), the
+    scores equal the one-process test within 1e-6."""
     run = [sys.executable, "-m", "framework"]
     trained = subprocess.run(run + ["run", "digits_classifier", "name=r", "trainer.max_steps=20", "trainer.val_every=10",
                                     "trainer.plot=false", "trainer.progress_bar=false", "trainer.test_at_end=true",
@@ -104,7 +105,7 @@ def test_framework_test_under_other_strategies_and_world_sizes_gives_the_same_sc
     assert trained.returncode == 0, trained.stderr[-3000:]
     reference = json.loads((tmp_path / "outputs/r/test_metrics.json").read_text())
     assert set(reference["metrics"]) == {"test/loss", "test/accuracy", "test/f1_score"}
-    for strategy in ("fsdp", "deepspeed_stage_3"):
+    for strategy in ("ddp", "fsdp", "ddp_sharded", "deepspeed_stage_3"):
         tested = subprocess.run(run + ["test", "outputs/r", f"strategy={strategy}", "devices=2"], cwd=tmp_path,
                                 capture_output=True, text=True, timeout=300)
         assert tested.returncode == 0, tested.stderr[-3000:]

@@ -106,8 +106,8 @@ MODEL_PARALLEL = ["strategy=model_parallel", "devices=4", "strategy.tensor_paral
 HSDP = ["strategy=hsdp", "devices=4", "strategy.shard_size=2", "data.batch_size=4"]
 
 
-def _losses(out) -> list[float]:
-    return [float(r["train/loss"]) for r in csv.DictReader(open(out / "metrics.csv")) if r.get("train/loss")]
+def _losses(out, key: str = "train/loss") -> list[float]:
+    return [float(r[key]) for r in csv.DictReader(open(out / "metrics.csv")) if r.get(key)]
 
 
 def _step(out, step: int):
@@ -129,6 +129,11 @@ def test_model_parallel_2x2_with_sequence_parallel_matches_ddp(runs):
     ddp, mp = _losses(runs["ddp"]), _losses(runs["model_parallel"])
     assert len(mp) == STEPS and mp[-1] < mp[0]
     torch.testing.assert_close(torch.tensor(mp), torch.tensor(ddp), rtol=1e-5, atol=1e-5)
+    # the gradient norm itself, over parameters split across the tensor-parallel ranks and replicated
+    # over the data-parallel ones (clipping rescales the gradients, and Adam would hide a wrong scale)
+    norms_ddp, norms_mp = _losses(runs["ddp"], "train/grad_norm"), _losses(runs["model_parallel"], "train/grad_norm")
+    assert len(norms_mp) == STEPS and min(norms_mp) > 0.5  # above the clip: every step was clipped by it
+    torch.testing.assert_close(torch.tensor(norms_mp), torch.tensor(norms_ddp), rtol=1e-5, atol=1e-6)
     final_ddp, final_mp = load_model_state(_step(runs["ddp"], STEPS)), load_model_state(_step(runs["model_parallel"], STEPS))
     assert set(final_mp) == set(final_ddp) and final_mp["blocks.0.attn.qkv.weight"].shape == (96, 32)  # gathered whole
     for name in final_ddp:  # the fused q/k/v rows in their order

@@ -1,0 +1,55 @@
+"""fairscale_fsdp's optimizer-state gather at one process (framework/strategy/fairscale_fsdp.py
+`_size_unsharded_buffers`): unsharded, fairscale has no `_full_param_padded` to size its gather by,
+and every checkpoint save died (measured on an H100, devices=1). fairscale's FSDP cannot train on a
+CPU-only torch, but its gather runs here with the compute device set to the CPU: the state the
+strategy hands a checkpoint is a plain Adam's, per original parameter (without the sizing, the
+same AttributeError as on the H100)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("fairscale")
+
+SCRIPT = textwrap.dedent("""
+    import os, torch, torch.distributed as dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    from fairscale.nn.data_parallel import FullyShardedDataParallel as FSDP
+    from framework.strategy.fairscale_fsdp import FairscaleFSDPStrategy
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+
+    wrapped = FSDP(model(), mixed_precision=False, flatten_parameters=True, compute_device=torch.device("cpu"))
+    plain = model()
+    optimizers = [torch.optim.Adam(m.parameters(), lr=0.1) for m in (wrapped, plain)]
+    for step in range(2):
+        for m, optimizer in zip((wrapped, plain), optimizers):
+            for p in m.parameters():  # each element's gradient from its own value: the flat parameter's too
+                p.grad = p.detach() * (step + 1) + 0.5
+            optimizer.step()
+    full = FairscaleFSDPStrategy().optimizer_state_dict(wrapped, optimizers[0])
+    expected = optimizers[1].state_dict()["state"]
+    assert sorted(full["state"]) == sorted(expected), (sorted(full["state"]), sorted(expected))
+    for index, state in expected.items():
+        # fairscale gathers every key into one buffer and keeps `buffer.cpu()`: a copy from a GPU,
+        # the buffer itself on the CPU, so here each key ends holding the last one's values. Its
+        # shapes are checked for all keys, its values for the last (exp_avg_sq).
+        assert all(full["state"][index][key].shape == state[key].shape for key in ("exp_avg", "exp_avg_sq"))
+        assert torch.equal(full["state"][index]["exp_avg_sq"], state["exp_avg_sq"]), index
+        assert float(full["state"][index]["step"]) == float(state["step"]) == 2.0
+    print("GATHERED", len(full["state"]))
+""")
+
+
+def test_the_unsharded_optimizer_state_gathers_at_one_process():
+    from tests.helpers.torchrun import free_port
+
+    env = {**__import__("os").environ, "PORT": str(free_port())}
+    result = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120, env=env)
+    assert "GATHERED 4" in result.stdout, result.stdout + result.stderr[-3000:]
