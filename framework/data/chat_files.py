@@ -32,7 +32,7 @@ from framework.config.types import NonNegativeInt, PositiveInt
 from framework.data.chat_template import ChatTemplate
 from framework.data.prepare import MISSING, Encoded
 from framework.data.store import Documents, PackedDocuments, open_split
-from framework.data.text_files import TextFiles, first_rows
+from framework.data.stored_files import StoredFiles, first_rows
 from framework.data.tokenizer import loaded_tokenizer
 from framework.errors import ConfigError
 
@@ -166,7 +166,7 @@ class _RenderChat:
         return out
 
 
-class ChatFiles(TextFiles):
+class ChatFiles(StoredFiles):
     """Local conversations, rendered with a chat template, responses scored."""
 
     kind = "chat"
@@ -178,7 +178,7 @@ class ChatFiles(TextFiles):
                  chat_template: str | None = None, scored_roles: list[str] | None = None, tokenizer: str = BYTES,
                  block_size: PositiveInt = 512, packing: bool = True, drop_unscorable: bool = False,
                  cache_dir: str | None = None, num_proc: PositiveInt | None = None, allow_changed: bool = False,
-                 streaming: bool = False, **loader):
+                 **loader):
         """files, val_files, val_percent, test_files, test_percent, format, tokenizer, cache_dir,
         num_proc, allow_changed: as data=text_files (format: jsonl, json, parquet or csv); messages_field: the field
         holding a conversation as a list of {role, content}; prompt_field, response_field: the
@@ -190,16 +190,12 @@ class ChatFiles(TextFiles):
         loss counts (null: [assistant]); block_size: tokens per row (a longer conversation is cut);
         packing: several whole conversations per row, kept apart by position_ids (false: one per
         row, padded per batch); drop_unscorable: leave out conversations with nothing to score
-        within the block (false: refuse them); streaming: false (chat data is prepared: a
-        conversation's rendering and its scored tokens are worked out once)."""
-        if streaming:
-            raise ConfigError("data.streaming=true: chat data is always prepared (a few MB of conversations take "
-                              "seconds; `framework prepare-data` does it ahead); streaming is data=text_files's, for "
-                              "pre-training corpora. Leave data.streaming=false.")
+        within the block (false: refuse them). Chat data is always prepared (a conversation's
+        rendering and its scored tokens are worked out once): streaming is data=text_files's."""
         super().__init__(files=files, val_files=val_files, val_percent=val_percent, test_files=test_files,
-                         test_percent=test_percent, format=format, text_field=messages_field, tokenizer=tokenizer,
-                         block_size=block_size, packing=packing, add_eos=False, cache_dir=cache_dir,
-                         num_proc=num_proc, allow_changed=allow_changed, **loader)
+                         test_percent=test_percent, format=format, tokenizer=tokenizer, block_size=block_size,
+                         packing=packing, cache_dir=cache_dir, num_proc=num_proc, allow_changed=allow_changed,
+                         **loader)
         if self.format == "text":
             raise ConfigError("data.format=text: chat data needs rows with fields (JSON lines, a JSON array, parquet "
                               "or CSV), each a conversation; plain text is data=text_files.")
@@ -212,8 +208,7 @@ class ChatFiles(TextFiles):
         """Each file's first rows: fields that hold a conversation, conversations the template
         renders (roles it knows), something to score within the block."""
         found = []
-        for key, files in (("data.files", self.files), ("data.val_files", self.val_files or []),
-                           ("data.test_files", self.test_files or [])):
+        for key, files in ((f"data.{role}", files) for role, files in self.roles().items()):
             for path in files:
                 rows = first_rows(path, self.format, CHECKED_ROWS)
                 if isinstance(rows, str):

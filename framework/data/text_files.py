@@ -16,11 +16,7 @@ padding) when padded; framework/tasks/language_modeling.py reads them.
 """
 from __future__ import annotations
 
-import itertools
 import os
-from collections.abc import Callable
-from functools import cached_property
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -28,29 +24,13 @@ from torch.utils.data import Dataset
 
 from framework.config.resolvers import BYTES
 from framework.config.types import NonNegativeInt, PositiveInt
-from framework.data.base import DataModule
-from framework.data.prepare import CACHE_VARIABLE, MISSING, Encoded, StoreSpec, default_cache_root, file_sha256, prepare
-from framework.data.sources import TEXT_UNITS, RowError, expand, file_format, read_rows
-from framework.data.splits import FILE_ROLES, SPLIT_NAMES, SplitRule
-from framework.data.store import Documents, PackedTokens, open_split, read_manifest, shared_documents
+from framework.data.prepare import MISSING, Encoded
+from framework.data.sources import TEXT_UNITS
+from framework.data.store import Documents, PackedTokens, open_split
+from framework.data.stored_files import StoredFiles, first_rows, named
 from framework.data.stream import TokenStream, stream_fingerprint
-from framework.data.tokenizer import Tokenizer, loaded_tokenizer
+from framework.data.tokenizer import loaded_tokenizer
 from framework.errors import ConfigError
-
-TOKEN_DTYPES = ("auto", "uint8", "uint16", "uint32")
-
-
-def store_dtype(tokenizer: Tokenizer, given: str) -> str:
-    """The store's integer type: the smallest that holds every id (bytes: uint8; vocabularies up to
-    65,536: uint16; else uint32), or the one given, if it holds them."""
-    if given not in TOKEN_DTYPES:
-        raise ConfigError(f"data.token_dtype={given!r}: choose one of {', '.join(TOKEN_DTYPES)}.")
-    fitting = [name for name, ids in (("uint8", 1 << 8), ("uint16", 1 << 16), ("uint32", 1 << 32))
-               if tokenizer.vocab_size <= ids]
-    if given != "auto" and given not in fitting:
-        raise ConfigError(f"data.token_dtype={given}: the tokenizer has {tokenizer.vocab_size:,} tokens, more ids than "
-                          f"{given} holds; use data.token_dtype={fitting[0]} or auto.")
-    return fitting[0] if given == "auto" else given
 
 
 class TextEncoder:
@@ -80,40 +60,7 @@ class TextEncoder:
         return out
 
 
-def _named(files: list[str], most: int = 3) -> str:
-    return ", ".join(files[:most]) + (f" and {len(files) - most} more" if len(files) > most else "")
-
-
-def first_rows(path: str, fmt: str, count: int = 1, text_unit: str = "document") -> list | str:
-    """A file's first `count` rows (a string saying what is wrong when they do not read)."""
-    try:
-        rows = [row for _, row in itertools.islice(read_rows(path, fmt, text_unit=text_unit), count)]
-    except (RowError, OSError) as err:
-        return str(err).removeprefix(path).lstrip(",: ").rstrip(".")
-    if not rows:
-        return "holds only blank lines" if fmt == "jsonl" else "has no row"
-    return rows
-
-
-class PadCollate:
-    """Pads a batch of rows to its longest: input_ids (pad_id), attention_mask, labels (-100 on
-    padding; a row's own labels where it has them, else its input_ids)."""
-
-    def __init__(self, pad_id: int):
-        self.pad_id = pad_id
-
-    def __call__(self, rows):
-        length = max(len(r["input_ids"]) for r in rows)
-        ids = torch.full((len(rows), length), self.pad_id, dtype=torch.long)
-        labels = torch.full((len(rows), length), -100, dtype=torch.long)
-        mask = torch.zeros((len(rows), length), dtype=torch.long)
-        for i, row in enumerate(rows):
-            n = len(row["input_ids"])
-            ids[i, :n], labels[i, :n], mask[i, :n] = row["input_ids"], row.get("labels", row["input_ids"]), 1
-        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
-
-
-class TextFiles(DataModule):
+class TextFiles(StoredFiles):
     """Local text files as token blocks (packing) or padded documents, from a prepared store."""
 
     kind = "text"
@@ -147,34 +94,16 @@ class TextFiles(DataModule):
         preparing a store (framework/data/stream.py: nothing copied, every rank reads the stream,
         passes follow each other with no epochs); stream_window: samples of the stream shuffled
         together (with the order of the files, drawn each pass)."""
-        super().__init__(**loader)
         if text_unit not in TEXT_UNITS:
             raise ConfigError(f"data.text_unit={text_unit!r}: choose one of {', '.join(TEXT_UNITS)}.")
-        if not 0 < val_percent < 100:
-            raise ConfigError(f"data.val_percent={val_percent}: must be between 1 and 99.")
-        if not test_files and val_percent + test_percent >= 100:
-            raise ConfigError(f"data.test_percent={test_percent}: with data.val_percent={val_percent} no row is left to "
-                              "train on; keep their sum below 100, or give data.test_files.")
-        given = {"files": files, "val_files": val_files, "test_files": test_files}
-        self.patterns = {key: [os.path.abspath(os.path.expanduser(str(p))) for p in ([v] if isinstance(v, str) else v)]
-                         for key, v in given.items() if v}
-        found = {role: expand(given[role], f"data.{role}") if given[role] else None for role in FILE_ROLES}
-        self.files, self.val_files, self.test_files = found["files"], found["val_files"], found["test_files"]
-        self.test_percent = 0 if self.test_files else test_percent
-        self._opened: tuple | None = None  # the splits, once opened (splits())
-        self.format = file_format(self.files + (self.val_files or []) + (self.test_files or []), format, "data.files")
+        super().__init__(files=files, val_files=val_files, val_percent=val_percent, test_files=test_files,
+                         test_percent=test_percent, format=format, tokenizer=tokenizer, block_size=block_size,
+                         packing=packing, cache_dir=cache_dir, num_proc=num_proc, token_dtype=token_dtype,
+                         allow_changed=allow_changed, **loader)
         self.text_field = text_field
         self.text_unit = text_unit
         self.separator = separator
-        self.val_percent = val_percent
-        self.tokenizer = loaded_tokenizer(str(tokenizer))
-        self.block_size = block_size
-        self.packing = packing
         self.add_eos = add_eos
-        self.cache_dir = os.path.abspath(os.path.expanduser(cache_dir)) if cache_dir else None
-        self.num_proc = num_proc
-        self.token_dtype = store_dtype(self.tokenizer, token_dtype)
-        self.allow_changed = allow_changed
         self.streaming = streaming
         self.stream_window = stream_window
 
@@ -186,7 +115,7 @@ class TextFiles(DataModule):
             empty = [f for f in files if os.path.getsize(f) == 0]
             if self.format == "text":
                 if files and len(empty) == len(files):
-                    found.append(f"{key}: every file is empty ({_named(empty)}); give files with text.")
+                    found.append(f"{key}: every file is empty ({named(empty)}); give files with text.")
                 continue
             found += [f"{key}: {f} is empty (a {self.format} file needs at least one row); remove it from "
                       f"{key} or fill it." for f in empty]
@@ -205,10 +134,6 @@ class TextFiles(DataModule):
                     f"{', '.join(map(str, rows[0])) or 'none'}); set data.text_field to the one holding the text."]
         return []
 
-    def roles(self) -> dict[str, list[str]]:
-        """Each file role (framework/data/splits.py FILE_ROLES) and its files."""
-        return {role: getattr(self, role) or [] for role in FILE_ROLES}
-
     # ---- the prepared store ----------------------------------------------------------------
     def encoder(self):
         return TextEncoder(self.tokenizer.spec, self.text_field, self.add_eos)
@@ -218,104 +143,14 @@ class TextFiles(DataModule):
         return {"text_field": self.text_field, "text_unit": self.text_unit, "separator": self.separator,
                 "add_eos": self.add_eos}
 
-    def store_spec(self) -> StoreSpec:
-        return StoreSpec(kind=self.kind, roles=self.roles(),
-                         patterns=self.patterns, tokenizer=self._tokenizer_identity(),
-                         format=self.format, settings=self.settings(), tokenizer_sha256=self.tokenizer.sha256(),
-                         dtype=self.token_dtype, encoder=self.encoder(),
-                         cache_root=Path(self.cache_dir) if self.cache_dir else default_cache_root(),
-                         num_proc=self.num_proc or os.cpu_count() or 1, text_unit=self.text_unit,
-                         separator=self.separator, val_percent=self.val_percent, test_percent=self.test_percent,
-                         missing=self.missing_message())
-
-    @cached_property
-    def _stream_spec(self) -> StoreSpec:
-        """The spec a stream reads by (its splits and fingerprint share one: the tokenizer hashed once)."""
-        return self.store_spec()
-
-    def _tokenizer_identity(self) -> str:
-        """The tokenizer's path as the store's key holds it: absolute (`./tok` from the folder a run is
-        in, and the absolute path its recorded config holds, are one store), or a name as given."""
-        spec = str(self.tokenizer.spec)
-        path = os.path.expanduser(spec)
-        return os.path.abspath(path) if os.path.exists(path) else spec
-
     def missing_message(self) -> str:
         return (f"data.text_field={self.text_field!r}: {{count}} row(s) have no such field (the first: {{where}}); fix "
                 "those rows, or set data.text_field to the field every row holds.")
 
-    def prepare_data(self, say: Callable[[str], None] | None = None) -> None:
-        """Tokenise into the store once (reused while nothing that changes it changed), and open its
-        splits (a split too small for one sample is refused here). Streamed data prepares nothing."""
-        if self.streaming:
-            return
-        self._store = prepare(self.store_spec(), lambda line: say(line) if say else None)
-        self.splits()
-
-    @cached_property
-    def _store(self) -> Path:
-        return prepare(self.store_spec(), lambda line: None)
-
-    @property
-    def split_rule(self) -> SplitRule:
-        return SplitRule(self.val_percent, self.test_percent, bool(self.val_files), bool(self.test_files))
-
-    def test_overlap(self, trained: TextFiles) -> str | None:
-        if not isinstance(trained, TextFiles):
-            return None
-        trained_files = set(trained.files)
-        if self.test_files:
-            shared = sorted(set(self.test_files) & trained_files)
-            if shared:
-                return f"data.test_files holds files the run trained on ({_named(shared)}: data.files then)"
-            return self._trained_contents(trained)
-        shared = sorted(set(self.files) & trained_files)
-        tested = self.split_rule.held_out("test")
-        low, high = max(tested[0], trained.split_rule.first_training_bucket()), tested[1]
-        if not shared or low >= high:
-            return None
-        return (f"data.test_percent={self.test_percent} holds out documents of {_named(shared)} that the run trained on "
-                f"(it held out data.val_percent={trained.val_percent} and data.test_percent={trained.test_percent}: "
-                f"{high - low}% of these documents trained)")
-
-    def _trained_contents(self, trained: TextFiles) -> str | None:
-        """data.test_files that hold what the run trained on under other names: a copy of a training
-        file (the same bytes), or documents with the same tokens as training documents (rows copied
-        out of data.files), compared through the prepared stores."""
-        trained_hashes = {file_sha256(path): path for path in trained.files}
-        copies = sorted(f"{path} = {trained_hashes[digest]}" for path, digest in
-                        ((path, file_sha256(path)) for path in self.test_files) if digest in trained_hashes)
-        if copies:
-            return f"data.test_files holds copies of files the run trained on ({_named(copies)})"
-        if self.streaming or trained.streaming:
-            return None  # a stream keeps no store to compare documents in
-        tested, trained_split = open_split(self._store, "test"), open_split(trained._store, "train")
-        if tested is None or trained_split is None or not tested.documents:
-            return None
-        shared = shared_documents(tested, trained_split)
-        return (f"data.test_files holds {shared} of its {tested.documents} document(s) with the tokens of documents the "
-                f"run trained on (rows copied from {_named(sorted(trained.files))})" if shared else None)
-
-    def written_paths(self) -> dict[str, tuple[Path, str]]:
-        """The store's cache folder (a stream writes its unit counts there too)."""
-        key = "data.cache_dir" if self.cache_dir else f"data.cache_dir (null: ${CACHE_VARIABLE} or ~/.cache)"
-        path = Path(self.cache_dir).expanduser() if self.cache_dir else default_cache_root()
-        return {key: (path, f"set data.cache_dir to a folder you can write (or ${CACHE_VARIABLE} for every run)")}
-
-    def test_split_hint(self, trained: bool) -> str:
-        if trained:
-            return ("Test a run on files it never trained on, data.test_files=PATH (rows in the shape of data.files), "
-                    "or on the documents it held out: data.test_percent as the run trained with it (a run trained "
-                    "with data.test_percent=0 held none out; raising it now would test on documents it trained on).")
-        return ("Give it one: data.test_files=PATH (files of their own), or data.test_percent=10 (a tenth of the "
-                "documents of data.files, held out by a hash of each).")
-
     def fingerprint(self) -> str | None:
-        """The prepared data's identity (files, sizes, tokenizer, settings, counts): kept in checkpoints."""
         if self.streaming:
             return stream_fingerprint(self._stream_spec, self.block_size, self.packing)
-        manifest = read_manifest(self._store)
-        return manifest.get("fingerprint") if manifest else None
+        return super().fingerprint()
 
     def _dataset(self, split: str) -> Dataset:
         if self.streaming:
@@ -323,30 +158,6 @@ class TextFiles(DataModule):
                                window=self.stream_window)
         view = open_split(self._store, split)
         return PackedTokens(view, self.block_size) if self.packing else Documents(view, self.block_size)
-
-    def splits(self) -> tuple:
-        """(train, val, test), opened once; a split too small for one sample is refused here (by
-        prepare_data, before training starts)."""
-        if self._opened is None:
-            self._opened = self._open_splits()
-        return self._opened
-
-    def _open_splits(self) -> tuple:
-        splits = {"train": self._dataset("train"), "val": self._dataset("val"),
-                  "test": self._dataset("test") if self.has_test_split else None}
-        for name, dataset in splits.items():
-            if dataset is not None and not self.streaming and len(dataset) == 0:
-                view = dataset.split
-                what = (f"{view.tokens_total:,} tokens in {view.documents:,} document(s)" if view.documents else
-                        "no document")
-                raise ConfigError(f"data: the {SPLIT_NAMES[name]} split holds {what}, which makes no sample of "
-                                  f"data.block_size={self.block_size} tokens; add text, lower data.block_size, or split "
-                                  "plain text finer (data.text_unit=paragraph or line).")
-        return splits["train"], splits["val"], splits["test"]
-
-    @property
-    def has_test_split(self) -> bool:
-        return bool(self.test_files) or self.test_percent > 0
 
     def run_problems(self, trainer, stage: str) -> list[str]:
         """A stream has no epochs and no end to score to: it needs trainer.max_steps, and a number
@@ -365,18 +176,6 @@ class TextFiles(DataModule):
             found.append("data.streaming=true: testing scores the first trainer.test_batches batches of the streamed "
                          "test split; give trainer.test_batches (e.g. 50), or prepare the data (data.streaming=false).")
         return found
-
-    def train_dataset(self) -> Dataset:
-        return self.splits()[0]
-
-    def val_dataset(self) -> Dataset:
-        return self.splits()[1]
-
-    def test_dataset(self) -> Dataset | None:
-        return self.splits()[2]
-
-    def collate(self):
-        return None if self.packing else PadCollate(self.tokenizer.pad_id)
 
     def example_batch(self, size: int = 2):
         """A batch of the right shape and keys, without reading the files."""
