@@ -22,15 +22,14 @@ from pathlib import Path
 
 import torch
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 from results_table import publish  # benchmarks/ is on sys.path when a script runs
+from step_timer import StepTimer
 from torch.nn import functional as F
 
 import framework
 from framework.config.build import build
 from framework.models.build import build_model
 from framework.scheduler.cosine import warmup_cosine
-from step_timer import StepTimer
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = int(os.environ.get("ROUNDS", 9))
