@@ -90,6 +90,7 @@ $(BENCH_BIN)/.installed: pyproject.toml
 
 bench: $(BENCH_BIN)/.installed
 	$(BENCH_BIN)/python benchmarks/overhead.py
+	$(BENCH_BIN)/python benchmarks/step_overhead.py
 	$(BENCH_BIN)/python benchmarks/startup.py
 	$(BENCH_BIN)/python benchmarks/ddp_threads.py
 	$(BENCH_BIN)/python benchmarks/memory_per_rank.py

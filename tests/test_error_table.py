@@ -155,6 +155,8 @@ CASES = [
                                                                  "and 'output'"),
     (TRAIN + ["data=chat_files", "model.block_size=16"], "longer than data.block_size=16, and no response starts "
                                                          "within the block: nothing in it is left to score"),
+    (FRAMEWORK + ["run", "hf_lora_chat", "data.streaming=true"],
+     "data.streaming: no such key. It is a key of data=text_files, not of the data option chosen"),
     (FRAMEWORK + ["run", "hf_lora_chat", "adapter=null"], "adapter: settings (r, alpha) for an adapter that is not "
                                                           "chosen"),
     # the last mile (issue 43): refused before anything is allocated or written

@@ -38,6 +38,20 @@ def group_options(group: str, search_dirs: list[Path]) -> list[str]:
     return sorted(options)
 
 
+def options_with_key(group: str, key: str, search_dirs: list[Path]) -> list[str]:
+    """The options of config group `group` whose YAML sets `key` at its top level."""
+    owners = []
+    for root in search_dirs:
+        for path in sorted((Path(root) / group).glob("*.yaml")) if (Path(root) / group).is_dir() else []:
+            try:
+                node = OmegaConf.load(path)
+            except Exception:  # a file that does not load is not this message's business
+                continue
+            if isinstance(node, DictConfig) and key in node and path.stem not in owners:
+                owners.append(path.stem)
+    return owners
+
+
 def friendly_message(err: Exception, search_dirs: list[Path], cfg_keys=None) -> str:
     """One paragraph for a Hydra composition error, naming the key and the fix."""
     text = str(err)
@@ -63,7 +77,11 @@ def friendly_message(err: Exception, search_dirs: list[Path], cfg_keys=None) -> 
         key = unknown.group(1)
         parent, _, leaf = key.rpartition(".")
         hint = ""
-        if cfg_keys is not None:
+        owners = options_with_key(parent, leaf, search_dirs) if parent and "." not in parent else []
+        if owners:  # a key of another option of the group (data.streaming is data=text_files's)
+            hint = (f" It is a key of {', '.join(f'{parent}={o}' for o in owners)}, not of the {parent} option "
+                    "chosen; choose that option, or leave the key out.")
+        elif cfg_keys is not None:
             hint = did_you_mean(leaf, cfg_keys(parent, key))
         return (f"{key}: no such key.{hint} To add a new key on purpose, write +{key}=...; "
                 f"`python train.py --cfg job` prints every key.")
