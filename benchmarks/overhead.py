@@ -53,8 +53,9 @@ def loss_of(cfg, model, batch) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, -2).float(), y.flatten())
 
 
-def run_raw(cfg, steps: int) -> float:
-    """A hand-written loop: DataLoader, forward, backward, clip, step, schedule."""
+def run_raw(cfg, steps: int, stamps: list | None = None) -> float:
+    """A hand-written loop: DataLoader, forward, backward, clip, step, schedule. `stamps`: the clock
+    read before the first step and after each (benchmarks/step_overhead.py)."""
     start = time.perf_counter()
     torch.manual_seed(cfg.seed)
     data = build(cfg.data, "data")
@@ -65,6 +66,8 @@ def run_raw(cfg, steps: int) -> float:
                                          drop_last=True)
     model.train()
     step = 0
+    if stamps is not None:
+        stamps.append(time.perf_counter())
     while step < steps:
         for batch in loader:
             loss = loss_of(cfg, model, batch)
@@ -74,6 +77,8 @@ def run_raw(cfg, steps: int) -> float:
             optimizer.step()
             scheduler.step()
             step += 1
+            if stamps is not None:
+                stamps.append(time.perf_counter())
             if step == steps:
                 break
     return time.perf_counter() - start

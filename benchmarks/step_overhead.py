@@ -17,19 +17,15 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 from hydra import compose, initialize_config_dir
+from overhead import run_raw
 from results_table import publish  # benchmarks/ is on sys.path when a script runs
 from step_timer import StepTimer
-from torch.nn import functional as F
 
 import framework
-from framework.config.build import build
-from framework.models.build import build_model
-from framework.scheduler.cosine import warmup_cosine
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = int(os.environ.get("ROUNDS", 9))
@@ -46,27 +42,9 @@ def compose_cfg():
 
 
 def raw_steps(cfg) -> list[float]:
-    """A hand-written loop, its step times (the same work as the framework's step)."""
-    torch.manual_seed(cfg.seed)
-    data = build(cfg.data, "data")
-    model = build_model(cfg.model)
-    optimizer = build(cfg.optimizer, "optimizer")(model.parameters())
-    scheduler = warmup_cosine(optimizer, STEPS, cfg.scheduler.warmup_steps, cfg.scheduler.min_lr_ratio)
-    loader = torch.utils.data.DataLoader(data.train_dataset(), batch_size=cfg.data.batch_size, shuffle=True,
-                                         drop_last=True)
-    model.train()
-    stamps = [time.perf_counter()]
-    while len(stamps) <= STEPS:
-        for x, y in loader:
-            loss = F.cross_entropy(model(x), y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.trainer.clip_grad_norm)
-            optimizer.step()
-            scheduler.step()
-            stamps.append(time.perf_counter())
-            if len(stamps) > STEPS:
-                break
+    """A hand-written loop's step times (benchmarks/overhead.py's: the same work as the framework's step)."""
+    stamps: list[float] = []
+    run_raw(cfg, STEPS, stamps)
     return [b - a for a, b in zip(stamps, stamps[1:])]
 
 
