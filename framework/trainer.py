@@ -27,7 +27,7 @@ from framework.config.build import build, guarded
 from framework.config.loop_settings import loop_settings
 from framework.console import WarningsOnce, announce_if_slow
 from framework.data.loaders import build_loader
-from framework.data.ranks import prepare_once
+from framework.data.once import prepare_once
 from framework.errors import ConfigError
 from framework.loop.evaluation import predict, score
 from framework.loop.fit_loop import FitLoop

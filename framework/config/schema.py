@@ -48,6 +48,10 @@ class TrainerConfig:
     """Clamp every gradient element to [-v, v]; null for no clipping."""
     log_every: int = 20
     """Log training metrics (and print them when there is no progress bar) every N steps."""
+    peak_tflops: Optional[float] = None
+    """The accelerator's peak dense TFLOP/s per device in the run's compute dtype, for train/mfu
+    (model-FLOPs utilisation) where framework/accelerator/peak_flops.py does not know the device (a
+    CPU, a GPU not in its table); null: the table's figure, or no train/mfu."""
     deterministic: bool = False
     """Use only deterministic algorithms (torch.use_deterministic_algorithms)."""
     progress_bar: bool = True

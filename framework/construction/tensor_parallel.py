@@ -141,8 +141,12 @@ def parallelize(model: nn.Module, mesh, plan: dict[str, str], sequence_parallel:
 
 
 def _local(tensor):
-    """A DTensor's local part; a plain tensor as it is."""
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    """A DTensor's local part; a plain tensor as it is. By isinstance: torch.compile answers
+    hasattr(parameter, "to_local") with False for a DTensor parameter, and the product met the
+    DTensor itself ("got mixed torch.Tensor and DTensor", found on an H100, trainer.compile=true)."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def _fused_local_forward(module: nn.Linear, x):

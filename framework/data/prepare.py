@@ -9,15 +9,14 @@ same at every world size. The manifest records the files' sizes and modification
 tokenizer's content hash and every setting that changes the tokens (not data.num_proc): an
 unchanged corpus is reused at once, a changed one is prepared again, and says why.
 
-Preparation takes a lock beside the store, so processes (or nodes) sharing a cache folder prepare
-once; it writes to a temporary folder renamed into place when complete, removed on any failure
+Preparation holds the store folder's lock (framework/data/once.py), so processes (or nodes)
+sharing a cache folder prepare once; it writes to a temporary folder renamed into place when complete, removed on any failure
 (a full disk included: the store prepared before, if any, is kept). Progress, with an ETA, is said
 every few seconds.
 """
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import json
 import multiprocessing
@@ -25,7 +24,6 @@ import os
 import shutil
 import socket
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -33,6 +31,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from framework.console import human_bytes
+from framework.data.once import folder_lock
 from framework.data.sources import Unit, plan_units, read_rows
 from framework.data.splits import FILE_ROLES, SPLITS, SplitRule
 from framework.data.store import MANIFEST, VERSION, fingerprint, read_manifest
@@ -251,31 +250,7 @@ def run_unit(job: tuple) -> UnitResult:
     return result
 
 
-# ---- preparing a store (in one process per node) -------------------------------------------
-
-@contextmanager
-def store_lock(directory: Path, say: Callable[[str], None]) -> Iterator[None]:
-    """An exclusive lock beside the store, held while it is checked and (re)prepared: processes and
-    nodes sharing the cache folder prepare it once (the others wait, then find it ready)."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    path = directory.with_name(directory.name + ".lock")
-    with open(path, "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            say(f"data: {holder} is preparing this data ({directory}); waiting for it (no time limit)")
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{socket.gethostname()} pid {os.getpid()}")
-        handle.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
+# ---- preparing a store (once: framework/data/once.py) -------------------------------------
 
 def why_stale(manifest: dict | None, spec: StoreSpec) -> str | None:
     """Why a store found in the cache cannot be used (None: it can)."""
@@ -299,7 +274,7 @@ def prepare(spec: StoreSpec, say: Callable[[str], None]) -> Path:
     stale one replaced). Errors are ConfigError (a row that does not read, a missing field) or
     StorageError (the disk filled); either way nothing partial is left."""
     directory = spec.directory()
-    with store_lock(directory, say):
+    with folder_lock(directory, say):
         reason = why_stale(read_manifest(directory), spec)
         if reason is None:
             return directory

@@ -27,6 +27,7 @@ from framework.loop.nonfinite import Divergence, NonFiniteGuard, StopNonFinite
 from framework.loop.parts import Loaders, RunContext, Training
 from framework.loop.state import FitResult, LoopState, Preemption
 from framework.loop.test_at_end import test_best
+from framework.loop.utilization import Utilization
 from framework.tasks.base import sums_normalised
 
 _FLAG = "__nonfinite__"  # the guard's flag among the window's values (rides on the window's all-reduce)
@@ -58,6 +59,9 @@ class FitLoop:
                                     strategy.root_device, distributed=strategy.world_size > 1,
                                     scaled=strategy.precision.loss_scale is not None)
         module = strategy.unwrap(self.model)
+        self.utilization = Utilization(module, strategy.root_device, strategy.precision.compute_dtype,
+                                       strategy.world_size, getattr(self.trainer, "peak_tflops", None),
+                                       manual=training.manual is not None)
         self.checkpointer = Checkpointer(strategy, self.checkpoint_dir, run.run_meta,
                                          trainable_names(module) if is_adapted(module) else None, self.say, self.hook)
 
@@ -158,6 +162,8 @@ class FitLoop:
         loss is normalised by the step's scored items) its summed loss times scale; else its loss
         over the group."""
         strategy = self.strategy
+        if self.utilization.waiting:
+            self.utilization.see(batch)
         batch = strategy.batch_to_device(batch)
         with strategy.no_backward_sync(self.model, skip=not self._ends_step(self.state.batch_in_epoch + 1)):
             with strategy.forward_context():
@@ -182,8 +188,12 @@ class FitLoop:
         rank's summed loss times this has, averaged over the ranks as gradients are, the gradient of
         the step's mean over every scored item."""
         strategy, share = self.strategy, self.strategy.data_parallel
-        count = torch.tensor(float(sum(self.task.scored_count(b) for b in batches)), dtype=torch.float64,
-                             device=strategy.root_device)
+        count = float(sum(self.task.scored_count(b) for b in batches))  # counted on the host, from the batches
+        if strategy.world_size == 1:
+            # no device round trip: a count sent to a GPU and read back waits for the step before
+            # it to finish, and the host stops queueing work ahead of the device every step
+            return 1.0 / max(count, 1.0)
+        count = torch.tensor(count, dtype=torch.float64, device=strategy.root_device)
         total = strategy.reduce(count, "sum").item() * share.size / strategy.world_size  # a tensor-parallel group counts once
         return share.size / max(total, 1.0)
 
@@ -284,6 +294,7 @@ class FitLoop:
         self.state.items_seen += items
         metrics = {**{f"train/{k}": v for k, v in means.items()}, f"train/{unit}_per_s": items / elapsed,
                    f"train/{unit}": float(self.state.items_seen)}
+        self._log_utilization(metrics, items / elapsed)
         if grad_norm is not None:
             metrics["train/grad_norm"] = float(grad_norm)
         scale = strategy.precision.loss_scale
@@ -293,6 +304,14 @@ class FitLoop:
             metrics["train/skipped_step"] = 1.0
         self.log_metrics(metrics)
         window.reset()
+
+    def _log_utilization(self, metrics: dict, items_per_s: float) -> None:
+        mfu = self.utilization.of(items_per_s)
+        if mfu is not None:
+            metrics["train/mfu"] = mfu
+        elif self.utilization.why_not and self.strategy.root_device.type != "cpu":
+            self.say(f"train/mfu is not logged: {self.utilization.why_not}.")  # once: a CPU's peak is no table's
+            self.utilization.why_not = ""
 
     # ---- validation ---------------------------------------------------------------------------
     def validate(self) -> dict[str, float]:

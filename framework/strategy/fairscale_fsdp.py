@@ -57,12 +57,17 @@ class FairscaleFSDPStrategy(ParallelStrategy):
         return model.no_sync() if skip else nullcontext()
 
     def clip_gradients(self, model, optimizer, max_norm=None, max_value=None, parameters=None):
+        _gradients_in_parameter_dtype(optimizer)
         if max_norm is None and max_value is None:
             return None
         self.precision.unscale_gradients(optimizer)
         if max_value is not None:
             torch.nn.utils.clip_grad_value_([p for p in model.parameters() if p.grad is not None], max_value)
         return model.clip_grad_norm_(max_norm) if max_norm is not None else None
+
+    def optimizer_step(self, optimizer) -> bool:
+        _gradients_in_parameter_dtype(optimizer)
+        return super().optimizer_step(optimizer)
 
     def model_state_dict(self, model) -> dict:
         state = model.state_dict()  # fairscale's FSDP gathers the full state on state_dict()
@@ -73,7 +78,17 @@ class FairscaleFSDPStrategy(ParallelStrategy):
 
     def optimizer_state_dict(self, model, optimizer) -> dict:
         _size_unsharded_buffers(model)
-        full = model.gather_full_optim_state_dict(optimizer)
+        # fairscale turns each live `step` tensor into an int in place (it edits the dicts that
+        # optimizer.state_dict() shares with optimizer.state), and torch's Adam refuses to step on
+        # an int ("`state_steps` argument must contain a list of singleton tensors": every step
+        # after the first save died, measured on an H100): the live steps are put back
+        steps = {id(state): state["step"] for state in optimizer.state.values() if "step" in state}
+        try:
+            full = model.gather_full_optim_state_dict(optimizer)
+        finally:
+            for state in optimizer.state.values():
+                if id(state) in steps:
+                    state["step"] = steps[id(state)]
         return full or {}
 
     def load_optimizer_state_dict(self, model, optimizer, state: dict) -> None:
@@ -93,3 +108,14 @@ def _size_unsharded_buffers(model) -> None:
             for param in module.params:
                 if not getattr(param, "_is_sharded", True) and not hasattr(param, "_full_param_padded"):
                     param._full_param_padded = torch.empty(param.data.numel(), device="meta")
+
+
+def _gradients_in_parameter_dtype(optimizer) -> None:
+    """fairscale's mixed precision casts a gradient to its fp32 master parameter's dtype only on
+    the sharded path: on one GPU (unsharded) it recasts a temporary `.data` view and the fp16
+    gradient stays (GradScaler: "Attempting to unscale FP16 gradients", measured on an H100 at
+    devices=1, precision=16). Cast here, before the unscale and the step; a no-op when sharded."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if param.grad is not None and param.grad.dtype != param.dtype:
+                param.grad = param.grad.to(param.dtype)

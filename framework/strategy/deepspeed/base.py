@@ -384,9 +384,14 @@ class DeepSpeedStrategy(ParallelStrategy):
         flats = [p for g in optimizer.param_groups for p in g["params"]]
         flats += list(getattr(zero, "fp32_partitioned_groups_flat", []))
         created = False
+        # a fused or capturable torch optimizer keeps its step counts on the parameters' device (a
+        # CPU step stopped fused AdamW's first step after a resume: "state_steps is on cpu", found
+        # on an H100 under deepspeed_stage_3); others keep them on the CPU, as torch does
+        on_device = any(group.get("fused") or group.get("capturable") for group in optimizer.param_groups)
         for flat in flats:
             if not optimizer.state.get(flat):
-                optimizer.state[flat] = {"step": torch.tensor(0.0), **{k: torch.zeros_like(flat) for k in keys}}
+                step = torch.tensor(0.0, device=flat.device if on_device else "cpu")
+                optimizer.state[flat] = {"step": step, **{k: torch.zeros_like(flat) for k in keys}}
                 created = True
         if created and hasattr(zero, "_lazy_init_hp_params_optimizer_state"):  # ZeRO 1/2 link lazily
             zero._hp_optimizer_states_linked = False
@@ -412,8 +417,16 @@ class DeepSpeedStrategy(ParallelStrategy):
         if step is not None:
             for inner in optimizer.state.values():
                 if "step" in inner:
-                    inner["step"] = step.clone() if torch.is_tensor(inner["step"]) else float(step)
+                    inner["step"] = _as_live_step(step, inner["step"])
         for group, saved_group in zip(optimizer.param_groups, state.get("param_groups", [])):
             for key, value in saved_group.items():
                 if key != "params":
                     group[key] = value
+
+
+def _as_live_step(saved, live):
+    """The saved step count in the form the live optimizer keeps it: a tensor on the live one's
+    device and in its dtype (a fused optimizer refuses steps elsewhere), or a number."""
+    if torch.is_tensor(live):
+        return torch.as_tensor(saved).detach().clone().to(device=live.device, dtype=live.dtype)
+    return float(saved)

@@ -1,20 +1,55 @@
-"""A DataModule's one-off preparation in a multi-process run: the first process of each node
-prepares (its progress said by rank zero) while the node's others wait, then every process opens
-the result; all agree before training starts.
+"""Data is prepared once: one mechanism, at the two scopes where processes meet.
 
-The waiting goes through the process group's key-value store, polled, with no time limit: a
-preparation may take hours, longer than any collective's timeout (strategy.timeout_s), which
-would otherwise kill the waiting ranks with a misleading "stopped answering". A failure on any
-process is seen by all of them at once.
+- A folder's preparation is exclusive (`folder_lock`): a lock file beside it, held while it is
+  checked and (re)prepared, so every process that shares the folder (another run, another node on
+  a shared file system, `framework prepare-data` beside a run) waits, then finds it ready.
+- A run's processes take their turns (`prepare_once`): the first process of each node prepares
+  (its progress said by rank zero) while the node's others wait, then every process opens the
+  result; all agree before training starts. The waiting goes through the process group's
+  key-value store, polled, with no time limit: a preparation may take hours, longer than any
+  collective's timeout (strategy.timeout_s), which would otherwise kill the waiting ranks with a
+  misleading "stopped answering". A failure on any process is seen by all of them at once.
 """
 from __future__ import annotations
 
+import fcntl
 import itertools
+import os
+import socket
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import torch.distributed.distributed_c10d as c10d
 
 from framework.errors import ConfigError
+
+
+@contextmanager
+def folder_lock(directory: Path, say: Callable[[str], None]) -> Iterator[None]:
+    """An exclusive lock beside `directory`, held while it is checked and (re)prepared: every
+    process sharing the folder (other runs, other nodes on a shared file system) waits, then finds
+    it ready. Says who holds it while waiting."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    path = directory.with_name(directory.name + ".lock")
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            say(f"data: {holder} is preparing this data ({directory}); waiting for it (no time limit)")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{socket.gethostname()} pid {os.getpid()}")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
 
 POLL_S = 0.5
 _rounds = itertools.count()  # one set of keys per preparation in this process's run
