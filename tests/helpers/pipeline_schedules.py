@@ -1,0 +1,84 @@
+"""Run by tests/construction/test_pipeline_schedules.py under torchrun: the framework's GPT cut into
+stages (framework/construction/stages.py, stage_modules.py), one step of each of torch's pipeline
+schedules on gloo, its loss and every gradient compared with the one-process model's. Rank 0
+writes one line per schedule to the file named in argv[1]: name, loss difference, largest gradient
+difference (the tied embedding: its first-stage and last-stage parts summed, as the pipeline
+strategy will)."""
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.distributed.pipelining as pipelining
+from torch.nn import functional as F
+
+from framework.construction.stage_modules import gpt_stages
+from framework.construction.stages import balanced_split
+from framework.models.gpt import GPT
+
+SCHEDULES = ("ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B", "ScheduleLoopedBFS",
+             "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble", "ScheduleDualPipeV")
+ONE_STAGE_A_RANK = ("ScheduleGPipe", "Schedule1F1B")
+V_SHAPED = ("ScheduleZBVZeroBubble", "ScheduleDualPipeV")  # rank r holds stages r and 2p-1-r
+MICROBATCHES = 8
+
+
+def loss_of(logits, targets):
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def fresh_gpt() -> GPT:
+    torch.manual_seed(0)
+    return GPT(vocab_size=64, block_size=16, n_layer=8, n_head=2, n_embd=32)
+
+
+def one_schedule(name: str, rank: int, world: int, x, y, reference: dict, reference_loss: float) -> tuple[float, float]:
+    per_rank = 1 if name in ONE_STAGE_A_RANK else 2
+    count = world * per_rank
+    gpt = fresh_gpt()
+    parts = gpt_stages(gpt, balanced_split([sum(p.numel() for p in b.parameters()) for b in gpt.blocks], count))
+    ids = [rank] if per_rank == 1 else [rank, count - 1 - rank] if name in V_SHAPED else [rank, rank + world]
+    stages = [pipelining.PipelineStage(parts[i], i, count, torch.device("cpu")) for i in ids]
+    schedule_class = getattr(pipelining, name)
+    schedule = schedule_class(stages[0] if per_rank == 1 else stages, n_microbatches=MICROBATCHES, loss_fn=loss_of)
+    losses: list = []
+    schedule.step(*((x,) if 0 in ids else ()), **({"target": y, "losses": losses} if count - 1 in ids else {}))
+    loss = torch.tensor(torch.stack(losses).mean().item() if losses else 0.0)
+    dist.all_reduce(loss)  # only the last stage's rank holds it
+    worst = torch.tensor(0.0)
+    tied = torch.zeros_like(reference["tok_emb.weight"])
+    for stage in stages:
+        for param_name, param in stage.submod.named_parameters():
+            if param_name in ("tok_emb.weight", "head.weight"):
+                tied += param.grad
+            else:
+                worst = torch.maximum(worst, (param.grad - reference[param_name]).abs().max())
+    dist.all_reduce(tied)
+    worst = torch.maximum(worst, (tied - reference["tok_emb.weight"]).abs().max())
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    return abs(loss.item() - reference_loss), worst.item()
+
+
+def main() -> None:
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo")
+    data = torch.randint(0, 64, (MICROBATCHES, 17), generator=torch.Generator().manual_seed(1))
+    x, y = data[:, :-1], data[:, 1:]
+    model = fresh_gpt()
+    reference_loss = loss_of(model(x), y)
+    reference_loss.backward()
+    reference = {name: p.grad for name, p in model.named_parameters()}
+    lines = []
+    for name in SCHEDULES:
+        loss_diff, grad_diff = one_schedule(name, rank, world, x, y, reference, reference_loss.item())
+        lines.append(f"{name} {loss_diff:.3e} {grad_diff:.3e}")
+    if rank == 0:
+        with open(sys.argv[1], "w") as f:
+            f.write("\n".join(lines) + "\n")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
