@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
+from framework.strategy.pipelining.schedules import SCHEDULES
 from tests.conftest import ROOT
-from tests.helpers.pipeline_schedules import SCHEDULES
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +27,8 @@ def test_every_schedule_gives_the_one_process_loss_and_gradients(tmp_path, proce
                              str(ROOT / "tests" / "helpers" / "pipeline_schedules.py"), str(out)],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    rows = {name: (float(loss), float(grad)) for name, loss, grad in (line.split() for line in out.read_text().split("\n") if line)}
+    lines = [line.split() for line in out.read_text().splitlines() if line]
+    rows = {name: (float(loss), float(grad)) for name, loss, grad in lines}
     assert sorted(rows) == sorted(SCHEDULES)
     for name, (loss_diff, grad_diff) in rows.items():
         # the microbatches' mean losses averaged (equal token counts) and their gradients scaled by

@@ -17,12 +17,9 @@ from torch.nn import functional as F
 from framework.construction.stage_modules import gpt_stages
 from framework.construction.stages import balanced_split
 from framework.models.gpt import GPT
+from framework.strategy.pipelining.schedules import SCHEDULES, stage_ids, stages_per_rank
 
-SCHEDULES = ("ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B", "ScheduleLoopedBFS",
-             "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble", "ScheduleDualPipeV")
-ONE_STAGE_A_RANK = ("ScheduleGPipe", "Schedule1F1B")
-V_SHAPED = ("ScheduleZBVZeroBubble", "ScheduleDualPipeV")  # rank r holds stages r and 2p-1-r
-MICROBATCHES = 8
+MICROBATCHES = 8  # at least every row's minimum at 4 processes (DualPipeV: 8 stages)
 
 
 def loss_of(logits, targets):
@@ -35,13 +32,13 @@ def fresh_gpt() -> GPT:
 
 
 def one_schedule(name: str, rank: int, world: int, x, y, reference: dict, reference_loss: float) -> tuple[float, float]:
-    per_rank = 1 if name in ONE_STAGE_A_RANK else 2
+    per_rank = stages_per_rank(name, 2)
     count = world * per_rank
     gpt = fresh_gpt()
     parts = gpt_stages(gpt, balanced_split([sum(p.numel() for p in b.parameters()) for b in gpt.blocks], count))
-    ids = [rank] if per_rank == 1 else [rank, count - 1 - rank] if name in V_SHAPED else [rank, rank + world]
+    ids = stage_ids(name, rank, world, per_rank)
     stages = [pipelining.PipelineStage(parts[i], i, count, torch.device("cpu")) for i in ids]
-    schedule_class = getattr(pipelining, name)
+    schedule_class = getattr(pipelining, SCHEDULES[name].torch_class)
     schedule = schedule_class(stages[0] if per_rank == 1 else stages, n_microbatches=MICROBATCHES, loss_fn=loss_of)
     losses: list = []
     schedule.step(*((x,) if 0 in ids else ()), **({"target": y, "losses": losses} if count - 1 in ids else {}))

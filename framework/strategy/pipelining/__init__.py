@@ -1,0 +1,1 @@
+"""Helpers of the pipeline strategy (strategy=pipeline): torch's schedules and their rules."""
