@@ -15,12 +15,11 @@ class Utilization:
     def __init__(self, model: torch.nn.Module, device: torch.device, compute_dtype: torch.dtype, devices: int,
                  peak_tflops: float | None, manual: bool):
         self.model, self.devices = model, devices
-        peak = peak_tflops * 1e12 if peak_tflops else peak_flops(device, compute_dtype)
-        self.peak = peak
+        self.peak = peak_tflops * 1e12 if peak_tflops else peak_flops(device, compute_dtype)
         self.why_not = ""
         if manual:
             self.why_not = "a task that steps its optimizers itself has no FLOPs count per item"
-        elif peak is None:
+        elif self.peak is None:
             self.why_not = (f"the peak dense TFLOP/s of {device_name(device)} in {arithmetic(compute_dtype)} "
                             "arithmetic is not in framework/accelerator/peak_flops.py; set trainer.peak_tflops to "
                             "log it")

@@ -57,17 +57,13 @@ class FairscaleFSDPStrategy(ParallelStrategy):
         return model.no_sync() if skip else nullcontext()
 
     def clip_gradients(self, model, optimizer, max_norm=None, max_value=None, parameters=None):
-        _gradients_in_parameter_dtype(optimizer)
+        _gradients_in_parameter_dtype(optimizer)  # the loop calls this before every step, clipping or not
         if max_norm is None and max_value is None:
             return None
         self.precision.unscale_gradients(optimizer)
         if max_value is not None:
             torch.nn.utils.clip_grad_value_([p for p in model.parameters() if p.grad is not None], max_value)
         return model.clip_grad_norm_(max_norm) if max_norm is not None else None
-
-    def optimizer_step(self, optimizer) -> bool:
-        _gradients_in_parameter_dtype(optimizer)
-        return super().optimizer_step(optimizer)
 
     def model_state_dict(self, model) -> dict:
         state = model.state_dict()  # fairscale's FSDP gathers the full state on state_dict()
@@ -114,7 +110,8 @@ def _gradients_in_parameter_dtype(optimizer) -> None:
     """fairscale's mixed precision casts a gradient to its fp32 master parameter's dtype only on
     the sharded path: on one GPU (unsharded) it recasts a temporary `.data` view and the fp16
     gradient stays (GradScaler: "Attempting to unscale FP16 gradients", measured on an H100 at
-    devices=1, precision=16). Cast here, before the unscale and the step; a no-op when sharded."""
+    devices=1, precision=16). Cast in clip_gradients, before the unscale and the step; a no-op when
+    sharded."""
     for group in optimizer.param_groups:
         for param in group["params"]:
             if param.grad is not None and param.grad.dtype != param.dtype:
