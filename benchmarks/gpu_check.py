@@ -11,6 +11,8 @@ Rows:
   resume, 3 more, compared bit for bit with 6 steps straight;
 - hsdp and model_parallel (with sequence parallelism too), and trainer.compile=true under
   single_device, ddp, fsdp, hsdp and model_parallel;
+- pipeline (2 stages x FSDP2 where the GPUs pair up, else one stage) in 32, bf16 and 16 (refused),
+  resumed from torch and dcp checkpoints, and compiled;
 - performance (`--perf`, on by default on CUDA): a GPT of 12 x 768, context 1024, batch 16, bf16
   autocast, AdamW, clipping: steady ms per step (steps 15-55, a synchronised clock) of a raw PyTorch
   loop eager and with torch.compile(model), of the framework eager and with trainer.compile=true,
@@ -100,10 +102,25 @@ def rows(gpus: int) -> list[Row]:
                 out.append(Row(strategy, "32", io, devices, note="3 steps + resume + 3", resume=True))
         out.append(Row("model_parallel", "bf16", "torch", devices, ["strategy.sequence_parallel=true"],
                        "sequence parallel"))
+        stages = pipeline_stages(devices)
+        for precision in ("32", "bf16", "16"):  # 16: refused (its loss scaling cannot reach the schedule's backward)
+            out.append(Row("pipeline", precision, "torch", devices, stages, "pipeline stages"))
+        for io in ("torch", "dcp"):
+            out.append(Row("pipeline", "32", io, devices, stages, "3 steps + resume + 3", resume=True))
+        out.append(Row("pipeline", "bf16", "torch", devices, [*stages, *COMPILED], "trainer.compile=true"))
         for strategy in ("ddp", "fsdp", "hsdp", "model_parallel"):
             out.append(Row(strategy, "bf16", "torch", devices, COMPILED, "trainer.compile=true"))
     out.append(Row("single_device", "32", "torch", 1, COMPILED, "trainer.compile=true"))
     return out
+
+
+def pipeline_stages(devices: int) -> list[str]:
+    """strategy=pipeline's settings at `devices` GPUs: 2 stages x FSDP2 over the rest where they pair
+    up (the base GPT has 2 blocks), each data-parallel group's batch doubled so that the global
+    batch is the reference's (8 a device); one stage over every GPU otherwise."""
+    if devices > 1 and devices % 2 == 0:
+        return ["strategy.pipeline_parallel_size=2", "data.batch_size=16"]
+    return ["strategy.pipeline_parallel_size=1"]
 
 
 def failure_reason(stderr: str) -> str:

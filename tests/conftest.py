@@ -86,6 +86,18 @@ def checkpoints(output_dir: Path) -> list[Path]:
     return sorted(p for p in (output_dir / "checkpoints").iterdir() if p.name.startswith("step_"))
 
 
+def checkpoint_at(output_dir: Path, step: int) -> Path:
+    return next(c for c in checkpoints(output_dir) if c.name == f"step_{step:06d}")
+
+
+def metric_values(output_dir: Path, key: str = "train/loss") -> list[float]:
+    """Every logged value of `key` in a run's metrics.csv, in step order."""
+    import csv
+
+    with open(output_dir / "metrics.csv") as f:
+        return [float(row[key]) for row in csv.DictReader(f) if row.get(key)]
+
+
 def _load_saved(ckpt: Path, name: str) -> dict:
     """`name` ("model" or "optimizer") as saved, from either layout (a sharded one read whole)."""
     if (ckpt / "state").is_dir():

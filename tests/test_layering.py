@@ -61,6 +61,7 @@ HEAVY = (
     "torch.distributed.fsdp",  # 0.36 s
     "torch.distributed.tensor",  # 0.33 s
     "torch._dynamo",  # 0.71 s
+    "torch.distributed.pipelining",  # 1.36 s after fsdp, tensor and checkpoint (it loads torch.export)
     "sklearn",  # 0.85 s
 )
 

@@ -66,7 +66,10 @@ def is_adapted(model: nn.Module) -> bool:
 
 
 def trainable_names(model: nn.Module) -> set[str]:
-    return {name for name, p in model.named_parameters() if p.requires_grad}
+    """The names of the model's parameters that train (an adapter run's checkpoint keeps those); a
+    pipeline rank's part of a model knows the whole model's (framework/construction/stage_modules.py)."""
+    whole = getattr(model, "whole_trainable_names", None)
+    return set(whole) if whole is not None else {name for name, p in model.named_parameters() if p.requires_grad}
 
 
 class LoRA:

@@ -272,8 +272,14 @@ RULES: list[Rule] = [
         "(Debian/Ubuntu: apt-get install libaio-dev); use strategy=deepspeed_stage_3_offload (CPU offload).",
     ),
     Rule(
+        lambda p: getattr(p.precision, "loss_scaling", False) and not p.strategy.supports_loss_scaling,
+        lambda p: f"precision={_prec(p)} with strategy={_strat(p)}: its loss scaling multiplies the loss before "
+        "backward, and the pipeline's schedule runs the backward of every microbatch inside its own step; use "
+        "precision=bf16 (float32's range: no loss scaling needed) or bf16_true.",
+    ),
+    Rule(
         lambda p: p.loop.manual_optimization and not p.strategy.supports_manual_optimization,
-        lambda p: f"strategy={_strat(p)} drives one optimizer through its own engine, but the task steps its "
+        lambda p: f"strategy={_strat(p)} {p.strategy.single_optimizer_reason}, but the task steps its "
         "optimizers itself (manual optimization, e.g. a GAN); use strategy=ddp, "
         "strategy=fsdp or strategy=single_device.",
     ),

@@ -166,14 +166,7 @@ class FitLoop:
             self.utilization.see(batch)
         batch = strategy.batch_to_device(batch)
         with strategy.no_backward_sync(self.model, skip=not self._ends_step(self.state.batch_in_epoch + 1)):
-            with strategy.forward_context():
-                if scale is None:
-                    loss = self._loss_of(self.task.training_step(self.model, batch))
-                    logged = loss
-                else:
-                    loss = self.task.training_sums(self.model, batch)[0] * scale
-                    logged = loss * group  # a micro-batch's share, as a mean over the step (logging)
-            strategy.backward(loss / group if scale is None else loss)
+            loss, logged = strategy.forward_backward(self.model, self.task, batch, group, scale, self._loss_of)
         self.guard.observe_loss(loss)
         self._step.add(logged, self.task.batch_size(batch))
         self.state.batch_in_epoch += 1

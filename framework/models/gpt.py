@@ -6,6 +6,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from framework.config.types import NonNegativeFloat, PositiveInt
+from framework.construction.stage_modules import GPTStage
 from framework.errors import ConfigError
 
 
@@ -101,6 +102,10 @@ class GPT(nn.Module):
     sequence_parallel_plan = {"blocks.0": "split_sequence", "blocks.*.ln1": "sequence_parallel",
                               "blocks.*.ln2": "sequence_parallel", "ln_f": "gather_sequence"}
 
+    #: what strategy=pipeline cuts into stages (framework/construction/stage_modules.py): the Blocks,
+    #: the embeddings on the first stage, the final norm and head on the last (`pipeline_stage`)
+    pipeline_layers = "blocks"
+
     def __init__(self, vocab_size: PositiveInt = 256, block_size: PositiveInt = 128, n_layer: PositiveInt = 4,
                  n_head: PositiveInt = 4, n_embd: PositiveInt = 128, dropout: NonNegativeFloat = 0.0):
         """vocab_size: tokens (256 for bytes); block_size: the longest context; n_layer: Blocks;
@@ -148,6 +153,10 @@ class GPT(nn.Module):
         if cache is not None:
             cache.length += t
         return self.head(self.ln_f(x))
+
+    def pipeline_stage(self, layers, first: bool, last: bool) -> nn.Module:
+        """The module of one pipeline stage holding Blocks `layers` (framework/construction/stage_modules.py)."""
+        return GPTStage(self, layers, first, last)
 
     def new_cache(self, batch: int = 1) -> KVCache:
         """An empty KV cache for `batch` sequences of up to block_size positions."""

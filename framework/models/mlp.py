@@ -10,6 +10,9 @@ class MLP(nn.Module):
     """`depth` hidden layers of `hidden` units with ReLU (and optional dropout), then a linear
     layer to `num_classes` logits."""
 
+    #: the layers strategy=pipeline divides into stages (framework/construction/stage_modules.py)
+    pipeline_layers = "net"
+
     def __init__(self, in_features: PositiveInt = 64, hidden: PositiveInt = 128, depth: PositiveInt = 2,
                  num_classes: PositiveInt = 10, dropout: NonNegativeFloat = 0.0):
         """in_features: input size; hidden: width; depth: hidden layers; num_classes: outputs;

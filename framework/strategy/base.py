@@ -53,8 +53,8 @@ class Strategy:
       what activation checkpointing recomputes (framework/construction/units.py).
     - `setup(model, optimizer_factory) -> (model, optimizer)`: precision conversion, placement,
       wrapping (`wrap_model`), then the optimizer built over the wrapped parameters.
-    - per micro-batch: `batch_to_device`, `forward_context`, `backward`, inside
-      `no_backward_sync(model, skip)` while accumulating.
+    - per micro-batch: `batch_to_device`, then `forward_backward` (forward under
+      `forward_context`, then `backward`), inside `no_backward_sync(model, skip)` while accumulating.
     - per optimizer step: `clip_gradients`, `optimizer_step` (False if skipped), `zero_grad`.
     - collectives: `barrier`, `broadcast`, `all_gather`, `reduce`, `any_rank`; `world_size`,
       `global_rank`, `local_rank`, `is_global_zero`.
@@ -86,6 +86,12 @@ class Strategy:
     supports_float64: bool = True
     supports_true_half_precision: bool = True
     fp16_needs_device_support: bool = False
+    #: whether a precision's loss scaling (precision=16's GradScaler) can scale its backward (False
+    #: where a schedule runs the backward inside its own step: pipeline stages)
+    supports_loss_scaling: bool = True
+    #: why it cannot run a task that steps its optimizers itself (where supports_manual_optimization
+    #: is False), as the refusal says it
+    single_optimizer_reason: str = "drives one optimizer through its own engine"
     #: whether `trainer.clip_grad_value` can be honoured (DeepSpeed clips by global norm only)
     supports_clip_grad_value: bool = True
     #: native libraries this configuration needs (ctypes names, e.g. "aio" for NVMe offload)
@@ -211,6 +217,23 @@ class Strategy:
 
     def backward(self, loss: torch.Tensor) -> None:
         self.precision.backward(loss)
+
+    def forward_backward(self, model: torch.nn.Module, task, batch, group: int, scale: float | None,
+                         loss_of: Callable[[Any], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward and backward of one loop micro-batch (on the device) of a step of `group`. With
+        `scale` (a task whose loss is normalised by the step's scored items: framework/tasks/base.py)
+        its summed loss times scale is backpropagated, else its loss (`loss_of` reads it from what
+        training_step returned) over the group. Returns (the loss the non-finite guard watches, the
+        micro-batch's share of the step's mean loss, for logging). A pipeline runs both passes of
+        every stage in its schedule instead (framework/strategy/pipeline.py)."""
+        with self.forward_context():
+            if scale is None:
+                loss = logged = loss_of(task.training_step(model, batch))
+            else:
+                loss = task.training_sums(model, batch)[0] * scale
+                logged = loss * group  # a micro-batch's share, as a mean over the step (logging)
+        self.backward(loss / group if scale is None else loss)
+        return loss, logged
 
     def no_backward_sync(self, model: torch.nn.Module, skip: bool) -> ContextManager:
         """While accumulating (`skip=True`), do not synchronise gradients across ranks."""

@@ -64,6 +64,15 @@ class Task(ABC):
     training_sums: Callable | None = None
     scored_count: Callable | None = None
 
+    #: optional, for strategy=pipeline (framework/strategy/pipeline.py), whose stages run the model
+    #: piece by piece: `pipeline_split(batch) -> (the first stage's input, the targets)`, both cut
+    #: along their first dimension into microbatches, and `summed_loss(outputs, targets)` -> the
+    #: loss of the last stage's outputs summed over the items it scores (the pipeline weights it as
+    #: the loop would: by the step's scale for a task with training_sums, else as a mean over the
+    #: micro-batch's samples)
+    pipeline_split: Callable | None = None
+    summed_loss: Callable | None = None
+
     #: `predict_step(model, batch) -> {name: tensor of shape (B, ...)}`, the per-sample predictions
     #: `framework predict` writes; a task that leaves it None is refused there before launch
     predict_step: Callable[[torch.nn.Module, object], dict[str, torch.Tensor]] | None = None

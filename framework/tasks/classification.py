@@ -23,6 +23,14 @@ class Classification(Task):
         x, y = batch
         return F.cross_entropy(model(x).float(), y, label_smoothing=self.label_smoothing)
 
+    def pipeline_split(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, labels): the first pipeline stage's input and the last stage's targets."""
+        return batch[0], batch[1]
+
+    def summed_loss(self, outputs, labels) -> torch.Tensor:
+        """The training loss of a pipeline's last stage, summed over its samples."""
+        return F.cross_entropy(outputs.float(), labels, label_smoothing=self.label_smoothing, reduction="sum")
+
     def validation_step(self, model, batch) -> dict[str, torch.Tensor]:
         x, y = batch
         logits = model(x).float()

@@ -80,6 +80,22 @@ class LanguageModeling(Task):
             return int((labels[:, 1:] != IGNORE_INDEX).sum())
         return int((batch[1] != IGNORE_INDEX).sum())
 
+    def pipeline_split(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(token ids, each position's next-token label: -100 where none is scored), for stages."""
+        if not isinstance(batch, Mapping):
+            return batch[0], batch[1]
+        if batch.get("position_ids") is not None:
+            raise ConfigError("strategy=pipeline: packed rows (position_ids) do not pass between stages; set "
+                              "data.packing=false, or use strategy=fsdp.")
+        labels = batch.get("labels", batch["input_ids"])
+        return batch["input_ids"], F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
+
+    def summed_loss(self, outputs, targets) -> torch.Tensor:
+        """The next-token loss of a pipeline's last stage, summed over its scored tokens."""
+        logits = output_logits(outputs)
+        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                               ignore_index=IGNORE_INDEX, reduction="sum")
+
     def validation_step(self, model, batch) -> dict[str, torch.Tensor]:
         logits, targets = logits_and_targets(model, batch)
         loss_sum = F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")

@@ -2,7 +2,6 @@
 losses and checkpoint names as without, under the strategies that take it; refused where not."""
 from __future__ import annotations
 
-import csv
 import importlib.util
 import sys
 import textwrap
@@ -15,14 +14,10 @@ from framework.construction.units import choose_units
 from framework.models.gpt import GPT
 from framework.models.mlp import MLP
 from tests.cli.helpers import framework_cmd
-from tests.conftest import DIGITS, ROOT, TINY_GPT, checkpoints, load_model_state, run_inprocess
+from tests.conftest import DIGITS, ROOT, TINY_GPT, checkpoints, load_model_state, metric_values, run_inprocess
 
 BASE = [*TINY_GPT, "model.n_layer=2", "trainer.max_steps=3", "trainer.log_every=1", "trainer.val_every=3",
         "model.dropout=0.0", "trainer.val_at_start=false", "callbacks=[checkpoint]"]
-
-
-def _losses(out, key="train/loss") -> list[float]:
-    return [float(r[key]) for r in csv.DictReader(open(out / "metrics.csv")) if r.get(key)]
 
 
 def test_compiled_in_place_whole_or_by_unit_and_names_are_kept(capsys):
@@ -54,7 +49,7 @@ def test_compiled_blocks_train_like_eager_ones(tmp_path, world, capfd):
         assert f"compile: torch.compile on {'the whole GPT' if whole else '2 x Block'}" in said
         assert "compile: the first step took" in said
     run_inprocess([*BASE, *world], tmp_path / "eager")
-    torch.testing.assert_close(torch.tensor(_losses(tmp_path / "compiled")), torch.tensor(_losses(tmp_path / "eager")),
+    torch.testing.assert_close(torch.tensor(metric_values(tmp_path / "compiled")), torch.tensor(metric_values(tmp_path / "eager")),
                                rtol=1e-5, atol=1e-5)
     compiled, eager = (load_model_state(checkpoints(tmp_path / name)[-1]) for name in ("compiled", "eager"))
     assert list(compiled) == list(eager)  # no _orig_mod in the names: checkpoints move to eager runs
@@ -78,7 +73,7 @@ def test_a_model_without_units_is_compiled_whole(tmp_path):
     digits = [*DIGITS, "trainer.max_steps=4", "trainer.val_every=4", "callbacks=[]", "trainer.log_every=2"]
     run_inprocess([*digits, "trainer.compile=true"], tmp_path / "compiled")
     run_inprocess(digits, tmp_path / "eager")
-    torch.testing.assert_close(torch.tensor(_losses(tmp_path / "compiled")), torch.tensor(_losses(tmp_path / "eager")),
+    torch.testing.assert_close(torch.tensor(metric_values(tmp_path / "compiled")), torch.tensor(metric_values(tmp_path / "eager")),
                                rtol=1e-5, atol=1e-5)
 
 

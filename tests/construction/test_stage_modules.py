@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from framework.construction.stage_modules import gpt_stages
+from framework.construction.stage_modules import model_stages
 from framework.construction.stages import balanced_split
 from framework.models.gpt import GPT
 
@@ -20,7 +20,7 @@ def test_the_stages_in_a_row_compute_the_model_and_name_its_parameters(stages):
     gpt = model()
     tokens = torch.randint(0, 64, (3, 16), generator=torch.Generator().manual_seed(1))
     split = balanced_split([sum(p.numel() for p in b.parameters()) for b in gpt.blocks], stages)
-    parts = gpt_stages(gpt, split)
+    parts = model_stages(gpt, split)
     x = tokens
     for part in parts:
         x = part(x)

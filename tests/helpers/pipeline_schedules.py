@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.distributed.pipelining as pipelining
 from torch.nn import functional as F
 
-from framework.construction.stage_modules import gpt_stages
+from framework.construction.stage_modules import model_stages
 from framework.construction.stages import balanced_split
 from framework.models.gpt import GPT
 from framework.strategy.pipelining.schedules import SCHEDULES, stage_ids, stages_per_rank
@@ -35,7 +35,7 @@ def one_schedule(name: str, rank: int, world: int, x, y, reference: dict, refere
     per_rank = stages_per_rank(name, 2)
     count = world * per_rank
     gpt = fresh_gpt()
-    parts = gpt_stages(gpt, balanced_split([sum(p.numel() for p in b.parameters()) for b in gpt.blocks], count))
+    parts = model_stages(gpt, balanced_split([sum(p.numel() for p in b.parameters()) for b in gpt.blocks], count))
     ids = stage_ids(name, rank, world, per_rank)
     stages = [pipelining.PipelineStage(parts[i], i, count, torch.device("cpu")) for i in ids]
     schedule_class = getattr(pipelining, SCHEDULES[name].torch_class)

@@ -3,8 +3,6 @@ shard): plans and their refusals without processes; at 4 CPU processes (a 2x2 me
 losses as ddp on the same global batch, and checkpoints that resume exactly across meshes."""
 from __future__ import annotations
 
-import csv
-
 import pytest
 import torch
 from torch import nn
@@ -14,7 +12,15 @@ from framework.errors import ConfigError
 from framework.models.gpt import GPT
 from framework.strategy.hsdp import HSDPStrategy
 from framework.strategy.model_parallel import ModelParallelStrategy
-from tests.conftest import TINY_GPT, checkpoints, load_model_state, load_optimizer_state, run_inprocess
+from tests.conftest import (
+    TINY_GPT,
+    checkpoint_at,
+    checkpoints,
+    load_model_state,
+    load_optimizer_state,
+    metric_values,
+    run_inprocess,
+)
 from tests.helpers.torchrun import free_port, torchrun
 
 # ---- plans and meshes, no processes --------------------------------------------------------------
@@ -106,14 +112,6 @@ MODEL_PARALLEL = ["strategy=model_parallel", "devices=4", "strategy.tensor_paral
 HSDP = ["strategy=hsdp", "devices=4", "strategy.shard_size=2", "data.batch_size=4"]
 
 
-def _losses(out, key: str = "train/loss") -> list[float]:
-    return [float(r[key]) for r in csv.DictReader(open(out / "metrics.csv")) if r.get(key)]
-
-
-def _step(out, step: int):
-    return next(c for c in checkpoints(out) if c.name == f"step_{step:06d}")
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("two_d")
@@ -126,15 +124,16 @@ def runs(tmp_path_factory):
 
 @pytest.mark.slow
 def test_model_parallel_2x2_with_sequence_parallel_matches_ddp(runs):
-    ddp, mp = _losses(runs["ddp"]), _losses(runs["model_parallel"])
+    ddp, mp = metric_values(runs["ddp"]), metric_values(runs["model_parallel"])
     assert len(mp) == STEPS and mp[-1] < mp[0]
     torch.testing.assert_close(torch.tensor(mp), torch.tensor(ddp), rtol=1e-5, atol=1e-5)
     # the gradient norm itself, over parameters split across the tensor-parallel ranks and replicated
     # over the data-parallel ones (clipping rescales the gradients, and Adam would hide a wrong scale)
-    norms_ddp, norms_mp = _losses(runs["ddp"], "train/grad_norm"), _losses(runs["model_parallel"], "train/grad_norm")
+    norms_ddp, norms_mp = metric_values(runs["ddp"], "train/grad_norm"), metric_values(runs["model_parallel"], "train/grad_norm")
     assert len(norms_mp) == STEPS and min(norms_mp) > 0.5  # above the clip: every step was clipped by it
     torch.testing.assert_close(torch.tensor(norms_mp), torch.tensor(norms_ddp), rtol=1e-5, atol=1e-6)
-    final_ddp, final_mp = load_model_state(_step(runs["ddp"], STEPS)), load_model_state(_step(runs["model_parallel"], STEPS))
+    final_ddp = load_model_state(checkpoint_at(runs["ddp"], STEPS))
+    final_mp = load_model_state(checkpoint_at(runs["model_parallel"], STEPS))
     assert set(final_mp) == set(final_ddp) and final_mp["blocks.0.attn.qkv.weight"].shape == (96, 32)  # gathered whole
     for name in final_ddp:  # the fused q/k/v rows in their order
         torch.testing.assert_close(final_mp[name], final_ddp[name], rtol=1e-5, atol=1e-6, msg=name)
@@ -142,7 +141,7 @@ def test_model_parallel_2x2_with_sequence_parallel_matches_ddp(runs):
 
 @pytest.mark.slow
 def test_hsdp_2x2_matches_ddp(runs):
-    torch.testing.assert_close(torch.tensor(_losses(runs["hsdp"])), torch.tensor(_losses(runs["ddp"])), rtol=1e-5,
+    torch.testing.assert_close(torch.tensor(metric_values(runs["hsdp"])), torch.tensor(metric_values(runs["ddp"])), rtol=1e-5,
                                atol=1e-5)
 
 
@@ -152,10 +151,10 @@ def test_hsdp_2x2_matches_ddp(runs):
 def test_resume_across_meshes_is_exact(runs, tmp_path, source, into):
     """Half a run on one mesh, the other half on another: the straight run's last two losses and
     final state (DCP resharded on read, the fused q/k/v placed back as they were split)."""
-    run_inprocess([*BASE, *into, f"ckpt_path={_step(runs[source], 2)}"], tmp_path)
-    torch.testing.assert_close(torch.tensor(_losses(tmp_path)), torch.tensor(_losses(runs["ddp"])[2:]), rtol=1e-5,
+    run_inprocess([*BASE, *into, f"ckpt_path={checkpoint_at(runs[source], 2)}"], tmp_path)
+    torch.testing.assert_close(torch.tensor(metric_values(tmp_path)), torch.tensor(metric_values(runs["ddp"])[2:]), rtol=1e-5,
                                atol=1e-5)
-    resumed, straight = _step(tmp_path, STEPS), _step(runs["ddp"], STEPS)
+    resumed, straight = checkpoint_at(tmp_path, STEPS), checkpoint_at(runs["ddp"], STEPS)
     for name, value in load_model_state(straight).items():
         torch.testing.assert_close(load_model_state(resumed)[name], value, rtol=1e-5, atol=1e-6, msg=name)
     state = load_optimizer_state(resumed)["state"]["blocks.1.attn.qkv.weight"]
@@ -172,8 +171,8 @@ def test_a_resume_in_other_data_shares_continues_on_the_next_sample(runs, tmp_pa
     """The data position is kept in samples of the epoch's order: resumed with another number of
     data-parallel ranks and per-rank batch (the same global batch of 16), the run trains on the very
     samples the straight run trains on next, and so gives its losses."""
-    run_inprocess([*BASE, *into, f"ckpt_path={_step(runs[source], 2)}"], tmp_path)
-    torch.testing.assert_close(torch.tensor(_losses(tmp_path)), torch.tensor(_losses(runs["ddp"])[2:]), rtol=1e-5,
+    run_inprocess([*BASE, *into, f"ckpt_path={checkpoint_at(runs[source], 2)}"], tmp_path)
+    torch.testing.assert_close(torch.tensor(metric_values(tmp_path)), torch.tensor(metric_values(runs["ddp"])[2:]), rtol=1e-5,
                                atol=1e-5)
     if "strategy=single_device" in into:  # (a worker's output goes to the launcher, not to capsys)
         assert "the data continues at sample 32 of" in capsys.readouterr().out
@@ -190,7 +189,7 @@ def test_llama_splits_by_its_own_plan_and_matches_one_process(tmp_path):
              "trainer.log_every=1", "trainer.val_every=3", "trainer.val_at_start=false", "callbacks=[checkpoint]"]
     run_inprocess([*llama, "strategy=model_parallel", "devices=2"], tmp_path / "tp")
     run_inprocess(llama, tmp_path / "one")
-    torch.testing.assert_close(torch.tensor(_losses(tmp_path / "tp")), torch.tensor(_losses(tmp_path / "one")),
+    torch.testing.assert_close(torch.tensor(metric_values(tmp_path / "tp")), torch.tensor(metric_values(tmp_path / "one")),
                                rtol=1e-5, atol=1e-5)
     split, whole = load_model_state(checkpoints(tmp_path / "tp")[-1]), load_model_state(checkpoints(tmp_path / "one")[-1])
     for name, value in whole.items():
@@ -210,5 +209,5 @@ def test_hsdp_over_two_torchrun_nodes_shards_within_each_node(runs, tmp_path):
     outputs = [p.communicate(timeout=400)[0] for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], "\n".join(outputs)
     assert any("hsdp: mesh: 2 replica(s) x 2 shard(s)" in out for out in outputs), outputs
-    torch.testing.assert_close(torch.tensor(_losses(tmp_path / "outputs" / "torchrun-hsdp")),
-                               torch.tensor(_losses(runs["ddp"])), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.tensor(metric_values(tmp_path / "outputs" / "torchrun-hsdp")),
+                               torch.tensor(metric_values(runs["ddp"])), rtol=1e-5, atol=1e-5)

@@ -1,0 +1,484 @@
+"""`strategy=pipeline`: pipeline stages x FSDP2, on torch.distributed.pipelining.
+
+The ranks form a (pipeline, data_parallel) mesh, the pipeline outermost. Each pipeline rank holds
+one or more contiguous stages of the model's layers (framework/construction/stages.py: balanced by
+parameters, or `layers_per_stage`); a step's batch goes through them in `microbatches` pieces in
+the order a torch schedule sets (framework/strategy/pipelining/schedules.py). Across the
+data-parallel ranks each stage is sharded by FSDP2 and each group reads its own batches. Built on
+the meta device: a rank materialises only its stages' layers (its shards of them).
+
+The numbers do not depend on the pipeline: a microbatch's loss is its summed loss times the step's
+scale (the loop's, from the step's scored items on every rank), so the gradients are the
+unpipelined step's; a tied head on the last stage is a copy of the first stage's embedding whose
+gradient is added to the embedding's before clipping, so the two stay equal; the gradient norm is
+taken over every stage. A checkpoint holds the whole model under its own names, so it resumes at
+any stage count and under any strategy.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+from framework.config.types import PositiveInt
+from framework.construction.meta_init import build_on_meta, replay
+from framework.construction.named_state import strict_load
+from framework.construction.stage_modules import RankPart, model_split, model_stages
+from framework.construction.tied import retie, tied_parameters
+from framework.errors import ConfigError
+from framework.strategy.base import DataParallel, copy_structure, with_adapter
+from framework.strategy.fsdp import FSDPStrategy
+from framework.strategy.pipelining import forward
+from framework.strategy.pipelining.schedules import (
+    SCHEDULES,
+    bubble_fraction,
+    schedule_problems,
+    stage_ids,
+    stages_per_rank,
+)
+from framework.tensors import write_part
+
+MESH_DIMS = ("pipeline", "data_parallel")
+
+
+class PipelineStrategy(FSDPStrategy):
+    """Pipeline stages over `pipeline_parallel_size` ranks x FSDP2 over the rest (torchtitan's PP x
+    FSDP). The loop talks to it as to fsdp, except that each micro-batch's forward and backward run
+    in the schedule (`forward_backward`)."""
+
+    name = "pipeline"
+    supports_manual_optimization = False
+    single_optimizer_reason = "runs one loss's backward through its stages inside its schedule"
+    supports_loss_scaling = False  # the schedule calls backward itself, on the loss it computed
+    supports_sharded_state = False  # each stage's state gathered whole (names stable across stage counts)
+
+    def __init__(self, *args, pipeline_parallel_size: PositiveInt | Literal["auto"] = "auto",
+                 schedule: str = "1f1b", microbatches: PositiveInt | Literal["auto"] = "auto",
+                 stages_per_rank: PositiveInt = 1, layers_per_stage: list[int] | None = None, **kwargs):
+        """pipeline_parallel_size: ranks a batch passes through, one stage group each ('auto': every
+        rank); schedule: gpipe, 1f1b, interleaved_1f1b, looped_bfs, interleaved_zero_bubble,
+        zbv_zero_bubble or dualpipev; microbatches: pieces each rank's batch is cut into ('auto':
+        the pipeline's stage count, the least 1F1B takes); stages_per_rank: stages each rank holds
+        under the interleaved schedules (the V schedules: 2); layers_per_stage: how many
+        consecutive layers each stage holds (null: balanced by parameters). The fsdp keys apply
+        to the data-parallel sharding of each stage."""
+        super().__init__(*args, **kwargs)
+        self.pipeline_parallel_size = pipeline_parallel_size
+        self.schedule = schedule
+        self.microbatches_setting = microbatches
+        self.stages_per_rank_setting = stages_per_rank
+        self.layers_per_stage = None if layers_per_stage is None else list(layers_per_stage)
+        self._mesh = None
+        self._schedules: dict = {}
+        self._tied_group = None
+        self._task = None
+        self._weight = 1.0
+        self._part: RankPart | None = None
+        self._model_names: set[str] = set()  # the whole model's state-dict names (a checkpoint's, loaded)
+        self._tied_across = False  # a tied head on another stage than its embedding (a copy there)
+
+    # ---- the mesh -------------------------------------------------------------------------
+    def mesh_shape(self, world_size: int) -> tuple[int, int]:
+        """(pipeline size, data-parallel size) for `world_size` ranks."""
+        pp = world_size if self.pipeline_parallel_size == "auto" else int(self.pipeline_parallel_size)
+        if pp < 1 or world_size % pp:
+            raise ConfigError(f"strategy.pipeline_parallel_size={self.pipeline_parallel_size} does not divide the "
+                              f"{world_size} ranks (devices x num_nodes); choose a size that divides them (the "
+                              "rest become data-parallel groups).")
+        return pp, world_size // pp
+
+    @property
+    def per_rank(self) -> int:
+        return stages_per_rank(self.schedule, self.stages_per_rank_setting) if self.schedule in SCHEDULES else 1
+
+    def stage_count(self, world_size: int) -> int:
+        return self.mesh_shape(world_size)[0] * self.per_rank
+
+    def microbatches(self, world_size: int) -> int:
+        return (self.stage_count(world_size) if self.microbatches_setting == "auto"
+                else int(self.microbatches_setting))
+
+    @property
+    def mesh(self):
+        if self._mesh is None:
+            self._mesh = init_device_mesh(self.root_device.type, self.mesh_shape(self.world_size),
+                                          mesh_dim_names=MESH_DIMS)
+        return self._mesh
+
+    def shard_mesh(self):
+        return self.mesh["data_parallel"]
+
+    @property
+    def pipeline_rank(self) -> int:
+        return self.global_rank // self.mesh_shape(self.world_size)[1]
+
+    @property
+    def data_parallel(self) -> DataParallel:
+        """Each data-parallel group's share; the ranks of one pipeline read the same batches, and its
+        first rank reports their scores."""
+        pp, dp = self.mesh_shape(self.world_size)
+        return DataParallel(dp, self.global_rank % dp, self.global_rank < dp)
+
+    def _owners(self) -> list[int]:
+        """The global rank holding each stage, for this rank's data-parallel index."""
+        pp, dp = self.mesh_shape(self.world_size)
+        owners = [0] * self.stage_count(self.world_size)
+        for rank in range(pp):
+            for stage in stage_ids(self.schedule, rank, pp, self.per_rank):
+                owners[stage] = rank * dp + self.global_rank % dp
+        return owners
+
+    # ---- before launch -------------------------------------------------------------------
+    def _planned_world(self) -> int:
+        return self.devices * self.num_nodes
+
+    def problems(self, model: torch.nn.Module | None) -> list[str]:
+        world = self._planned_world()
+        try:
+            pp, _ = self.mesh_shape(world)
+        except ConfigError as err:
+            return [str(err)]
+        found = schedule_problems(self.schedule, pp, self.stages_per_rank_setting, self.microbatches(world),
+                                  self.loop_settings.micro_batch_size)
+        if found or model is None:
+            return found
+        try:
+            model_split(model, self.stage_count(world), self.layers_per_stage)
+        except ConfigError as err:
+            return [str(err)]
+        return super().problems(model)
+
+    def describe_mesh(self, world_size: int) -> str:
+        pp, dp = self.mesh_shape(world_size)
+        return (f"{pp} pipeline x {dp} data-parallel ranks, {self.stage_count(world_size)} stages, schedule "
+                f"{self.schedule}, {self.microbatches(world_size)} microbatches")
+
+    def describe_layout(self, world_size: int, model) -> list[str]:
+        """`framework plan`: the mesh, each stage's layers and parameters, the schedule's bubble and
+        the microbatches whose activations a rank keeps at once."""
+        pp, dp = self.mesh_shape(world_size)
+        m, count = self.microbatches(world_size), self.stage_count(world_size)
+        lines = [f"mesh: {self.describe_mesh(world_size)}; each data-parallel group of {pp} rank(s) passes its "
+                 f"batch through the stages in {m} microbatches of {self.loop_settings.micro_batch_size // m}"]
+        if model is not None:
+            split = model_split(model, count, self.layers_per_stage)
+            sizes = [sum(p.numel() for p in stage.parameters()) for stage in model_stages(model, split)]
+            total = sum(p.numel() for p in model.parameters())
+            lines.append("stages: " + "; ".join(f"{i}: layers {r.start}-{r.stop - 1}, {size:,} parameters"
+                                                 for i, (r, size) in enumerate(zip(split, sizes))))
+            ranks = [sum(sizes[i] for i in stage_ids(self.schedule, r, pp, self.per_rank)) for r in range(pp)]
+            lines.append(f"the most a pipeline rank holds: {max(ranks):,} parameters ({100 * max(ranks) / max(total, 1):.0f}% "
+                         f"of the model's {total:,}, a tied head's copy counted; the estimate below takes 1/{pp}), "
+                         f"sharded over {dp} data-parallel rank(s)")
+        bubble = bubble_fraction(self.schedule, pp, m, self.per_rank)
+        kept = {"gpipe": m, "looped_bfs": m, "1f1b": min(pp, m)}.get(self.schedule)
+        lines.append(f"schedule {self.schedule}: bubble "
+                     + (f"{100 * bubble:.0f}% of a step by its theory" if bubble is not None else "aimed at none")
+                     + (f"; the first stage keeps {kept} microbatch(es) of activations at once (the estimate below "
+                        "is one micro-batch of the whole model)" if kept is not None else ""))
+        return lines
+
+    def state_shards(self, world_size: int) -> int:
+        """`framework plan`: each rank holds its stages' share of the states, sharded over its
+        data-parallel group (balanced stages: 1/world of the whole)."""
+        return world_size
+
+    # ---- building: the whole model on meta, this rank's stages materialised -----------------
+    def build_model(self, factory, adapter=None):
+        if self.meta_init:
+            whole, log = build_on_meta(lambda: with_adapter(factory(), adapter))
+            if log.problem:
+                self._say(f"{self.name}: building {type(whole).__name__} whole on every rank before keeping its "
+                          f"stages: {log.problem}")
+                whole = with_adapter(factory(), adapter)
+            else:
+                self._init_log = log
+        else:
+            whole = with_adapter(factory(), adapter)
+        count = self.stage_count(self.world_size)
+        split = model_split(whole, count, self.layers_per_stage)
+        pp, _ = self.mesh_shape(self.world_size)
+        mine = stage_ids(self.schedule, self.pipeline_rank, pp, self.per_rank)
+        stages = model_stages(whole, split)
+        self._model_names = set(whole.state_dict())
+        self._tied_across = any(getattr(stage, "tied_copy", False) for stage in stages)
+        self._say(f"{self.name}: {self.describe_mesh(self.world_size)}; layers per stage "
+                  + ", ".join(f"{r.start}-{r.stop - 1}" for r in split))
+        return RankPart(whole, {i: stages[i] for i in mine}, count)
+
+    def wrap_model(self, part: RankPart) -> RankPart:
+        from torch.distributed.fsdp import fully_shard
+
+        _, dp = self.mesh_shape(self.world_size)
+        if dp > 1:  # each stage is a root of its own: the schedule calls the stages, not the part
+            kwargs = self._shard_kwargs()
+            units = self.units(part)
+            for stage in part.stages.values():
+                for unit in units.modules:
+                    if any(unit is m for m in stage.modules()):
+                        fully_shard(unit, **kwargs)
+                fully_shard(stage, **kwargs)
+        if self._init_log is not None:
+            self._materialise(part)
+        part.forward_fn = self._forward_only
+        self._part = part
+        self._tied_group = self._make_tied_group()
+        return part
+
+    def _materialise(self, part: RankPart) -> None:
+        """This rank's tensors (shards) filled with the recorded initialisation; a tied head's copy
+        from its embedding's values."""
+        log, self._init_log = self._init_log, None
+        tied = tied_parameters(part)  # to_empty gives each name a tensor of its own
+        part.to_empty(device="cpu" if self.cpu_offload else self.root_device)
+        retie(part, tied)
+        own = dict(part.named_parameters(remove_duplicate=False))
+        own.update(dict(part.named_buffers()))
+        copies = part.tied_copies()
+
+        def write(name: str, full: torch.Tensor) -> None:
+            for target_name in (name, copies.get(name)):
+                target = own.get(target_name)
+                if target is not None:
+                    with torch.no_grad():
+                        write_part(full.to(target.dtype), target)
+
+        replay(log, write)
+
+    def _make_tied_group(self):
+        """The process groups of the first and last stages' ranks of each pipeline (every rank creates
+        all of them, as new_group requires); this rank's, or None where one rank holds both stages
+        or the head is not tied."""
+        if not self._tied_across or self._owners()[0] == self._owners()[-1]:
+            return None
+        pp, dp = self.mesh_shape(self.world_size)
+        mine = None
+        for d in range(dp):
+            ranks = [d, (pp - 1) * dp + d]  # stage 0 on pipeline rank 0; the last stage on the last rank
+            group = dist.new_group(ranks)
+            if self.global_rank in ranks:
+                mine = group
+        return mine
+
+    # ---- training: a schedule per batch shape ---------------------------------------------
+    def _loss(self, outputs, targets) -> torch.Tensor:
+        return self._task.summed_loss(outputs, targets) * self._weight
+
+    def _schedule_for(self, part: RankPart, inputs: torch.Tensor):
+        key = (tuple(inputs.shape), inputs.dtype)
+        if key not in self._schedules:
+            import torch.distributed.pipelining as pipelining
+
+            group = self.mesh["pipeline"].get_group()
+            count = self.stage_count(self.world_size)
+            stages = [pipelining.PipelineStage(module, index, count, self.root_device, group=group)
+                      for index, module in sorted(part.stages.items())]
+            schedule_class = getattr(pipelining, SCHEDULES[self.schedule].torch_class)
+            self._schedules[key] = schedule_class(stages[0] if len(stages) == 1 else stages,
+                                                  n_microbatches=self.microbatches(self.world_size),
+                                                  loss_fn=self._loss, scale_grads=False)
+        return self._schedules[key]
+
+    def forward_backward(self, model: RankPart, task, batch, group, scale, loss_of):
+        split = getattr(task, "pipeline_split", None)
+        if split is None or getattr(task, "summed_loss", None) is None:
+            raise ConfigError(f"strategy=pipeline: task {type(task).__name__} does not say how a batch goes through "
+                              "stages; give it pipeline_split(batch) -> (the first stage's input, the targets) and "
+                              "summed_loss(outputs, targets) (framework/tasks/base.py), or use another strategy.")
+        inputs, targets = split(batch)
+        m = self.microbatches(self.world_size)
+        if inputs.shape[0] % m:
+            raise ConfigError(f"strategy=pipeline: a batch of {inputs.shape[0]} samples does not split into "
+                              f"strategy.microbatches={m}; make data.batch_size a multiple of it and set "
+                              "data.drop_last=true (a short last batch cannot be cut alike).")
+        self._task = task
+        # the loop's scale (a normalised task), else a mean over the micro-batch's samples and the group
+        self._weight = scale if scale is not None else 1.0 / (inputs.shape[0] * group)
+        schedule = self._schedule_for(model, inputs)
+        losses: list = []
+        kwargs = {"target": targets, "losses": losses} if model.holds_last else {}
+        with self.forward_context():
+            schedule.step(*((inputs,) if model.holds_first else ()), return_outputs=False, **kwargs)
+        zero = torch.zeros((), device=self.root_device)
+        total = torch.stack([loss.detach().float() for loss in losses]).sum() if losses else zero
+        # logged: only the last stage's ranks hold the loss; weighted by the pipeline size so that the
+        # loop's mean over every rank is the mean over the data-parallel groups
+        pp, _ = self.mesh_shape(self.world_size)
+        return total, total * group * pp
+
+    def no_backward_sync(self, model, skip: bool):
+        """torch's PipelineStage defers FSDP's gradient reduction to the schedule's last microbatch
+        itself; a loop micro-batch is one schedule step."""
+        return nullcontext()
+
+    # ---- gradients: the tied head's copy, the norm over every stage ---------------------------
+    def _sum_tied(self, part: RankPart) -> None:
+        """The tied head's copy and the embedding each get the sum of both gradients."""
+        if not self._tied_across:
+            return
+        params = dict(part.named_parameters(remove_duplicate=False))
+        if self._tied_group is None:  # both on one rank (a V schedule's first rank)
+            if not (part.holds_first and part.holds_last):
+                return
+            embedding, head = params["tok_emb.weight"], params["head.weight"]
+            if embedding.grad is not None and head.grad is not None:
+                total = embedding.grad + head.grad
+                embedding.grad.copy_(total)
+                head.grad.copy_(total)
+            return
+        name = "tok_emb.weight" if part.holds_first else "head.weight" if part.holds_last else None
+        if name is None:
+            return
+        param = params[name]
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+        grad = param.grad
+        dist.all_reduce(grad.to_local() if hasattr(grad, "to_local") else grad, group=self._tied_group)
+
+    def clip_gradients(self, model, optimizer, max_norm=None, max_value=None, parameters=None):
+        """The tied head's gradient summed with its embedding's first; the norm over every stage
+        (each parameter counted once: a tied copy not twice)."""
+        part = model
+        self._sum_tied(part)
+        if max_norm is None and max_value is None:
+            return None
+        named = [(n, p) for n, p in part.named_parameters() if p.grad is not None]
+        if max_value is not None:
+            self.precision.clip_gradients([p for _, p in named], optimizer, None, max_value)
+        else:
+            self.precision.unscale_gradients(optimizer)
+        if max_norm is None:
+            return None
+        # the tied head's copy holds the embedding's gradient (summed above): counted once, there
+        skip = {"head.weight"} if self._tied_across and part.holds_last else set()
+        squares = torch.zeros((), dtype=torch.float32, device=self.root_device)
+        for name, p in named:
+            if name in skip:
+                continue
+            grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+            squares = squares + grad.detach().float().pow(2).sum()
+        if self.world_size > 1:
+            dist.all_reduce(squares)
+        total = squares.sqrt()
+        by_mesh: dict = {}
+        for _, p in named:
+            by_mesh.setdefault(getattr(p.grad, "device_mesh", None), []).append(p)
+        for group in by_mesh.values():
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
+        return total
+
+    # ---- evaluation: the whole model's forward across the ranks -------------------------------
+    def _forward_only(self, input_ids, attention_mask=None, position_ids=None):
+        """The whole model's output for `input_ids` on every rank of this pipeline (a GPT ignores
+        attention_mask: padding ends a row, and attention is causal)."""
+        if position_ids is not None:
+            raise ConfigError("strategy=pipeline: packed rows (position_ids) do not pass between stages; set "
+                              "data.packing=false, or use strategy=fsdp.")
+        return forward.forward_across(self._part.stages, self._owners(), self.global_rank, input_ids,
+                                      self.mesh["pipeline"].get_group(), self.root_device)
+
+    # ---- checkpoints: each rank's stages, together the whole model under its own names ----------
+    def _pipeline_gather(self, own: dict) -> list | dict:
+        """Collective: every pipeline rank's `own` (those of data-parallel index 0: the others hold
+        the same) as a list on rank zero; {} elsewhere. One process: `own`."""
+        if self.world_size == 1:
+            return own
+        _, dp = self.mesh_shape(self.world_size)
+        parts = [None] * self.world_size if self.is_global_zero else None
+        dist.gather_object(own if self.global_rank % dp == 0 else None, parts, dst=0)
+        return parts if self.is_global_zero else {}
+
+    def model_state_dict(self, model: RankPart) -> dict:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        own = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
+        own = {name: value.detach().cpu() for name, value in own.items()}
+        gathered = self._pipeline_gather(own)
+        if not isinstance(gathered, list):
+            return gathered
+        state: dict = {}
+        for part in gathered:
+            if part:
+                state.update({k: v for k, v in part.items() if k not in state})
+        if self._tied_across:  # one tensor under both names, as the unsplit model saves it
+            state["head.weight"] = state["tok_emb.weight"]
+        return state
+
+    def optimizer_state_dict(self, model: RankPart, optimizer) -> dict:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        own = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True,
+                                                                                  cpu_offload=False))
+        own = _to_cpu(own)
+        copies = set(model.tied_copies().values())
+        own["state"] = {k: v for k, v in own["state"].items() if k not in copies}
+        for group in own["param_groups"]:
+            group["params"] = [k for k in group["params"] if k not in copies]
+        gathered = self._pipeline_gather(own)
+        if not isinstance(gathered, list):
+            return gathered
+        merged: dict = {"state": {}, "param_groups": []}
+        for part in gathered:
+            if not part:
+                continue
+            merged["state"].update(part["state"])
+            for index, group in enumerate(part["param_groups"]):
+                if index == len(merged["param_groups"]):
+                    merged["param_groups"].append({**group, "params": []})
+                merged["param_groups"][index]["params"] += [k for k in group["params"]
+                                                            if k not in merged["param_groups"][index]["params"]]
+        return merged
+
+    def load_model_state_dict(self, model: RankPart, state: dict) -> None:
+        own = dict(model.state_dict())
+        strict = strict_load(model, state)  # an adapter's checkpoint: its trainable weights alone
+        missing = sorted(set(own) - set(state)) if strict else []
+        if self.world_size > 1:  # every rank stops alike, whichever stages lack their layers
+            everyone: list = [None] * self.world_size
+            dist.all_gather_object(everyone, missing)
+            missing = sorted({name for names in everyone for name in names})
+        unexpected = sorted(set(state) - self._model_names)
+        if missing or unexpected:
+            # the loaders' own wording (framework/checkpoint/weights.py load_error_summary reads it)
+            raise RuntimeError("Error(s) in loading state_dict for the pipeline's stages:"
+                               + (f"\n\tMissing key(s) in state_dict: {_quoted(missing)}." if missing else "")
+                               + (f"\n\tUnexpected key(s) in state_dict: {_quoted(unexpected)}." if unexpected else ""))
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        mine = {name: state[name] for name in own if name in state}
+        set_model_state_dict(model, copy_structure(mine), options=StateDictOptions(full_state_dict=True, strict=strict))
+
+    def load_optimizer_state_dict(self, model: RankPart, optimizer, state: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        names = {name for name, _ in model.named_parameters()}
+        copies = model.tied_copies()
+        entries = dict(state["state"])
+        for source, copy in copies.items():
+            if copy in names and source in entries:
+                # its own tensors: the optimizer updates a parameter's state in place
+                entries[copy] = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in entries[source].items()}
+        mine = {"state": {k: v for k, v in entries.items() if k in names},
+                "param_groups": [{**group, "params": [k for k in [*group["params"], *(c for s, c in copies.items()
+                                                                                    if s in group["params"])]
+                                                      if k in names]}
+                                 for group in state["param_groups"]]}
+        set_optimizer_state_dict(model, optimizer, copy_structure(mine),
+                                 options=StateDictOptions(full_state_dict=True))
+
+
+def _quoted(names: list[str]) -> str:
+    return ", ".join(f'"{name}"' for name in names)
+
+
+def _to_cpu(value):
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_to_cpu(v) for v in value]
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    return value

@@ -1,0 +1,230 @@
+"""strategy=pipeline (pipeline stages x FSDP2 on torch.distributed.pipelining): the split and the
+refusals without processes; at 2 and 4 gloo processes, under the schedules of each stage layout
+(one stage a rank, looped, V), with FSDP2 inside a stage, the losses, gradient norms and final
+weights of one process at the same global batch; checkpoints that resume across stage counts and
+strategies (both ways); the classifier; scoring a pipelined run's checkpoint."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from framework.construction.stage_modules import RankPart, layer_groups, model_split, model_stages
+from framework.errors import ConfigError, ExitCode, RunExit
+from framework.models.gpt import GPT
+from framework.models.mlp import MLP
+from framework.strategy.pipeline import PipelineStrategy
+from tests.conftest import (
+    DIGITS,
+    TINY_GPT,
+    checkpoint_at,
+    checkpoints,
+    load_model_state,
+    load_optimizer_state,
+    metric_values,
+    run_inprocess,
+)
+
+# ---- no processes -------------------------------------------------------------------------------
+
+
+def _strategy(devices: int = 2, batch: int = 8, **kwargs) -> PipelineStrategy:
+    from framework.config.loop_settings import LoopSettings
+
+    strategy = PipelineStrategy(**kwargs)
+    strategy.devices = devices
+    strategy.configure_loop(LoopSettings(micro_batch_size=batch))
+    return strategy
+
+
+def test_mesh_and_microbatches_resolve_auto():
+    assert _strategy().mesh_shape(4) == (4, 1)  # auto: every rank a pipeline rank
+    assert _strategy(pipeline_parallel_size=2).mesh_shape(4) == (2, 2)
+    assert _strategy(pipeline_parallel_size=2).microbatches(4) == 2  # auto: the stage count
+    assert _strategy(schedule="interleaved_1f1b", stages_per_rank=3).microbatches(2) == 6
+    assert _strategy(schedule="zbv_zero_bubble").stage_count(2) == 4  # a V: two stages a rank
+    with pytest.raises(ConfigError, match=r"pipeline_parallel_size=3 does not divide the 4 ranks"):
+        _strategy(pipeline_parallel_size=3).mesh_shape(4)
+
+
+@pytest.mark.parametrize("settings,model,fragment", [
+    ({"pipeline_parallel_size": 3}, GPT(n_layer=4), "pipeline_parallel_size=3 does not divide the 2 ranks"),
+    ({"schedule": "chimera"}, GPT(n_layer=4), "strategy.schedule=chimera is not a schedule"),
+    ({"microbatches": 3}, GPT(n_layer=4), "data.batch_size=8 does not split into strategy.microbatches=3"),
+    ({"microbatches": 1}, GPT(n_layer=4), "needs at least one microbatch per stage"),
+    ({"schedule": "looped_bfs"}, GPT(n_layer=4), "set strategy.stages_per_rank to 2 or more"),
+    ({}, GPT(n_layer=1), "2 stages for a model of 1 layer(s)"),
+    ({"layers_per_stage": [1, 2]}, GPT(n_layer=4), "adds up to 3 layers, but the model has 4"),
+    ({}, torch.nn.Linear(4, 4), "Linear has no sequence of layers the framework can split"),
+])
+def test_refusals_name_the_key_and_the_fix(settings, model, fragment):
+    problems = _strategy(**settings).problems(model)
+    assert len(problems) == 1 and fragment in problems[0], problems
+
+
+def test_layers_are_split_by_parameters_with_the_embedding_and_head_where_they_sit():
+    gpt = GPT(vocab_size=256, n_layer=6, n_embd=32, n_head=2, block_size=32)
+    # the first stage's embeddings and the last stage's head copy (a block: ~12.7k; the embedding ~9k)
+    assert model_split(gpt, 2) == [range(0, 3), range(3, 6)]
+    assert model_split(gpt, 3, [1, 2, 3]) == [range(0, 1), range(1, 3), range(3, 6)]
+    mlp = MLP(in_features=64, hidden=128, depth=2, num_classes=10)
+    assert layer_groups(mlp) == [[0, 1, 2], [3, 4, 5], [6]]  # a Linear with its ReLU and Dropout
+
+
+def test_the_ranks_parts_together_are_the_models_state_dict():
+    gpt = GPT(vocab_size=64, n_layer=4, n_embd=32, n_head=2, block_size=16)
+    split = model_split(gpt, 4)
+    stages = model_stages(gpt, split)
+    parts = [RankPart(gpt, {i: stages[i]}, 4) for i in range(4)]
+    names = [set(part.state_dict()) for part in parts]
+    assert set().union(*names) == set(gpt.state_dict())
+    assert sum(len(n) for n in names) == len(gpt.state_dict())  # each name once (head.weight: the last stage's copy)
+    assert parts[3].tied_copies() == {"tok_emb.weight": "head.weight"} and parts[0].tied_copies() == {}
+    v = RankPart(gpt, {0: stages[0], 3: stages[3]}, 4)  # a V schedule's first rank: both ends
+    assert {"tok_emb.weight", "head.weight", "blocks.0.ln1.weight", "blocks.3.ln1.weight"} <= set(v.state_dict())
+
+
+def test_plan_shows_each_stage_and_the_schedules_bubble():
+    gpt = GPT(vocab_size=256, n_layer=4, n_embd=32, n_head=2)
+    lines = _strategy(schedule="gpipe", microbatches=4).describe_layout(2, gpt)
+    assert "2 pipeline x 1 data-parallel ranks, 2 stages" in lines[0] and "4 microbatches of 2" in lines[0]
+    assert lines[1] == "stages: 0: layers 0-1, 37,696 parameters; 1: layers 2-3, 33,664 parameters"
+    assert "37,696 parameters (60% of the model's 63,168" in lines[2]
+    assert "bubble 20% of a step by its theory" in lines[3] and "keeps 4 microbatch(es)" in lines[3]  # (p-1)/(m+p-1)
+
+
+# ---- 2 and 4 processes ---------------------------------------------------------------------------
+
+STEPS = 4
+BASE = [*TINY_GPT, "model.n_layer=8", f"trainer.max_steps={STEPS}", "trainer.log_every=1", "trainer.val_every=2",
+        "model.dropout=0.0", "trainer.val_at_start=false", "callbacks=[checkpoint]", "trainer.clip_grad_norm=0.5",
+        "callbacks.checkpoint.every_n_steps=2"]
+PIPELINES = {  # one stage a rank, looped, V; at 4 processes also FSDP2 within each stage
+    "1f1b@2": ["devices=2"],
+    "gpipe@2 accumulating": ["devices=2", "strategy.schedule=gpipe", "data.batch_size=4", "trainer.accumulate=2"],
+    "interleaved_1f1b@2": ["devices=2", "strategy.schedule=interleaved_1f1b", "strategy.stages_per_rank=2"],
+    "zbv_zero_bubble@2": ["devices=2", "strategy.schedule=zbv_zero_bubble"],
+    "dualpipev@2": ["devices=2", "strategy.schedule=dualpipev", "strategy.microbatches=4"],
+    "interleaved_zero_bubble@4": ["devices=4", "strategy.schedule=interleaved_zero_bubble",
+                                  "strategy.stages_per_rank=2"],
+    "1f1b@2xfsdp@2": ["devices=4", "strategy.pipeline_parallel_size=2", "data.batch_size=4", "checkpoint_io=dcp"],
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pipeline")
+    out = {"one": root / "one"}
+    run_inprocess([*BASE, "strategy=single_device"], out["one"])
+    for name, settings in PIPELINES.items():
+        out[name] = root / name.replace("@", "_at_").replace(" ", "_")
+        run_inprocess([*BASE, "strategy=pipeline", *settings], out[name])
+    return out
+
+
+def _assert_same_weights(a, b):
+    a, b = load_model_state(a), load_model_state(b)
+    assert set(a) == set(b)
+    for name, value in a.items():
+        torch.testing.assert_close(b[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", PIPELINES)
+def test_every_layout_gives_one_processs_losses_norms_and_weights(runs, name):
+    """Same global batch (8): the losses and the clipped gradient's norm (over every stage, the tied
+    head counted once) at every step, and the final weights, as one process computes them."""
+    one, pipelined = metric_values(runs["one"]), metric_values(runs[name])
+    assert len(pipelined) == STEPS and pipelined[-1] < pipelined[0]
+    torch.testing.assert_close(torch.tensor(pipelined), torch.tensor(one), rtol=1e-5, atol=1e-5)
+    norms = metric_values(runs[name], "train/grad_norm")
+    assert min(norms) > 0.5  # above the clip: every step was clipped by it
+    torch.testing.assert_close(torch.tensor(norms), torch.tensor(metric_values(runs["one"], "train/grad_norm")), rtol=1e-5,
+                               atol=1e-6)
+    torch.testing.assert_close(torch.tensor(metric_values(runs[name], "val/loss")), torch.tensor(metric_values(runs["one"], "val/loss")),
+                               rtol=1e-5, atol=1e-5)
+    _assert_same_weights(checkpoint_at(runs["one"], STEPS), checkpoint_at(runs[name], STEPS))
+
+
+@pytest.mark.slow
+def test_the_checkpoint_is_the_unsplit_models(runs):
+    """Whole-model names, the tied head saved as the embedding (one tensor), the optimizer state of
+    each parameter once, under the one-process run's names."""
+    state = load_model_state(checkpoint_at(runs["1f1b@2"], STEPS))
+    assert state["head.weight"].data_ptr() == state["tok_emb.weight"].data_ptr()
+    mine, theirs = load_optimizer_state(checkpoint_at(runs["1f1b@2"], STEPS)), load_optimizer_state(checkpoint_at(runs["one"], STEPS))
+    assert set(mine["state"]) == set(theirs["state"]) and mine["param_groups"] == theirs["param_groups"]
+    torch.testing.assert_close(mine["state"]["blocks.7.mlp.0.weight"]["exp_avg_sq"],
+                               theirs["state"]["blocks.7.mlp.0.weight"]["exp_avg_sq"], rtol=1e-5, atol=1e-10)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source,into", [
+    ("1f1b@2", ["strategy=pipeline", "devices=4", "strategy.microbatches=4"]),
+    ("1f1b@2", ["strategy=single_device"]),
+    ("one", ["strategy=pipeline", "devices=2", "strategy.schedule=dualpipev", "strategy.microbatches=4"]),
+    ("1f1b@2xfsdp@2", ["strategy=fsdp", "devices=2", "data.batch_size=4"]),
+], ids=["2_stages_to_4", "2_stages_to_one_process", "one_process_to_a_V", "dcp_pipeline_x_fsdp_to_fsdp"])
+def test_a_checkpoint_resumes_at_another_stage_count_and_strategy(runs, tmp_path, source, into):
+    run_inprocess([*BASE, *into, f"ckpt_path={checkpoint_at(runs[source], 2)}"], tmp_path)
+    torch.testing.assert_close(torch.tensor(metric_values(tmp_path)), torch.tensor(metric_values(runs["one"])[2:]), rtol=1e-5,
+                               atol=1e-5)
+    _assert_same_weights(checkpoint_at(runs["one"], STEPS), checkpoint_at(tmp_path, STEPS))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layers,fragment", [(9, 'Missing key(s) in state_dict: "blocks.8.attn.proj.bias"'),
+                                             (7, 'Unexpected key(s) in state_dict: "blocks.7.attn.proj.bias"')])
+def test_a_checkpoint_of_other_layers_is_refused_naming_them(runs, tmp_path, capsys, layers, fragment):
+    """Every rank stops alike (exit 2), though only the last stage's lacks or gains layers."""
+    with pytest.raises(RunExit) as refused:
+        run_inprocess([*BASE, f"model.n_layer={layers}", "strategy=pipeline", "devices=2",
+                       f"ckpt_path={checkpoint_at(runs['1f1b@2'], 2)}"], tmp_path)
+    assert refused.value.code == ExitCode.USER_ERROR
+    err = capsys.readouterr().err
+    assert "does not fit this model/optimizer" in err and fragment in err, err[-2000:]
+
+
+@pytest.mark.slow
+def test_the_classifier_pipelined_gives_one_processs_numbers(tmp_path):
+    """The MLP's net split into stages (a Linear with its ReLU and Dropout a layer), each sample's
+    mean loss as one process computes it."""
+    digits = [*DIGITS, "trainer.max_steps=3", "trainer.log_every=1", "data.batch_size=16", "trainer.val_every=3",
+              "callbacks=[checkpoint]", "model.depth=3"]
+    run_inprocess([*digits, "strategy=single_device"], tmp_path / "one")
+    run_inprocess([*digits, "strategy=pipeline", "devices=2", "strategy.layers_per_stage=[1,3]"], tmp_path / "pp")
+    torch.testing.assert_close(torch.tensor(metric_values(tmp_path / "pp")), torch.tensor(metric_values(tmp_path / "one")),
+                               rtol=1e-5, atol=1e-5)
+    for key in ("val/loss", "val/accuracy"):
+        assert metric_values(tmp_path / "pp", key) == pytest.approx(metric_values(tmp_path / "one", key), abs=1e-5)
+    _assert_same_weights(checkpoints(tmp_path / "one")[-1], checkpoints(tmp_path / "pp")[-1])
+
+
+@pytest.mark.slow
+def test_lora_adapters_pipelined_train_save_and_resume_as_in_one_process(tmp_path):
+    """The adapters of every stage in the checkpoint (a rank holds only its own), the frozen head's
+    copy frozen too; resumed in one process, the straight run's numbers."""
+    lora = [*BASE, "model.n_layer=4", "adapter=lora", "trainer.clip_grad_norm=null"]
+    run_inprocess([*lora, "strategy=single_device"], tmp_path / "one")
+    run_inprocess([*lora, "strategy=pipeline", "devices=2"], tmp_path / "pp")
+    torch.testing.assert_close(torch.tensor(metric_values(tmp_path / "pp")), torch.tensor(metric_values(tmp_path / "one")),
+                               rtol=1e-5, atol=1e-5)
+    saved = load_model_state(checkpoint_at(tmp_path / "pp", 2))
+    assert len(saved) == 32 and all(".lora_" in name for name in saved)  # 4 blocks x 4 layers x (A, B)
+    run_inprocess([*lora, "strategy=single_device", f"ckpt_path={checkpoint_at(tmp_path / 'pp', 2)}"], tmp_path / "resumed")
+    torch.testing.assert_close(torch.tensor(metric_values(tmp_path / "resumed")), torch.tensor(metric_values(tmp_path / "one")[2:]),
+                               rtol=1e-5, atol=1e-5)
+    _assert_same_weights(checkpoint_at(tmp_path / "one", STEPS), checkpoint_at(tmp_path / "resumed", STEPS))
+
+
+@pytest.mark.slow
+def test_bf16_autocast_pipelined_gives_one_processs_bf16_numbers(tmp_path):
+    """bf16 autocast runs inside the schedule's forwards. Within bf16's rounding, not float32's: a
+    microbatch's weight gradients are rounded to bf16 by its own matmuls, one process's by one over
+    the whole batch."""
+    bf16 = [*BASE, "model.n_layer=4", "trainer.max_steps=3", "precision=bf16", "trainer.val_every=3"]
+    run_inprocess([*bf16, "strategy=single_device"], tmp_path / "one")
+    run_inprocess([*bf16, "strategy=pipeline", "devices=2"], tmp_path / "pp")
+    for key in ("train/loss", "val/loss"):
+        torch.testing.assert_close(torch.tensor(metric_values(tmp_path / "pp", key)),
+                                   torch.tensor(metric_values(tmp_path / "one", key)), rtol=2e-3, atol=0, msg=key)
+    assert metric_values(tmp_path / "pp")[0] == pytest.approx(metric_values(tmp_path / "one")[0], abs=1e-5)  # same start
