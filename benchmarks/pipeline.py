@@ -1,10 +1,10 @@
 """Pipeline stages on this machine, side by side in one run, each a real `python train.py ...`.
 
-- `bubble` (2 processes, one core each): a GPT of 8 blocks cut into 2 stages under gpipe and 1f1b
-  with 2, 4 and 8 microbatches, against one process on the same global batch. The measured idle
-  share of a step is 1 - (one process's step / 2) / the pipeline's step: what the two ranks did not
-  spend computing half the work each (a perfect split; messages and the split's imbalance count as
-  idle too). The schedule's theory: (p-1)/(m+p-1).
+- `bubble` (2 processes, one core and one thread each): a GPT of 8 blocks cut into 2 stages under
+  gpipe and 1f1b with 2, 4 and 8 microbatches, against ddp@2 on the same global batch (the same
+  work on the same two single-threaded ranks, split by samples instead of layers). The measured
+  idle share of a step is 1 - ddp's step / the pipeline's step (messages, the stages' imbalance and
+  smaller matrices count as idle too). The schedule's theory: (p-1)/(m+p-1).
 - `step` (4 processes on 2 cores: oversubscribed, so a ratio here says what the CPU's sharing
   costs as much as what the schedule does): ms per step of ddp@4, fsdp@4, pipeline@4 (1f1b, 4
   microbatches) and pipeline 2 x fsdp 2, at the same global batch of 16.
@@ -48,17 +48,17 @@ def step_ms(workdir: Path, name: str, args: list[str]) -> float:
 
 
 def bubble(workdir: Path) -> None:
-    one = step_ms(workdir, "one", ["strategy=single_device", "data.batch_size=16"])
-    lines = ["GPT 8 x 256, context 128, batch 16, fp32, AdamW; 2 stages of 4 blocks on 2 processes (one core "
-             f"each), against one process on the same batch: {one:.0f} ms/step. Measured idle share: 1 - (one "
-             "process's step / 2) / the pipeline's step. Theory: (p-1)/(m+p-1).", "",
-             "| schedule | microbatches | ms / step | vs one process | idle, measured | idle, theory |",
+    ddp = step_ms(workdir, "ddp", ["strategy=ddp", "devices=2", "data.batch_size=8"])
+    lines = ["GPT 8 x 256, context 128, global batch 16, fp32, AdamW; 2 stages of 4 blocks on 2 processes (one "
+             f"core and thread each), against ddp@2 on the same batch: {ddp:.0f} ms/step. Measured idle share: 1 - "
+             "ddp's step / the pipeline's step. Theory: (p-1)/(m+p-1).", "",
+             "| schedule | microbatches | ms / step | vs ddp@2 | idle, measured | idle, theory |",
              "|---|---|---|---|---|---|"]
     for schedule in ("gpipe", "1f1b"):
         for m in (2, 4, 8):
             ms = step_ms(workdir, f"{schedule}-{m}", ["strategy=pipeline", "devices=2", "data.batch_size=16",
                                                       f"strategy.schedule={schedule}", f"strategy.microbatches={m}"])
-            lines.append(f"| {schedule} | {m} | {ms:.0f} | {ms / one:.2f}x | {1 - (one / 2) / ms:.0%} | "
+            lines.append(f"| {schedule} | {m} | {ms:.0f} | {ms / ddp:.2f}x | {1 - ddp / ms:.0%} | "
                          f"{1 / (m + 1):.0%} |")
             print(lines[-1], flush=True)
     publish("pipeline_bubble", lines)
@@ -81,10 +81,13 @@ def step(workdir: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("parts", nargs="*", default=["bubble", "step"], choices=["bubble", "step"])
+    parser.add_argument("parts", nargs="*", help="bubble, step (default: both)")
     args = parser.parse_args()
+    unknown = set(args.parts) - {"bubble", "step"}
+    if unknown:
+        parser.error(f"unknown part(s) {', '.join(sorted(unknown))}: choose bubble, step")
     with tempfile.TemporaryDirectory() as tmp:
-        for part in args.parts:
+        for part in args.parts or ["bubble", "step"]:
             {"bubble": bubble, "step": step}[part](Path(tmp))
 
 

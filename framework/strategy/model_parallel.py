@@ -56,7 +56,7 @@ def _gather_fused(tensor) -> torch.Tensor:
     return strided_whole(parts, strided.dim, strided.split_factor)
 
 
-def _global_norm(grads: list, device: torch.device) -> torch.Tensor:
+def global_norm(grads: list, device: torch.device) -> torch.Tensor:
     """The 2-norm of all `grads` together: each rank's squares summed over its local parts, then
     over the mesh dimensions each tensor is split along (not those it is replicated on), one
     all-reduce per group of tensors split alike. By hand rather than DTensor's norm, which from
@@ -86,7 +86,7 @@ def _global_norm(grads: list, device: torch.device) -> torch.Tensor:
     return total.sqrt()
 
 
-def _whole(value):
+def whole_tensor(value):
     """Collective for a DTensor: the whole tensor on the CPU (a fused layer's gathered by hand);
     anything else as it is."""
     from torch.distributed.tensor import DTensor
@@ -249,14 +249,14 @@ class ModelParallelStrategy(FSDPStrategy):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         own = get_model_state_dict(model, options=StateDictOptions(full_state_dict=False))
-        state = {name: _whole(value) for name, value in own.items()}  # collective: every rank gathers
+        state = {name: whole_tensor(value) for name, value in own.items()}  # collective: every rank gathers
         return state if self.is_global_zero else {}
 
     def optimizer_state_dict(self, model, optimizer) -> dict:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         own = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=False))
-        state = {"state": {name: {key: _whole(value) for key, value in entry.items()}
+        state = {"state": {name: {key: whole_tensor(value) for key, value in entry.items()}
                            for name, entry in own["state"].items()},
                  "param_groups": own["param_groups"]}
         return state if self.is_global_zero else {}
@@ -294,7 +294,7 @@ class ModelParallelStrategy(FSDPStrategy):
         by_mesh: dict = {}
         for p in parameters:
             by_mesh.setdefault(getattr(p.grad, "device_mesh", None), []).append(p)
-        total = _global_norm([p.grad for p in parameters], self.root_device)
+        total = global_norm([p.grad for p in parameters], self.root_device)
         for group in by_mesh.values():  # foreach kernels take one mesh at a time
             torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
         return total

@@ -1,11 +1,13 @@
-"""`strategy=pipeline`: pipeline stages x FSDP2, on torch.distributed.pipelining.
+"""`strategy=pipeline`: pipeline stages x FSDP2 (x tensor parallelism), on torch.distributed.pipelining.
 
-The ranks form a (pipeline, data_parallel) mesh, the pipeline outermost. Each pipeline rank holds
+The ranks form a (pipeline, data_parallel, tensor_parallel) mesh, the pipeline outermost. Each pipeline rank holds
 one or more contiguous stages of the model's layers (framework/construction/stages.py: balanced by
 parameters, or `layers_per_stage`); a step's batch goes through them in `microbatches` pieces in
 the order a torch schedule sets (framework/strategy/pipelining/schedules.py). Across the
-data-parallel ranks each stage is sharded by FSDP2 and each group reads its own batches. Built on
-the meta device: a rank materialises only its stages' layers (its shards of them).
+data-parallel ranks each stage is sharded by FSDP2 and each group reads its own batches; with
+`tensor_parallel_size` > 1 each stage's layers are also split over a tensor-parallel group as
+strategy=model_parallel splits them (its plan, its checkpoint gathers and its gradient norm are
+reused). Built on the meta device: a rank materialises only its stages' layers (its shards).
 
 The numbers do not depend on the pipeline: a microbatch's loss is its summed loss times the step's
 scale (the loop's, from the step's scored items on every rank), so the gradients are the
@@ -24,13 +26,14 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from framework.config.types import PositiveInt
+from framework.construction import tensor_parallel
 from framework.construction.meta_init import build_on_meta, replay
 from framework.construction.named_state import strict_load
 from framework.construction.stage_modules import RankPart, model_split, model_stages
 from framework.construction.tied import retie, tied_parameters
 from framework.errors import ConfigError
 from framework.strategy.base import DataParallel, copy_structure, with_adapter
-from framework.strategy.fsdp import FSDPStrategy
+from framework.strategy.model_parallel import ModelParallelStrategy, global_norm, whole_tensor
 from framework.strategy.pipelining import forward
 from framework.strategy.pipelining.schedules import (
     SCHEDULES,
@@ -41,13 +44,14 @@ from framework.strategy.pipelining.schedules import (
 )
 from framework.tensors import write_part
 
-MESH_DIMS = ("pipeline", "data_parallel")
+MESH_DIMS = ("pipeline", "data_parallel", "tensor_parallel")
 
 
-class PipelineStrategy(FSDPStrategy):
-    """Pipeline stages over `pipeline_parallel_size` ranks x FSDP2 over the rest (torchtitan's PP x
-    FSDP). The loop talks to it as to fsdp, except that each micro-batch's forward and backward run
-    in the schedule (`forward_backward`)."""
+class PipelineStrategy(ModelParallelStrategy):
+    """Pipeline stages over `pipeline_parallel_size` ranks x FSDP2 over the data-parallel ranks x
+    tensor parallelism within each stage (torchtitan's PP x FSDP x TP; tensor_parallel_size 1 by
+    default). The loop talks to it as to fsdp, except that each micro-batch's forward and backward
+    run in the schedule (`forward_backward`)."""
 
     name = "pipeline"
     supports_manual_optimization = False
@@ -57,15 +61,19 @@ class PipelineStrategy(FSDPStrategy):
 
     def __init__(self, *args, pipeline_parallel_size: PositiveInt | Literal["auto"] = "auto",
                  schedule: str = "1f1b", microbatches: PositiveInt | Literal["auto"] = "auto",
-                 stages_per_rank: PositiveInt = 1, layers_per_stage: list[int] | None = None, **kwargs):
+                 stages_per_rank: PositiveInt = 1, layers_per_stage: list[int] | None = None,
+                 tensor_parallel_size: PositiveInt = 1, tp_plan: dict[str, str] | None = None, **kwargs):
         """pipeline_parallel_size: ranks a batch passes through, one stage group each ('auto': every
         rank); schedule: gpipe, 1f1b, interleaved_1f1b, looped_bfs, interleaved_zero_bubble,
         zbv_zero_bubble or dualpipev; microbatches: pieces each rank's batch is cut into ('auto':
         the pipeline's stage count, the least 1F1B takes); stages_per_rank: stages each rank holds
         under the interleaved schedules (the V schedules: 2); layers_per_stage: how many
-        consecutive layers each stage holds (null: balanced by parameters). The fsdp keys apply
-        to the data-parallel sharding of each stage."""
-        super().__init__(*args, **kwargs)
+        consecutive layers each stage holds (null: balanced by parameters); tensor_parallel_size:
+        ranks that split each stage's layers (1: none), by the model's plan or tp_plan (as under
+        strategy=model_parallel). The fsdp keys apply to the data-parallel sharding of each stage."""
+        super().__init__(*args, tensor_parallel_size=tensor_parallel_size, data_parallel_size="auto",
+                         sequence_parallel=False, tp_plan=tp_plan, **kwargs)
+        self.splits_layers = int(tensor_parallel_size) > 1  # the compatibility table reads it (adapters)
         self.pipeline_parallel_size = pipeline_parallel_size
         self.schedule = schedule
         self.microbatches_setting = microbatches
@@ -79,16 +87,22 @@ class PipelineStrategy(FSDPStrategy):
         self._part: RankPart | None = None
         self._model_names: set[str] = set()  # the whole model's state-dict names (a checkpoint's, loaded)
         self._tied_across = False  # a tied head on another stage than its embedding (a copy there)
+        self._plan: tuple[dict[str, str], str] = ({}, "")  # the tensor-parallel plan, from the whole model
 
     # ---- the mesh -------------------------------------------------------------------------
-    def mesh_shape(self, world_size: int) -> tuple[int, int]:
-        """(pipeline size, data-parallel size) for `world_size` ranks."""
-        pp = world_size if self.pipeline_parallel_size == "auto" else int(self.pipeline_parallel_size)
-        if pp < 1 or world_size % pp:
-            raise ConfigError(f"strategy.pipeline_parallel_size={self.pipeline_parallel_size} does not divide the "
-                              f"{world_size} ranks (devices x num_nodes); choose a size that divides them (the "
-                              "rest become data-parallel groups).")
-        return pp, world_size // pp
+    def mesh_shape(self, world_size: int) -> tuple[int, int, int]:
+        """(pipeline, data-parallel, tensor-parallel sizes) for `world_size` ranks."""
+        tp = int(self.tensor_parallel_size)
+        pp = world_size // tp if self.pipeline_parallel_size == "auto" else int(self.pipeline_parallel_size)
+        if tp < 1 or world_size % tp:
+            raise ConfigError(f"strategy.tensor_parallel_size={tp} does not divide the {world_size} ranks (devices x "
+                              "num_nodes); choose a size that divides them.")
+        if pp < 1 or world_size % (pp * tp):
+            raise ConfigError(f"strategy.pipeline_parallel_size={self.pipeline_parallel_size}"
+                              + (f" x strategy.tensor_parallel_size={tp}" if tp > 1 else "")
+                              + f" does not divide the {world_size} ranks (devices x num_nodes); choose a size that "
+                              "divides them (the rest become data-parallel groups).")
+        return pp, world_size // (pp * tp), tp
 
     @property
     def per_rank(self) -> int:
@@ -103,32 +117,37 @@ class PipelineStrategy(FSDPStrategy):
 
     @property
     def mesh(self):
+        """The (pipeline, data_parallel, tensor_parallel) DeviceMesh, made on first use in a worker."""
         if self._mesh is None:
             self._mesh = init_device_mesh(self.root_device.type, self.mesh_shape(self.world_size),
                                           mesh_dim_names=MESH_DIMS)
         return self._mesh
 
-    def shard_mesh(self):
-        return self.mesh["data_parallel"]
+    @property
+    def _inner(self) -> int:
+        """This rank's place within its pipeline rank's (data_parallel x tensor_parallel) block."""
+        pp, dp, tp = self.mesh_shape(self.world_size)
+        return self.global_rank % (dp * tp)
 
     @property
     def pipeline_rank(self) -> int:
-        return self.global_rank // self.mesh_shape(self.world_size)[1]
+        pp, dp, tp = self.mesh_shape(self.world_size)
+        return self.global_rank // (dp * tp)
 
     @property
     def data_parallel(self) -> DataParallel:
-        """Each data-parallel group's share; the ranks of one pipeline read the same batches, and its
-        first rank reports their scores."""
-        pp, dp = self.mesh_shape(self.world_size)
-        return DataParallel(dp, self.global_rank % dp, self.global_rank < dp)
+        """Each data-parallel group's share; the ranks of one pipeline (and of a tensor-parallel
+        group) read the same batches, and the first of them reports their scores."""
+        pp, dp, tp = self.mesh_shape(self.world_size)
+        return DataParallel(dp, self._inner // tp, self.global_rank < dp * tp and self._inner % tp == 0)
 
     def _owners(self) -> list[int]:
-        """The global rank holding each stage, for this rank's data-parallel index."""
-        pp, dp = self.mesh_shape(self.world_size)
+        """The global rank holding each stage, at this rank's data- and tensor-parallel place."""
+        pp, dp, tp = self.mesh_shape(self.world_size)
         owners = [0] * self.stage_count(self.world_size)
         for rank in range(pp):
             for stage in stage_ids(self.schedule, rank, pp, self.per_rank):
-                owners[stage] = rank * dp + self.global_rank % dp
+                owners[stage] = rank * dp * tp + self._inner
         return owners
 
     # ---- before launch -------------------------------------------------------------------
@@ -138,7 +157,7 @@ class PipelineStrategy(FSDPStrategy):
     def problems(self, model: torch.nn.Module | None) -> list[str]:
         world = self._planned_world()
         try:
-            pp, _ = self.mesh_shape(world)
+            pp, _, tp = self.mesh_shape(world)
         except ConfigError as err:
             return [str(err)]
         found = schedule_problems(self.schedule, pp, self.stages_per_rank_setting, self.microbatches(world),
@@ -147,21 +166,26 @@ class PipelineStrategy(FSDPStrategy):
             return found
         try:
             model_split(model, self.stage_count(world), self.layers_per_stage)
+            self.units(model)  # a wrap_modules name the model does not have
         except ConfigError as err:
             return [str(err)]
-        return super().problems(model)
+        if tp == 1:
+            return []
+        plan, source = self.plan(model)
+        return tensor_parallel.plan_problems(model, plan, source or "strategy.tp_plan", tp, False)
 
     def describe_mesh(self, world_size: int) -> str:
-        pp, dp = self.mesh_shape(world_size)
-        return (f"{pp} pipeline x {dp} data-parallel ranks, {self.stage_count(world_size)} stages, schedule "
-                f"{self.schedule}, {self.microbatches(world_size)} microbatches")
+        pp, dp, tp = self.mesh_shape(world_size)
+        return (f"{pp} pipeline x {dp} data-parallel" + (f" x {tp} tensor-parallel" if tp > 1 else "")
+                + f" ranks, {self.stage_count(world_size)} stages, schedule {self.schedule}, "
+                f"{self.microbatches(world_size)} microbatches")
 
     def describe_layout(self, world_size: int, model) -> list[str]:
         """`framework plan`: the mesh, each stage's layers and parameters, the schedule's bubble and
         the microbatches whose activations a rank keeps at once."""
-        pp, dp = self.mesh_shape(world_size)
+        pp, dp, tp = self.mesh_shape(world_size)
         m, count = self.microbatches(world_size), self.stage_count(world_size)
-        lines = [f"mesh: {self.describe_mesh(world_size)}; each data-parallel group of {pp} rank(s) passes its "
+        lines = [f"mesh: {self.describe_mesh(world_size)}; each data-parallel group of {pp * tp} rank(s) passes its "
                  f"batch through the stages in {m} microbatches of {self.loop_settings.micro_batch_size // m}"]
         if model is not None:
             split = model_split(model, count, self.layers_per_stage)
@@ -172,7 +196,8 @@ class PipelineStrategy(FSDPStrategy):
             ranks = [sum(sizes[i] for i in stage_ids(self.schedule, r, pp, self.per_rank)) for r in range(pp)]
             lines.append(f"the most a pipeline rank holds: {max(ranks):,} parameters ({100 * max(ranks) / max(total, 1):.0f}% "
                          f"of the model's {total:,}, a tied head's copy counted; the estimate below takes 1/{pp}), "
-                         f"sharded over {dp} data-parallel rank(s)")
+                         f"sharded over {dp} data-parallel rank(s)"
+                         + (f" and split over {tp} tensor-parallel ranks where the plan says" if tp > 1 else ""))
         bubble = bubble_fraction(self.schedule, pp, m, self.per_rank)
         kept = {"gpipe": m, "looped_bfs": m, "1f1b": min(pp, m)}.get(self.schedule)
         lines.append(f"schedule {self.schedule}: bubble "
@@ -183,7 +208,7 @@ class PipelineStrategy(FSDPStrategy):
 
     def state_shards(self, world_size: int) -> int:
         """`framework plan`: each rank holds its stages' share of the states, sharded over its
-        data-parallel group (balanced stages: 1/world of the whole)."""
+        data-parallel group (and split over its tensor-parallel one): balanced stages, 1/world."""
         return world_size
 
     # ---- building: the whole model on meta, this rank's stages materialised -----------------
@@ -200,10 +225,11 @@ class PipelineStrategy(FSDPStrategy):
             whole = with_adapter(factory(), adapter)
         count = self.stage_count(self.world_size)
         split = model_split(whole, count, self.layers_per_stage)
-        pp, _ = self.mesh_shape(self.world_size)
+        pp = self.mesh_shape(self.world_size)[0]
         mine = stage_ids(self.schedule, self.pipeline_rank, pp, self.per_rank)
         stages = model_stages(whole, split)
         self._model_names = set(whole.state_dict())
+        self._plan = self.plan(whole)  # the whole model's (its class names the source)
         self._tied_across = any(getattr(stage, "tied_copy", False) for stage in stages)
         self._say(f"{self.name}: {self.describe_mesh(self.world_size)}; layers per stage "
                   + ", ".join(f"{r.start}-{r.stop - 1}" for r in split))
@@ -212,7 +238,11 @@ class PipelineStrategy(FSDPStrategy):
     def wrap_model(self, part: RankPart) -> RankPart:
         from torch.distributed.fsdp import fully_shard
 
-        _, dp = self.mesh_shape(self.world_size)
+        _, dp, tp = self.mesh_shape(self.world_size)
+        if tp > 1:  # the stages' layers split first, as model_parallel splits them, then FSDP2 over the rest
+            plan, source = self._plan
+            split = tensor_parallel.parallelize(part, self.mesh["tensor_parallel"], plan, False)
+            self._say(f"{self.name}: {len(split)} modules of this rank's stages split by {source}")
         if dp > 1:  # each stage is a root of its own: the schedule calls the stages, not the part
             kwargs = self._shard_kwargs()
             units = self.units(part)
@@ -249,15 +279,15 @@ class PipelineStrategy(FSDPStrategy):
         replay(log, write)
 
     def _make_tied_group(self):
-        """The process groups of the first and last stages' ranks of each pipeline (every rank creates
-        all of them, as new_group requires); this rank's, or None where one rank holds both stages
-        or the head is not tied."""
+        """The process groups of the first and last stages' ranks at each data- and tensor-parallel
+        place (every rank creates all of them, as new_group requires); this rank's, or None where
+        one rank holds both stages or the head is not tied."""
         if not self._tied_across or self._owners()[0] == self._owners()[-1]:
             return None
-        pp, dp = self.mesh_shape(self.world_size)
+        pp, dp, tp = self.mesh_shape(self.world_size)
         mine = None
-        for d in range(dp):
-            ranks = [d, (pp - 1) * dp + d]  # stage 0 on pipeline rank 0; the last stage on the last rank
+        for inner in range(dp * tp):
+            ranks = [inner, (pp - 1) * dp * tp + inner]  # stage 0 on pipeline rank 0; the last stage on the last
             group = dist.new_group(ranks)
             if self.global_rank in ranks:
                 mine = group
@@ -306,8 +336,7 @@ class PipelineStrategy(FSDPStrategy):
         total = torch.stack([loss.detach().float() for loss in losses]).sum() if losses else zero
         # logged: only the last stage's ranks hold the loss; weighted by the pipeline size so that the
         # loop's mean over every rank is the mean over the data-parallel groups
-        pp, _ = self.mesh_shape(self.world_size)
-        return total, total * group * pp
+        return total, total * group * self.mesh_shape(self.world_size)[0]
 
     def no_backward_sync(self, model, skip: bool):
         """torch's PipelineStage defers FSDP's gradient reduction to the schedule's last microbatch
@@ -354,15 +383,12 @@ class PipelineStrategy(FSDPStrategy):
             return None
         # the tied head's copy holds the embedding's gradient (summed above): counted once, there
         skip = {"head.weight"} if self._tied_across and part.holds_last else set()
-        squares = torch.zeros((), dtype=torch.float32, device=self.root_device)
-        for name, p in named:
-            if name in skip:
-                continue
-            grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-            squares = squares + grad.detach().float().pow(2).sum()
-        if self.world_size > 1:
-            dist.all_reduce(squares)
-        total = squares.sqrt()
+        # over this stage's data- and tensor-parallel splits (model_parallel's), then over the stages
+        total = global_norm([p.grad for name, p in named if name not in skip], self.root_device)
+        if self.mesh_shape(self.world_size)[0] > 1:
+            squares = total.pow(2)
+            dist.all_reduce(squares, group=self.mesh["pipeline"].get_group())
+            total = squares.sqrt()
         by_mesh: dict = {}
         for _, p in named:
             by_mesh.setdefault(getattr(p.grad, "device_mesh", None), []).append(p)
@@ -382,20 +408,19 @@ class PipelineStrategy(FSDPStrategy):
 
     # ---- checkpoints: each rank's stages, together the whole model under its own names ----------
     def _pipeline_gather(self, own: dict) -> list | dict:
-        """Collective: every pipeline rank's `own` (those of data-parallel index 0: the others hold
-        the same) as a list on rank zero; {} elsewhere. One process: `own`."""
+        """Collective: every pipeline rank's `own` (its first data- and tensor-parallel rank's: the
+        others hold the same) as a list on rank zero; {} elsewhere. One process: `own`."""
         if self.world_size == 1:
             return own
-        _, dp = self.mesh_shape(self.world_size)
         parts = [None] * self.world_size if self.is_global_zero else None
-        dist.gather_object(own if self.global_rank % dp == 0 else None, parts, dst=0)
+        dist.gather_object(own if self._inner == 0 else None, parts, dst=0)
         return parts if self.is_global_zero else {}
 
     def model_state_dict(self, model: RankPart) -> dict:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        own = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
-        own = {name: value.detach().cpu() for name, value in own.items()}
+        own = get_model_state_dict(model, options=StateDictOptions(full_state_dict=False))
+        own = {name: whole_tensor(value) for name, value in own.items()}  # collective over the stage's ranks
         gathered = self._pipeline_gather(own)
         if not isinstance(gathered, list):
             return gathered
@@ -410,9 +435,10 @@ class PipelineStrategy(FSDPStrategy):
     def optimizer_state_dict(self, model: RankPart, optimizer) -> dict:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-        own = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True,
-                                                                                  cpu_offload=False))
-        own = _to_cpu(own)
+        own = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=False))
+        own = {"state": {name: {key: whole_tensor(value) for key, value in entry.items()}
+                         for name, entry in own["state"].items()},
+               "param_groups": own["param_groups"]}
         copies = set(model.tied_copies().values())
         own["state"] = {k: v for k, v in own["state"].items() if k not in copies}
         for group in own["param_groups"]:
@@ -450,6 +476,9 @@ class PipelineStrategy(FSDPStrategy):
 
         mine = {name: state[name] for name in own if name in state}
         set_model_state_dict(model, copy_structure(mine), options=StateDictOptions(full_state_dict=True, strict=strict))
+        for name, entry in self._fused_state(model).items():  # model_parallel's fused layers, placed by hand
+            if name in mine:
+                write_part(mine[name], entry["param"])
 
     def load_optimizer_state_dict(self, model: RankPart, optimizer, state: dict) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
@@ -468,17 +497,11 @@ class PipelineStrategy(FSDPStrategy):
                                  for group in state["param_groups"]]}
         set_optimizer_state_dict(model, optimizer, copy_structure(mine),
                                  options=StateDictOptions(full_state_dict=True))
+        for name, entry in self._fused_state(model, optimizer).items():
+            for key, tensor in entry.items():
+                if key != "param" and key in mine["state"].get(name, {}):
+                    write_part(mine["state"][name][key], tensor)
 
 
 def _quoted(names: list[str]) -> str:
     return ", ".join(f'"{name}"' for name in names)
-
-
-def _to_cpu(value):
-    if isinstance(value, dict):
-        return {k: _to_cpu(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_to_cpu(v) for v in value]
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    return value

@@ -37,13 +37,17 @@ def _strategy(devices: int = 2, batch: int = 8, **kwargs) -> PipelineStrategy:
 
 
 def test_mesh_and_microbatches_resolve_auto():
-    assert _strategy().mesh_shape(4) == (4, 1)  # auto: every rank a pipeline rank
-    assert _strategy(pipeline_parallel_size=2).mesh_shape(4) == (2, 2)
+    assert _strategy().mesh_shape(4) == (4, 1, 1)  # auto: every rank a pipeline rank
+    assert _strategy(pipeline_parallel_size=2).mesh_shape(4) == (2, 2, 1)
+    assert _strategy(tensor_parallel_size=2).mesh_shape(8) == (4, 1, 2)  # auto: the ranks over the tensor-parallel size
+    assert _strategy(pipeline_parallel_size=2, tensor_parallel_size=2).mesh_shape(8) == (2, 2, 2)
     assert _strategy(pipeline_parallel_size=2).microbatches(4) == 2  # auto: the stage count
     assert _strategy(schedule="interleaved_1f1b", stages_per_rank=3).microbatches(2) == 6
     assert _strategy(schedule="zbv_zero_bubble").stage_count(2) == 4  # a V: two stages a rank
     with pytest.raises(ConfigError, match=r"pipeline_parallel_size=3 does not divide the 4 ranks"):
         _strategy(pipeline_parallel_size=3).mesh_shape(4)
+    with pytest.raises(ConfigError, match=r"pipeline_parallel_size=2 x strategy.tensor_parallel_size=2 does not divide the 6"):
+        _strategy(pipeline_parallel_size=2, tensor_parallel_size=2).mesh_shape(6)
 
 
 @pytest.mark.parametrize("settings,model,fragment", [
@@ -55,9 +59,10 @@ def test_mesh_and_microbatches_resolve_auto():
     ({}, GPT(n_layer=1), "2 stages for a model of 1 layer(s)"),
     ({"layers_per_stage": [1, 2]}, GPT(n_layer=4), "adds up to 3 layers, but the model has 4"),
     ({}, torch.nn.Linear(4, 4), "Linear has no sequence of layers the framework can split"),
+    ({"tensor_parallel_size": 2}, GPT(n_layer=4, n_head=3, n_embd=48), "tensor_parallel_size=2 does not divide model.n_head=3"),
 ])
 def test_refusals_name_the_key_and_the_fix(settings, model, fragment):
-    problems = _strategy(**settings).problems(model)
+    problems = _strategy(devices=4 if "tensor_parallel_size" in settings else 2, **settings).problems(model)
     assert len(problems) == 1 and fragment in problems[0], problems
 
 
@@ -107,6 +112,7 @@ PIPELINES = {  # one stage a rank, looped, V; at 4 processes also FSDP2 within e
     "interleaved_zero_bubble@4": ["devices=4", "strategy.schedule=interleaved_zero_bubble",
                                   "strategy.stages_per_rank=2"],
     "1f1b@2xfsdp@2": ["devices=4", "strategy.pipeline_parallel_size=2", "data.batch_size=4", "checkpoint_io=dcp"],
+    "1f1b@2xtp@2": ["devices=4", "strategy.tensor_parallel_size=2", "checkpoint_io=dcp"],  # pipeline x data x tensor: 2x1x2
 }
 
 
@@ -163,7 +169,11 @@ def test_the_checkpoint_is_the_unsplit_models(runs):
     ("1f1b@2", ["strategy=single_device"]),
     ("one", ["strategy=pipeline", "devices=2", "strategy.schedule=dualpipev", "strategy.microbatches=4"]),
     ("1f1b@2xfsdp@2", ["strategy=fsdp", "devices=2", "data.batch_size=4"]),
-], ids=["2_stages_to_4", "2_stages_to_one_process", "one_process_to_a_V", "dcp_pipeline_x_fsdp_to_fsdp"])
+    ("1f1b@2xtp@2", ["strategy=model_parallel", "devices=2"]),
+    ("one", ["strategy=pipeline", "devices=4", "strategy.tensor_parallel_size=2", "strategy.pipeline_parallel_size=2",
+             "strategy.schedule=interleaved_1f1b", "strategy.stages_per_rank=2"]),
+], ids=["2_stages_to_4", "2_stages_to_one_process", "one_process_to_a_V", "dcp_pipeline_x_fsdp_to_fsdp",
+        "dcp_pipeline_x_tensor_to_model_parallel", "one_process_to_interleaved_pipeline_x_tensor"])
 def test_a_checkpoint_resumes_at_another_stage_count_and_strategy(runs, tmp_path, source, into):
     run_inprocess([*BASE, *into, f"ckpt_path={checkpoint_at(runs[source], 2)}"], tmp_path)
     torch.testing.assert_close(torch.tensor(metric_values(tmp_path)), torch.tensor(metric_values(runs["one"])[2:]), rtol=1e-5,
