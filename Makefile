@@ -99,6 +99,7 @@ bench: $(BENCH_BIN)/.installed
 	$(BENCH_BIN)/python benchmarks/checkpoint_io.py
 	$(BENCH_BIN)/python benchmarks/adapters.py "~100M"
 	$(BENCH_BIN)/python benchmarks/compile.py
+	$(BENCH_BIN)/python benchmarks/pipeline.py
 	$(BENCH_BIN)/python benchmarks/data_prep.py
 
 clean:

@@ -46,8 +46,11 @@ class GPTStage(nn.Module):
                 head.weight.requires_grad_(gpt.head.weight.requires_grad)  # frozen under adapters, as its original
                 self.head = head
         self.tied_copy = last and not first and self.head is not gpt.head
+        tied = gpt.head.weight is gpt.tok_emb.weight
+        #: (the embedding's name, the head's) where they are tied: the pipeline keeps them equal
+        self.tied_names = ("tok_emb.weight", "head.weight") if tied else None
         #: the first stage of a model whose tied head sits on another stage (its gradient is summed there)
-        self.tied_elsewhere = first and not last and gpt.head.weight is gpt.tok_emb.weight
+        self.tied_elsewhere = first and not last and tied
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.first:
@@ -66,7 +69,7 @@ class SequentialStage(nn.Module):
 
     def __init__(self, model: nn.Module, indices: list[int], first: bool, last: bool):
         super().__init__()
-        self.first, self.last, self.tied_copy, self.tied_elsewhere = first, last, False, False
+        self.first, self.last, self.tied_copy, self.tied_elsewhere, self.tied_names = first, last, False, False, None
         self.layers_name = model.pipeline_layers
         sequence = getattr(model, self.layers_name)
         self.add_module(self.layers_name, nn.ModuleDict({str(i): sequence[i] for i in indices}))
@@ -85,9 +88,12 @@ def how_to_split() -> str:
 
 
 def pipeline_layers(model: nn.Module) -> nn.Module:
-    """The sequence of layers the stages divide (the model's `pipeline_layers`)."""
+    """The sequence of layers the stages divide (the model's `pipeline_layers`: a submodule's name)."""
     name = getattr(model, "pipeline_layers", None)
-    layers = getattr(model, name, None) if isinstance(name, str) else None
+    try:
+        layers = model.get_submodule(name) if isinstance(name, str) else None
+    except AttributeError:
+        layers = None
     if not isinstance(layers, (nn.Sequential, nn.ModuleList)) or len(layers) == 0:
         raise ConfigError(f"strategy=pipeline: {type(model).__name__} has no sequence of layers the framework can "
                           f"split into stages; {how_to_split()}.")
@@ -144,6 +150,24 @@ def model_stages(model: nn.Module, split: list[range]) -> list[nn.Module]:
             for n, layers in enumerate(split)]
 
 
+def _merge(target: nn.Module, source: nn.Module) -> None:
+    """`source`'s submodules into `target` under the same names; containers (a ModuleDict of layers,
+    a plain holder such as a Hugging Face stage's `model`) merged with those of the rank's other
+    stages, a module two stages share (a rotary embedding) kept once."""
+    for name, child in source.named_children():
+        mine = target._modules.get(name)
+        container = type(child) in (nn.Module, nn.ModuleDict)
+        if mine is None:
+            if container:
+                mine = type(child)()
+                target.add_module(name, mine)
+                _merge(mine, child)
+            else:
+                target.add_module(name, child)
+        elif container and mine is not child:
+            _merge(mine, child)
+
+
 class RankPart(nn.Module):
     """The stages one rank holds, as one module whose parameter names are the whole model's (its
     state dict is the model's for those layers; the ranks' parts together are the model's). The
@@ -154,13 +178,7 @@ class RankPart(nn.Module):
     def __init__(self, model: nn.Module, stages: dict[int, nn.Module], stage_count: int):
         super().__init__()
         for stage in stages.values():
-            for name, child in stage.named_children():
-                if isinstance(child, nn.ModuleDict):
-                    if name not in self._modules:
-                        self.add_module(name, nn.ModuleDict())
-                    self._modules[name].update(child)
-                else:
-                    self.add_module(name, child)
+            _merge(self, stage)
         object.__setattr__(self, "stages", dict(stages))  # not registered twice
         self.stage_count = stage_count
         self.sharding_units = getattr(model, "sharding_units", None)
@@ -169,6 +187,8 @@ class RankPart(nn.Module):
             self.peft_config = model.peft_config
         #: what trains in the whole model, every stage's (an adapter run's checkpoint keeps those)
         self.whole_trainable_names = frozenset(name for name, p in model.named_parameters() if p.requires_grad)
+        if hasattr(model, "pretrained_weights"):  # loaded into the stages after they are made (framework/trainer.py)
+            self.pretrained_weights = model.pretrained_weights
         self.forward_fn: Callable | None = None
 
     @property
@@ -182,7 +202,7 @@ class RankPart(nn.Module):
     def tied_copies(self) -> dict[str, str]:
         """{a parameter of the first stage: this rank's copy of it on the last stage} (a tied head)."""
         last = self.stages.get(self.stage_count - 1)
-        return {"tok_emb.weight": "head.weight"} if getattr(last, "tied_copy", False) else {}
+        return dict([last.tied_names]) if getattr(last, "tied_copy", False) else {}
 
     def forward(self, *args, **kwargs):
         return self.forward_fn(*args, **kwargs)

@@ -29,6 +29,7 @@ from torch import nn
 from framework.checkpoint.storage import readable_by_others, stored_once
 from framework.construction.meta_build import in_sharded_build
 from framework.errors import ConfigError, did_you_mean
+from framework.models.hf_stages import add_pipeline_stages
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -231,10 +232,11 @@ def causal_lm(config: dict | None = None, config_dir: str | None = None, pretrai
 def for_training(model: nn.Module) -> nn.Module:
     """No key/value cache in training forwards: nothing reuses it, and transformers keeps packed
     rows' sequences apart (by their position_ids) only without one. Generation asks for a cache
-    itself (framework/generation/decode.py)."""
+    itself (framework/generation/decode.py). Its layers named for strategy=pipeline
+    (framework/models/hf_stages.py)."""
     if getattr(model, "config", None) is not None and hasattr(model.config, "use_cache"):
         model.config.use_cache = False
-    return model
+    return add_pipeline_stages(model)
 
 
 def from_pretrained(model_class: str, pretrained_model_name_or_path: str, **kwargs) -> nn.Module:

@@ -87,6 +87,7 @@ class PipelineStrategy(ModelParallelStrategy):
         self._part: RankPart | None = None
         self._model_names: set[str] = set()  # the whole model's state-dict names (a checkpoint's, loaded)
         self._tied_across = False  # a tied head on another stage than its embedding (a copy there)
+        self._tied_names: tuple[str, str] | None = None  # (the embedding's name, the head's)
         self._plan: tuple[dict[str, str], str] = ({}, "")  # the tensor-parallel plan, from the whole model
 
     # ---- the mesh -------------------------------------------------------------------------
@@ -231,6 +232,7 @@ class PipelineStrategy(ModelParallelStrategy):
         self._model_names = set(whole.state_dict())
         self._plan = self.plan(whole)  # the whole model's (its class names the source)
         self._tied_across = any(getattr(stage, "tied_copy", False) for stage in stages)
+        self._tied_names = stages[0].tied_names if self._tied_across else None
         self._say(f"{self.name}: {self.describe_mesh(self.world_size)}; layers per stage "
                   + ", ".join(f"{r.start}-{r.stop - 1}" for r in split))
         return RankPart(whole, {i: stages[i] for i in mine}, count)
@@ -352,13 +354,13 @@ class PipelineStrategy(ModelParallelStrategy):
         if self._tied_group is None:  # both on one rank (a V schedule's first rank)
             if not (part.holds_first and part.holds_last):
                 return
-            embedding, head = params["tok_emb.weight"], params["head.weight"]
+            embedding, head = params[self._tied_names[0]], params[self._tied_names[1]]
             if embedding.grad is not None and head.grad is not None:
                 total = embedding.grad + head.grad
                 embedding.grad.copy_(total)
                 head.grad.copy_(total)
             return
-        name = "tok_emb.weight" if part.holds_first else "head.weight" if part.holds_last else None
+        name = self._tied_names[0] if part.holds_first else self._tied_names[1] if part.holds_last else None
         if name is None:
             return
         param = params[name]
@@ -382,7 +384,7 @@ class PipelineStrategy(ModelParallelStrategy):
         if max_norm is None:
             return None
         # the tied head's copy holds the embedding's gradient (summed above): counted once, there
-        skip = {"head.weight"} if self._tied_across and part.holds_last else set()
+        skip = {self._tied_names[1]} if self._tied_across and part.holds_last else set()
         # over this stage's data- and tensor-parallel splits (model_parallel's), then over the stages
         total = global_norm([p.grad for name, p in named if name not in skip], self.root_device)
         if self.mesh_shape(self.world_size)[0] > 1:
@@ -429,7 +431,8 @@ class PipelineStrategy(ModelParallelStrategy):
             if part:
                 state.update({k: v for k, v in part.items() if k not in state})
         if self._tied_across:  # one tensor under both names, as the unsplit model saves it
-            state["head.weight"] = state["tok_emb.weight"]
+            embedding, head = self._tied_names
+            state[head] = state[embedding]
         return state
 
     def optimizer_state_dict(self, model: RankPart, optimizer) -> dict:

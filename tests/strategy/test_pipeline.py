@@ -238,3 +238,58 @@ def test_bf16_autocast_pipelined_gives_one_processs_bf16_numbers(tmp_path):
         torch.testing.assert_close(torch.tensor(metric_values(tmp_path / "pp", key)),
                                    torch.tensor(metric_values(tmp_path / "one", key)), rtol=2e-3, atol=0, msg=key)
     assert metric_values(tmp_path / "pp")[0] == pytest.approx(metric_values(tmp_path / "one")[0], abs=1e-5)  # same start
+
+
+HF_FAMILIES = {  # tiny decoders of each family, dropout off; qwen2 and gpt2 with a tied head
+    "llama": ["model/config=llama", "model.config.hidden_size=32", "model.config.intermediate_size=64",
+              "model.config.num_hidden_layers=4"],
+    "qwen2": ["model/config=qwen2", "model.config.hidden_size=32", "model.config.intermediate_size=64",
+              "model.config.num_hidden_layers=4", "+model.config.tie_word_embeddings=true"],
+    "gpt2": ["model/config=gpt2", "model.config.n_embd=32", "model.config.n_layer=4", "+model.config.resid_pdrop=0",
+             "+model.config.embd_pdrop=0", "+model.config.attn_pdrop=0"],
+}
+HF_LAYOUTS = {"llama": ["strategy.schedule=interleaved_1f1b", "strategy.stages_per_rank=2"],
+              "qwen2": ["strategy.schedule=dualpipev", "strategy.microbatches=4"], "gpt2": []}
+
+
+def test_hugging_face_stages_keep_the_models_names_and_outputs():
+    """Each family's stages in a row compute the model's logits exactly, and a V schedule's first
+    rank (the first and last stages) holds the model's names, the rotary embedding once."""
+    transformers = pytest.importorskip("transformers")
+    from framework.models.hf_stages import add_pipeline_stages
+
+    configs = [transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=64),
+               transformers.Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                                        num_key_value_heads=2, vocab_size=64, tie_word_embeddings=True),
+               transformers.GPT2Config(n_embd=32, n_layer=4, n_head=4, vocab_size=64, n_positions=32, bos_token_id=0,
+                                       eos_token_id=0)]
+    for config in configs:
+        for attention in ("sdpa", "eager"):
+            torch.manual_seed(0)
+            lm = add_pipeline_stages(transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention))
+            ids = torch.randint(0, 64, (2, 16))
+            stages = model_stages(lm.eval(), model_split(lm, 4))
+            x = ids
+            for stage in stages:
+                x = stage(x)
+            assert torch.equal(x, lm(ids).logits), (config.model_type, attention)
+            names = set(RankPart(lm, {0: stages[0], 3: stages[3]}, 4).state_dict())
+            assert {n for n in lm.state_dict() if ".layers.1." not in n and ".h.1." not in n
+                    and ".layers.2." not in n and ".h.2." not in n} == names, config.model_type
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", HF_FAMILIES)
+def test_hugging_face_families_pipelined_give_one_processs_numbers(tmp_path, family):
+    pytest.importorskip("transformers")
+    hf = ["model=hf_causal_lm", *HF_FAMILIES[family], "data.block_size=32", "data.max_bytes=300000",
+          "data.batch_size=8", "data.val_batch_size=32", "trainer.val_batches=2", "trainer.progress_bar=false",
+          "trainer.plot=false", "trainer.max_steps=3", "trainer.log_every=1", "trainer.val_every=3",
+          "trainer.val_at_start=false", "callbacks=[checkpoint]", "trainer.clip_grad_norm=0.5"]
+    run_inprocess([*hf, "strategy=single_device"], tmp_path / "one")
+    run_inprocess([*hf, "strategy=pipeline", "devices=2", *HF_LAYOUTS[family]], tmp_path / "pp")
+    for key in ("train/loss", "train/grad_norm", "val/loss"):
+        torch.testing.assert_close(torch.tensor(metric_values(tmp_path / "pp", key)),
+                                   torch.tensor(metric_values(tmp_path / "one", key)), rtol=1e-5, atol=1e-5, msg=key)
+    _assert_same_weights(checkpoints(tmp_path / "one")[-1], checkpoints(tmp_path / "pp")[-1])
