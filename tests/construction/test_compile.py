@@ -39,8 +39,8 @@ def test_compiled_in_place_whole_or_by_unit_and_names_are_kept(capsys):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [["strategy=single_device"], ["strategy=fsdp", "devices=2"],
-                                   ["strategy=model_parallel", "devices=1"]],
-                         ids=["single", "fsdp", "model_parallel-1"])  # the last: refused by dynamo on an H100 once
+                                   ["strategy=model_parallel", "devices=1"], ["strategy=pipeline", "devices=2"]],
+                         ids=["single", "fsdp", "model_parallel-1", "pipeline"])  # model_parallel-1: refused by dynamo on an H100 once
 def test_compiled_blocks_train_like_eager_ones(tmp_path, world, capfd):
     run_inprocess([*BASE, *world, "trainer.compile=true"], tmp_path / "compiled")
     if "devices=2" not in world:  # a worker's output goes where the launcher's server sends it, not to capfd

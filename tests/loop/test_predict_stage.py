@@ -46,10 +46,11 @@ def test_classifier_rows_are_the_test_split_in_order_and_score_what_the_test_sco
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed_stage_3"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed_stage_3", "pipeline"])
 def test_two_processes_write_the_rows_one_process_writes(digits_run, tmp_path, strategy):
     """Predictions of a one-process run made again at 2 processes under a strategy of each family:
-    the same rows, in the data set's order, merged from the ranks' shares."""
+    the same rows, in the data set's order, merged from the ranks' shares (pipeline: 2 stages, whose last
+    stage's outputs every rank of the pipeline receives, one of them writing)."""
     assert framework_main(["predict", str(digits_run), "-o", str(tmp_path / "one.jsonl")]) == 0
     import subprocess
     import sys

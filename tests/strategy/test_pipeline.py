@@ -106,7 +106,8 @@ BASE = [*TINY_GPT, "model.n_layer=8", f"trainer.max_steps={STEPS}", "trainer.log
 PIPELINES = {  # one stage a rank, looped, V; at 4 processes also FSDP2 within each stage
     "1f1b@2": ["devices=2"],
     "gpipe@2 accumulating": ["devices=2", "strategy.schedule=gpipe", "data.batch_size=4", "trainer.accumulate=2"],
-    "interleaved_1f1b@2": ["devices=2", "strategy.schedule=interleaved_1f1b", "strategy.stages_per_rank=2"],
+    "interleaved_1f1b@2 recomputing": ["devices=2", "strategy.schedule=interleaved_1f1b", "strategy.stages_per_rank=2",
+                                       "trainer.activation_checkpointing=true"],
     "zbv_zero_bubble@2": ["devices=2", "strategy.schedule=zbv_zero_bubble"],
     "dualpipev@2": ["devices=2", "strategy.schedule=dualpipev", "strategy.microbatches=4"],
     "interleaved_zero_bubble@4": ["devices=4", "strategy.schedule=interleaved_zero_bubble",
