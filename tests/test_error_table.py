@@ -155,6 +155,10 @@ CASES = [
                                                                  "and 'output'"),
     (TRAIN + ["data=chat_files", "model.block_size=16"], "longer than data.block_size=16, and no response starts "
                                                          "within the block: nothing in it is left to score"),
+    (TRAIN + ["data=chat_files", "strategy=pipeline", "devices=2"],
+     "passes only activations between its stages; set data.packing=false"),
+    (TRAIN + ["strategy=pipeline", "devices=2", "precision=16"],
+     "precision=16 with strategy=pipeline: its loss scaling multiplies the loss before backward"),
     (FRAMEWORK + ["run", "hf_lora_chat", "data.streaming=true"],
      "data.streaming: no such key. It is a key of data=text_files, not of the data option chosen"),
     (FRAMEWORK + ["run", "hf_lora_chat", "adapter=null"], "adapter: settings (r, alpha) for an adapter that is not "

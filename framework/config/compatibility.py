@@ -278,6 +278,12 @@ RULES: list[Rule] = [
         "precision=bf16 (float32's range: no loss scaling needed) or bf16_true.",
     ),
     Rule(
+        lambda p: p.loop.position_ids and not p.strategy.passes_position_ids,
+        lambda p: f"data packs several samples in a row, kept apart by position_ids, but strategy={_strat(p)} passes "
+        "only activations between its stages; set data.packing=false (one sample a row, padded), or use "
+        "strategy=fsdp.",
+    ),
+    Rule(
         lambda p: p.loop.manual_optimization and not p.strategy.supports_manual_optimization,
         lambda p: f"strategy={_strat(p)} {p.strategy.single_optimizer_reason}, but the task steps its "
         "optimizers itself (manual optimization, e.g. a GAN); use strategy=ddp, "

@@ -22,15 +22,18 @@ class LoopSettings:
     adapter: str | None = None  # adapter=lora: only the adapters' weights train
     compile: bool = False  # torch.compile each unit (framework/construction/compile.py)
     on_nonfinite: str = "stop"  # trainer.on_nonfinite (framework/loop/nonfinite.py)
+    position_ids: bool = False  # the batches carry position_ids (packed rows: several samples a row)
 
 
 def loop_settings(cfg: DictConfig) -> LoopSettings:
     """The loop settings of a resolved config (the task class says whether it steps its optimizers)."""
     task = import_target(cfg.task._target_, "task")
+    data = import_target(cfg.data._target_, "data")
+    packed = bool(getattr(data, "packs_with_position_ids", False) and cfg.data.get("packing", False))
     return LoopSettings(micro_batch_size=cfg.data.get("batch_size", 1), accumulate=cfg.trainer.accumulate,
                         clip_grad_norm=cfg.trainer.clip_grad_norm, clip_grad_value=cfg.trainer.clip_grad_value,
                         manual_optimization=not getattr(task, "automatic_optimization", True),
                         activation_checkpointing=bool(cfg.trainer.get("activation_checkpointing", False)),
                         compile=bool(cfg.trainer.get("compile", False)),
-                        on_nonfinite=str(cfg.trainer.get("on_nonfinite", "stop")),
+                        on_nonfinite=str(cfg.trainer.get("on_nonfinite", "stop")), position_ids=packed,
                         adapter=cfg.adapter._target_.rsplit(".", 1)[-1].lower() if cfg.get("adapter") else None)

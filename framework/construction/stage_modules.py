@@ -46,11 +46,8 @@ class GPTStage(nn.Module):
                 head.weight.requires_grad_(gpt.head.weight.requires_grad)  # frozen under adapters, as its original
                 self.head = head
         self.tied_copy = last and not first and self.head is not gpt.head
-        tied = gpt.head.weight is gpt.tok_emb.weight
         #: (the embedding's name, the head's) where they are tied: the pipeline keeps them equal
-        self.tied_names = ("tok_emb.weight", "head.weight") if tied else None
-        #: the first stage of a model whose tied head sits on another stage (its gradient is summed there)
-        self.tied_elsewhere = first and not last and tied
+        self.tied_names = ("tok_emb.weight", "head.weight") if gpt.head.weight is gpt.tok_emb.weight else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.first:
@@ -65,17 +62,23 @@ class GPTStage(nn.Module):
 
 class SequentialStage(nn.Module):
     """Modules `indices` of a model whose forward is its `pipeline_layers` sequence applied in
-    order (the built-in MLP's `net`), under the model's own names (`net.3.weight`)."""
+    order (the built-in MLP's `net`), under the model's own names (`net.3.weight`; a dotted name
+    such as `body.layers` gets holders of the same names)."""
 
     def __init__(self, model: nn.Module, indices: list[int], first: bool, last: bool):
         super().__init__()
-        self.first, self.last, self.tied_copy, self.tied_elsewhere, self.tied_names = first, last, False, False, None
+        self.first, self.last, self.tied_copy, self.tied_names = first, last, False, None
         self.layers_name = model.pipeline_layers
-        sequence = getattr(model, self.layers_name)
-        self.add_module(self.layers_name, nn.ModuleDict({str(i): sequence[i] for i in indices}))
+        sequence = model.get_submodule(self.layers_name)
+        *holders, name = self.layers_name.split(".")
+        holder: nn.Module = self
+        for part in holders:
+            holder.add_module(part, nn.Module())
+            holder = holder.get_submodule(part)
+        holder.add_module(name, nn.ModuleDict({str(i): sequence[i] for i in indices}))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in getattr(self, self.layers_name).values():
+        for layer in self.get_submodule(self.layers_name).values():
             x = layer(x)
         return x
 

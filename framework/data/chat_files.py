@@ -274,6 +274,10 @@ class ChatFiles(StoredFiles):
             return PackedDocuments(view, self.block_size, self.tokenizer.pad_id)
         return Documents(view, self.block_size)
 
+    #: with packing, its rows carry position_ids (the compatibility table refuses strategies that
+    #: cannot pass them on)
+    packs_with_position_ids = True
+
     def example_batch(self, size: int = 2):
         """A batch of the right shape and keys, without reading the files."""
         ids = torch.zeros(size, self.block_size, dtype=torch.long)

@@ -65,7 +65,6 @@ class DecoderStage(nn.Module):
         embedding_name = next(n for n, p in lm.named_parameters() if p is embedding)
         self.tied_names = (embedding_name, "lm_head.weight") if tied else None
         self.tied_copy = tied and last and not first
-        self.tied_elsewhere = tied and first and not last
         self.sdpa = getattr(lm.config, "_attn_implementation", None) == "sdpa"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -89,6 +89,9 @@ class Strategy:
     #: whether a precision's loss scaling (precision=16's GradScaler) can scale its backward (False
     #: where a schedule runs the backward inside its own step: pipeline stages)
     supports_loss_scaling: bool = True
+    #: whether a batch's position_ids (packed rows: several samples a row) reach the model (False
+    #: where stages pass one tensor between them: pipeline stages)
+    passes_position_ids: bool = True
     #: why it cannot run a task that steps its optimizers itself (where supports_manual_optimization
     #: is False), as the refusal says it
     single_optimizer_reason: str = "drives one optimizer through its own engine"

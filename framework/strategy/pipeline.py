@@ -42,6 +42,14 @@ from framework.strategy.pipelining.schedules import (
     stage_ids,
     stages_per_rank,
 )
+from framework.strategy.pipelining.state import (
+    loading_error,
+    merge_model_states,
+    merge_optimizer_states,
+    optimizer_state_for,
+    without_copies,
+)
+from framework.strategy.pipelining.tied import sum_tied_gradients, tied_group
 from framework.tensors import write_part
 
 MESH_DIMS = ("pipeline", "data_parallel", "tensor_parallel")
@@ -57,6 +65,7 @@ class PipelineStrategy(ModelParallelStrategy):
     supports_manual_optimization = False
     single_optimizer_reason = "runs one loss's backward through its stages inside its schedule"
     supports_loss_scaling = False  # the schedule calls backward itself, on the loss it computed
+    passes_position_ids = False  # a stage passes its activations alone to the next
     supports_sharded_state = False  # each stage's state gathered whole (names stable across stage counts)
 
     def __init__(self, *args, pipeline_parallel_size: PositiveInt | Literal["auto"] = "auto",
@@ -281,19 +290,11 @@ class PipelineStrategy(ModelParallelStrategy):
         replay(log, write)
 
     def _make_tied_group(self):
-        """The process groups of the first and last stages' ranks at each data- and tensor-parallel
-        place (every rank creates all of them, as new_group requires); this rank's, or None where
-        one rank holds both stages or the head is not tied."""
-        if not self._tied_across or self._owners()[0] == self._owners()[-1]:
+        """This rank's group of a pipeline's first and last stage ranks (a tied head), or None."""
+        if not self._tied_across:
             return None
         pp, dp, tp = self.mesh_shape(self.world_size)
-        mine = None
-        for inner in range(dp * tp):
-            ranks = [inner, (pp - 1) * dp * tp + inner]  # stage 0 on pipeline rank 0; the last stage on the last
-            group = dist.new_group(ranks)
-            if self.global_rank in ranks:
-                mine = group
-        return mine
+        return tied_group(self._owners(), pp, dp * tp, self.global_rank)
 
     # ---- training: a schedule per batch shape ---------------------------------------------
     def _loss(self, outputs, targets) -> torch.Tensor:
@@ -346,34 +347,12 @@ class PipelineStrategy(ModelParallelStrategy):
         return nullcontext()
 
     # ---- gradients: the tied head's copy, the norm over every stage ---------------------------
-    def _sum_tied(self, part: RankPart) -> None:
-        """The tied head's copy and the embedding each get the sum of both gradients."""
-        if not self._tied_across:
-            return
-        params = dict(part.named_parameters(remove_duplicate=False))
-        if self._tied_group is None:  # both on one rank (a V schedule's first rank)
-            if not (part.holds_first and part.holds_last):
-                return
-            embedding, head = params[self._tied_names[0]], params[self._tied_names[1]]
-            if embedding.grad is not None and head.grad is not None:
-                total = embedding.grad + head.grad
-                embedding.grad.copy_(total)
-                head.grad.copy_(total)
-            return
-        name = self._tied_names[0] if part.holds_first else self._tied_names[1] if part.holds_last else None
-        if name is None:
-            return
-        param = params[name]
-        if param.grad is None:
-            param.grad = torch.zeros_like(param)
-        grad = param.grad
-        dist.all_reduce(grad.to_local() if hasattr(grad, "to_local") else grad, group=self._tied_group)
-
     def clip_gradients(self, model, optimizer, max_norm=None, max_value=None, parameters=None):
         """The tied head's gradient summed with its embedding's first; the norm over every stage
         (each parameter counted once: a tied copy not twice)."""
         part = model
-        self._sum_tied(part)
+        if self._tied_across:
+            sum_tied_gradients(part, self._tied_names, self._tied_group)
         if max_norm is None and max_value is None:
             return None
         named = [(n, p) for n, p in part.named_parameters() if p.grad is not None]
@@ -424,16 +403,7 @@ class PipelineStrategy(ModelParallelStrategy):
         own = get_model_state_dict(model, options=StateDictOptions(full_state_dict=False))
         own = {name: whole_tensor(value) for name, value in own.items()}  # collective over the stage's ranks
         gathered = self._pipeline_gather(own)
-        if not isinstance(gathered, list):
-            return gathered
-        state: dict = {}
-        for part in gathered:
-            if part:
-                state.update({k: v for k, v in part.items() if k not in state})
-        if self._tied_across:  # one tensor under both names, as the unsplit model saves it
-            embedding, head = self._tied_names
-            state[head] = state[embedding]
-        return state
+        return merge_model_states(gathered, self._tied_names) if isinstance(gathered, list) else gathered
 
     def optimizer_state_dict(self, model: RankPart, optimizer) -> dict:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
@@ -442,24 +412,8 @@ class PipelineStrategy(ModelParallelStrategy):
         own = {"state": {name: {key: whole_tensor(value) for key, value in entry.items()}
                          for name, entry in own["state"].items()},
                "param_groups": own["param_groups"]}
-        copies = set(model.tied_copies().values())
-        own["state"] = {k: v for k, v in own["state"].items() if k not in copies}
-        for group in own["param_groups"]:
-            group["params"] = [k for k in group["params"] if k not in copies]
-        gathered = self._pipeline_gather(own)
-        if not isinstance(gathered, list):
-            return gathered
-        merged: dict = {"state": {}, "param_groups": []}
-        for part in gathered:
-            if not part:
-                continue
-            merged["state"].update(part["state"])
-            for index, group in enumerate(part["param_groups"]):
-                if index == len(merged["param_groups"]):
-                    merged["param_groups"].append({**group, "params": []})
-                merged["param_groups"][index]["params"] += [k for k in group["params"]
-                                                            if k not in merged["param_groups"][index]["params"]]
-        return merged
+        gathered = self._pipeline_gather(without_copies(own, set(model.tied_copies().values())))
+        return merge_optimizer_states(gathered) if isinstance(gathered, list) else gathered
 
     def load_model_state_dict(self, model: RankPart, state: dict) -> None:
         own = dict(model.state_dict())
@@ -471,10 +425,7 @@ class PipelineStrategy(ModelParallelStrategy):
             missing = sorted({name for names in everyone for name in names})
         unexpected = sorted(set(state) - self._model_names)
         if missing or unexpected:
-            # the loaders' own wording (framework/checkpoint/weights.py load_error_summary reads it)
-            raise RuntimeError("Error(s) in loading state_dict for the pipeline's stages:"
-                               + (f"\n\tMissing key(s) in state_dict: {_quoted(missing)}." if missing else "")
-                               + (f"\n\tUnexpected key(s) in state_dict: {_quoted(unexpected)}." if unexpected else ""))
+            raise RuntimeError(loading_error(missing, unexpected))
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
         mine = {name: state[name] for name in own if name in state}
@@ -486,18 +437,7 @@ class PipelineStrategy(ModelParallelStrategy):
     def load_optimizer_state_dict(self, model: RankPart, optimizer, state: dict) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-        names = {name for name, _ in model.named_parameters()}
-        copies = model.tied_copies()
-        entries = dict(state["state"])
-        for source, copy in copies.items():
-            if copy in names and source in entries:
-                # its own tensors: the optimizer updates a parameter's state in place
-                entries[copy] = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in entries[source].items()}
-        mine = {"state": {k: v for k, v in entries.items() if k in names},
-                "param_groups": [{**group, "params": [k for k in [*group["params"], *(c for s, c in copies.items()
-                                                                                    if s in group["params"])]
-                                                      if k in names]}
-                                 for group in state["param_groups"]]}
+        mine = optimizer_state_for(state, {name for name, _ in model.named_parameters()}, model.tied_copies())
         set_optimizer_state_dict(model, optimizer, copy_structure(mine),
                                  options=StateDictOptions(full_state_dict=True))
         for name, entry in self._fused_state(model, optimizer).items():
@@ -505,6 +445,3 @@ class PipelineStrategy(ModelParallelStrategy):
                 if key != "param" and key in mine["state"].get(name, {}):
                     write_part(mine["state"][name][key], tensor)
 
-
-def _quoted(names: list[str]) -> str:
-    return ", ".join(f'"{name}"' for name in names)

@@ -88,6 +88,32 @@ def test_the_ranks_parts_together_are_the_models_state_dict():
     assert {"tok_emb.weight", "head.weight", "blocks.0.ln1.weight", "blocks.3.ln1.weight"} <= set(v.state_dict())
 
 
+def test_a_model_of_its_own_is_cut_where_its_pipeline_layers_say():
+    """A user's model: `pipeline_layers` naming a nested sequence; its stages in a row compute the
+    model, under its own names."""
+
+    class Deep(torch.nn.Module):
+        pipeline_layers = "body.layers"
+
+        def __init__(self):
+            super().__init__()
+            self.body = torch.nn.Module()
+            self.body.layers = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8),
+                                                   torch.nn.Linear(8, 2))
+
+        def forward(self, x):
+            return self.body.layers(x)
+
+    model, x = Deep(), torch.randn(3, 4)
+    stages = model_stages(model, model_split(model, 2))
+    assert [list(s.get_submodule("body.layers")) for s in stages] == [["0", "1"], ["2", "3"]]  # the ReLU with its Linear
+    out = x
+    for stage in stages:
+        out = stage(out)
+    assert torch.equal(out, model(x))
+    assert set(RankPart(model, dict(enumerate(stages)), 2).state_dict()) == set(model.state_dict())
+
+
 def test_plan_shows_each_stage_and_the_schedules_bubble():
     gpt = GPT(vocab_size=256, n_layer=4, n_embd=32, n_head=2)
     lines = _strategy(schedule="gpipe", microbatches=4).describe_layout(2, gpt)
