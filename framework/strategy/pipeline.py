@@ -27,12 +27,12 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from framework.config.types import PositiveInt
 from framework.construction import tensor_parallel
-from framework.construction.meta_init import build_on_meta, replay
+from framework.construction.meta_init import replay
 from framework.construction.named_state import strict_load
 from framework.construction.stage_modules import RankPart, model_split, model_stages
 from framework.construction.tied import retie, tied_parameters
 from framework.errors import ConfigError
-from framework.strategy.base import DataParallel, copy_structure, with_adapter
+from framework.strategy.base import DataParallel, copy_structure
 from framework.strategy.model_parallel import ModelParallelStrategy, global_norm, whole_tensor
 from framework.strategy.pipelining import forward
 from framework.strategy.pipelining.schedules import (
@@ -223,16 +223,9 @@ class PipelineStrategy(ModelParallelStrategy):
 
     # ---- building: the whole model on meta, this rank's stages materialised -----------------
     def build_model(self, factory, adapter=None):
-        if self.meta_init:
-            whole, log = build_on_meta(lambda: with_adapter(factory(), adapter))
-            if log.problem:
-                self._say(f"{self.name}: building {type(whole).__name__} whole on every rank before keeping its "
-                          f"stages: {log.problem}")
-                whole = with_adapter(factory(), adapter)
-            else:
-                self._init_log = log
-        else:
-            whole = with_adapter(factory(), adapter)
+        """The whole model as fsdp builds it (on the meta device, its initialisation recorded), cut
+        into stages; this rank keeps its own (materialised in `wrap_model`)."""
+        whole = super().build_model(factory, adapter)
         count = self.stage_count(self.world_size)
         split = model_split(whole, count, self.layers_per_stage)
         pp = self.mesh_shape(self.world_size)[0]
