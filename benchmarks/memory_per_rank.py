@@ -14,6 +14,8 @@ Parts (each writes benchmarks/results/memory_<part>.md):
 - `largest`: the most layers (n_embd 768) that train 5 steps with each worker process capped at
   2.5 GiB (a cgroup of its own; pages it shares with the process it was forked from are not its
   own), per strategy, at 2 and 4 processes; in steps of 8 layers, then 4 past the last that fits.
+  Besides strategy names, the cases of LARGEST_CASES (pipeline stages: `--strategies
+  fsdp,pipeline,pipeline_x_fsdp --devices 4`); the last column is against the first strategy.
 
     .venv/bin/python benchmarks/memory_per_rank.py [peaks|cap|largest ...] [--strategies ddp,fsdp]
                                                          (as root; tens of minutes)
@@ -117,8 +119,11 @@ def cap(workdir: Path, strategies=("ddp", "fsdp", "deepspeed_stage_3")) -> None:
     publish("memory_cap" + SUBSET_SUFFIX, lines)
 
 
-# what a strategy needs beyond its name in the `largest` part (model_parallel: the 2-D mesh of the mesh part)
-LARGEST_EXTRA = {"model_parallel": ["strategy.tensor_parallel_size=2", "strategy.sequence_parallel=true"]}
+# the `largest` part's cases beyond a strategy's name: {label: (strategy, its keys)} (model_parallel:
+# the 2-D mesh of the mesh part; pipeline: a stage per rank; pipeline_x_fsdp: 2 stages x FSDP2 over the rest)
+LARGEST_CASES = {"model_parallel": ("model_parallel", ["strategy.tensor_parallel_size=2", "strategy.sequence_parallel=true"]),
+                 "pipeline": ("pipeline", []),
+                 "pipeline_x_fsdp": ("pipeline", ["strategy.pipeline_parallel_size=2"])}
 
 
 def largest(workdir: Path, strategies=("ddp", "fsdp", "deepspeed_stage_3"), devices=(2, 4),
@@ -128,17 +133,19 @@ def largest(workdir: Path, strategies=("ddp", "fsdp", "deepspeed_stage_3"), devi
     lines = [f"GPT, n_embd 768, fp32, batch 4 x 128 tokens: the most layers that train 5 steps with each worker "
              f"process capped at {per_process / GiB:.1f} GiB (a cgroup of its own; tried {layers}, then 4 more "
              "than the last that trained). Worker peak: the most any worker's group used in that run.", "",
-             "| N | strategy | most layers | parameters | worker peak (MiB) | vs ddp |", "|---|---|---|---|---|---|"]
+             f"| N | strategy | most layers | parameters | worker peak (MiB) | vs {strategies[0]} |",
+             "|---|---|---|---|---|---|"]
 
-    def fits(strategy: str, n: int, n_layer: int) -> dict | None:
+    def fits(label: str, n: int, n_layer: int) -> dict | None:
         model = [f"model.n_layer={n_layer}", "model.n_embd=768", "model.n_head=12"]
-        row = train(workdir, strategy, n, model, LARGEST_EXTRA.get(strategy, []), worker_cap=per_process, steps=5)
+        strategy, extra = LARGEST_CASES.get(label, (label, []))
+        row = train(workdir, strategy, n, model, extra, worker_cap=per_process, steps=5)
         if row["ok"] and len(row["worker_peaks"]) != n:
             sys.exit(f"memory_per_rank: {len(row['worker_peaks'])} worker groups for {n} workers")
         return row if row["ok"] else None
 
     for n in devices:
-        best_ddp = None
+        best_first = None  # the first strategy's: the reference of the last column
         for strategy in strategies:
             best, best_row, tried = 0, None, set()
             for n_layer in layers:
@@ -152,8 +159,8 @@ def largest(workdir: Path, strategies=("ddp", "fsdp", "deepspeed_stage_3"), devi
                 if row is not None:
                     best, best_row = best + 4, row
             params = best * 7_087_872 + 295_680 if best else 0
-            best_ddp = best if strategy == "ddp" else best_ddp
-            ratio = f"{best / best_ddp:.1f}x" if best_ddp else ""
+            best_first = best if strategy == strategies[0] else best_first
+            ratio = f"{best / best_first:.2f}x" if best_first else ""
             peak = f"{max(best_row['worker_peaks']) / MiB:.0f}" if best_row else ""
             lines.append(f"| {n} | {strategy} | {best} | {params / 1e6:.0f}M | {peak} | {ratio} |")
             print(lines[-1], flush=True)

@@ -33,8 +33,9 @@ from framework.construction.stage_modules import RankPart, model_split, model_st
 from framework.construction.tied import retie, tied_parameters
 from framework.errors import ConfigError
 from framework.strategy.base import DataParallel, copy_structure
-from framework.strategy.model_parallel import ModelParallelStrategy, global_norm, whole_tensor
+from framework.strategy.fsdp_tensor_parallel import FSDPTensorParallelStrategy, global_norm, whole_tensor
 from framework.strategy.pipelining import forward
+from framework.strategy.pipelining.mesh import mesh_sizes
 from framework.strategy.pipelining.schedules import (
     SCHEDULES,
     bubble_fraction,
@@ -55,7 +56,7 @@ from framework.tensors import write_part
 MESH_DIMS = ("pipeline", "data_parallel", "tensor_parallel")
 
 
-class PipelineStrategy(ModelParallelStrategy):
+class PipelineStrategy(FSDPTensorParallelStrategy):
     """Pipeline stages over `pipeline_parallel_size` ranks x FSDP2 over the data-parallel ranks x
     tensor parallelism within each stage (torchtitan's PP x FSDP x TP; tensor_parallel_size 1 by
     default). The loop talks to it as to fsdp, except that each micro-batch's forward and backward
@@ -71,18 +72,22 @@ class PipelineStrategy(ModelParallelStrategy):
     def __init__(self, *args, pipeline_parallel_size: PositiveInt | Literal["auto"] = "auto",
                  schedule: str = "1f1b", microbatches: PositiveInt | Literal["auto"] = "auto",
                  stages_per_rank: PositiveInt = 1, layers_per_stage: list[int] | None = None,
-                 tensor_parallel_size: PositiveInt = 1, tp_plan: dict[str, str] | None = None, **kwargs):
+                 tensor_parallel_size: PositiveInt | Literal["auto"] = 1,
+                 data_parallel_size: PositiveInt | Literal["auto"] = "auto", tp_plan: dict[str, str] | None = None,
+                 **kwargs):
         """pipeline_parallel_size: ranks a batch passes through, one stage group each ('auto': every
         rank); schedule: gpipe, 1f1b, interleaved_1f1b, looped_bfs, interleaved_zero_bubble,
         zbv_zero_bubble or dualpipev; microbatches: pieces each rank's batch is cut into ('auto':
         the pipeline's stage count, the least 1F1B takes); stages_per_rank: stages each rank holds
         under the interleaved schedules (the V schedules: 2); layers_per_stage: how many
         consecutive layers each stage holds (null: balanced by parameters); tensor_parallel_size:
-        ranks that split each stage's layers (1: none), by the model's plan or tp_plan (as under
-        strategy=model_parallel). The fsdp keys apply to the data-parallel sharding of each stage."""
-        super().__init__(*args, tensor_parallel_size=tensor_parallel_size, data_parallel_size="auto",
+        ranks that split each stage's layers (1: none; 'auto': the devices of one node that the ranks
+        over pipeline_parallel_size x data_parallel_size allow), by the model's plan or tp_plan (as
+        under strategy=model_parallel); data_parallel_size: groups that read different batches
+        ('auto': the ranks the other two leave). The fsdp keys apply to the data-parallel sharding
+        of each stage."""
+        super().__init__(*args, tensor_parallel_size=tensor_parallel_size, data_parallel_size=data_parallel_size,
                          sequence_parallel=False, tp_plan=tp_plan, **kwargs)
-        self.splits_layers = int(tensor_parallel_size) > 1  # the compatibility table reads it (adapters)
         self.pipeline_parallel_size = pipeline_parallel_size
         self.schedule = schedule
         self.microbatches_setting = microbatches
@@ -101,18 +106,17 @@ class PipelineStrategy(ModelParallelStrategy):
 
     # ---- the mesh -------------------------------------------------------------------------
     def mesh_shape(self, world_size: int) -> tuple[int, int, int]:
-        """(pipeline, data-parallel, tensor-parallel sizes) for `world_size` ranks."""
-        tp = int(self.tensor_parallel_size)
-        pp = world_size // tp if self.pipeline_parallel_size == "auto" else int(self.pipeline_parallel_size)
-        if tp < 1 or world_size % tp:
-            raise ConfigError(f"strategy.tensor_parallel_size={tp} does not divide the {world_size} ranks (devices x "
-                              "num_nodes); choose a size that divides them.")
-        if pp < 1 or world_size % (pp * tp):
-            raise ConfigError(f"strategy.pipeline_parallel_size={self.pipeline_parallel_size}"
-                              + (f" x strategy.tensor_parallel_size={tp}" if tp > 1 else "")
-                              + f" does not divide the {world_size} ranks (devices x num_nodes); choose a size that "
-                              "divides them (the rest become data-parallel groups).")
-        return pp, world_size // (pp * tp), tp
+        """(pipeline, data-parallel, tensor-parallel sizes) for `world_size` ranks, 'auto' resolved."""
+        return mesh_sizes(world_size, self.devices, self.pipeline_parallel_size, self.data_parallel_size_setting,
+                          self.tensor_parallel_size)
+
+    @property
+    def splits_layers(self) -> bool:
+        """Tensor parallelism within the stages (the compatibility table reads it: adapters)."""
+        try:
+            return self.mesh_shape(self._planned_world())[2] > 1
+        except ConfigError:  # reported by problems()
+            return self.tensor_parallel_size not in (1, "auto")
 
     @property
     def per_rank(self) -> int:

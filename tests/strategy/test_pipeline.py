@@ -5,6 +5,8 @@ weights of one process at the same global batch; checkpoints that resume across 
 strategies (both ways); the classifier; scoring a pipelined run's checkpoint."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -12,6 +14,7 @@ from framework.construction.stage_modules import RankPart, layer_groups, model_s
 from framework.errors import ConfigError, ExitCode, RunExit
 from framework.models.gpt import GPT
 from framework.models.mlp import MLP
+from framework.strategy.model_parallel import ModelParallelStrategy
 from framework.strategy.pipeline import PipelineStrategy
 from tests.conftest import (
     DIGITS,
@@ -48,6 +51,35 @@ def test_mesh_and_microbatches_resolve_auto():
         _strategy(pipeline_parallel_size=3).mesh_shape(4)
     with pytest.raises(ConfigError, match=r"pipeline_parallel_size=2 x strategy.tensor_parallel_size=2 does not divide the 6"):
         _strategy(pipeline_parallel_size=2, tensor_parallel_size=2).mesh_shape(6)
+    with pytest.raises(ConfigError, match=r"2 x strategy.data_parallel_size=3 x strategy.tensor_parallel_size=1 is 6 ranks"):
+        _strategy(pipeline_parallel_size=2, data_parallel_size=3).mesh_shape(4)
+
+
+@pytest.mark.parametrize("settings,devices,world,shape", [
+    ({"pipeline_parallel_size": 2}, 4, 4, (2, 1, 2)),  # tensor auto: the node's devices the stages leave
+    ({"pipeline_parallel_size": 2, "tensor_parallel_size": 1}, 4, 4, (2, 2, 1)),
+    ({"pipeline_parallel_size": 2, "data_parallel_size": 2}, 4, 4, (2, 2, 1)),
+    ({"pipeline_parallel_size": 2}, 4, 16, (2, 2, 4)),  # 2 nodes of 4: tensor within a node
+    ({"pipeline_parallel_size": 4}, 8, 8, (4, 1, 2)),
+])
+def test_model_parallel_with_stages_is_the_pipeline_on_a_3d_mesh(settings, devices, world, shape):
+    """strategy=model_parallel strategy.pipeline_parallel_size=N builds strategy=pipeline's strategy
+    from model_parallel's keys; without stages it stays the 2-D mesh."""
+    strategy = ModelParallelStrategy(**settings)
+    assert type(strategy) is PipelineStrategy
+    strategy.devices = devices
+    assert strategy.mesh_shape(world) == shape and strategy.splits_layers == (shape[2] > 1)
+    assert type(ModelParallelStrategy(tensor_parallel_size=2)) is ModelParallelStrategy
+
+
+@pytest.mark.parametrize("settings,fragment", [
+    ({"schedule": "gpipe"}, "strategy.schedule=gpipe sets the pipeline, but strategy.pipeline_parallel_size is 1"),
+    ({"microbatches": 4}, "or drop strategy.microbatches"),
+    ({"pipeline_parallel_size": 2, "sequence_parallel": True}, "set strategy.sequence_parallel=false"),
+])
+def test_model_parallel_refuses_pipeline_keys_without_stages_and_sequence_parallel_with_them(settings, fragment):
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        ModelParallelStrategy(**settings)
 
 
 @pytest.mark.parametrize("settings,model,fragment", [
@@ -139,7 +171,8 @@ PIPELINES = {  # one stage a rank, looped, V; at 4 processes also FSDP2 within e
     "interleaved_zero_bubble@4": ["devices=4", "strategy.schedule=interleaved_zero_bubble",
                                   "strategy.stages_per_rank=2"],
     "1f1b@2xfsdp@2": ["devices=4", "strategy.pipeline_parallel_size=2", "data.batch_size=4", "checkpoint_io=dcp"],
-    "1f1b@2xtp@2": ["devices=4", "strategy.tensor_parallel_size=2", "checkpoint_io=dcp"],  # pipeline x data x tensor: 2x1x2
+    # pipeline x data x tensor 2x1x2, spelled as model_parallel with stages (tensor_parallel_size auto: 2)
+    "1f1b@2xtp@2": ["strategy=model_parallel", "devices=4", "strategy.pipeline_parallel_size=2", "checkpoint_io=dcp"],
 }
 
 
@@ -150,7 +183,8 @@ def runs(tmp_path_factory):
     run_inprocess([*BASE, "strategy=single_device"], out["one"])
     for name, settings in PIPELINES.items():
         out[name] = root / name.replace("@", "_at_").replace(" ", "_")
-        run_inprocess([*BASE, "strategy=pipeline", *settings], out[name])
+        chosen = [] if settings[0].startswith("strategy=") else ["strategy=pipeline"]
+        run_inprocess([*BASE, *chosen, *settings], out[name])
     return out
 
 
