@@ -1,4 +1,4 @@
-"""Build the five plugin objects from a config and compose them into the strategy."""
+"""Build the plugin objects from a config and compose the first five into the strategy."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,6 +15,7 @@ class Plugins:
     checkpoint_io: object
     cluster: object
     strategy: object
+    fault_tolerance: object
 
 
 def build_plugins(cfg: DictConfig) -> Plugins:
@@ -26,9 +27,11 @@ def build_plugins(cfg: DictConfig) -> Plugins:
     cluster = build(cfg.cluster, "cluster")
     strategy = build(cfg.strategy, "strategy", accelerator=accelerator, precision=precision,
                      checkpoint_io=checkpoint_io, cluster=cluster)
+    fault_tolerance = build(cfg.fault_tolerance, "fault_tolerance")
+    strategy.replica_share = (fault_tolerance.replica_groups, fault_tolerance.group)
     try:
         strategy.devices = accelerator.resolve_devices(cfg.get("devices", 1))
         strategy.num_nodes = int(cfg.get("num_nodes", 1))
     except (TypeError, ValueError):
         pass  # a bad `devices` value is reported by the checks that read it
-    return Plugins(accelerator, precision, checkpoint_io, cluster, strategy)
+    return Plugins(accelerator, precision, checkpoint_io, cluster, strategy, fault_tolerance)

@@ -11,11 +11,12 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from framework.exits import hydra_output_dir, leave_on_failure
+from framework.launch.replica_groups import launches_groups, supervise
 from framework.loop.nonfinite import Diverged
 from framework.loop.preemption import Preempted
 from framework.loop.state import Stage
 from framework.plotting.at_end import run_figures
-from framework.preflight import Prepared
+from framework.preflight import Prepared, prepare
 from framework.reproduce import write_recipe
 from framework.stages import launch_stage, record_test
 from framework.summary import run_summary, write_summary
@@ -43,10 +44,27 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> float | None:
         return fit(cfg, output_dir)
 
 
+def fit_replica_groups(cfg: DictConfig, output_dir: Path) -> float | None:
+    """fault_tolerance=torchft started here: every refusal first, then a lighthouse and every replica
+    group (framework/launch/replica_groups.py); the run directory's summary gathers theirs. The
+    objective: the first group's."""
+    prepared = prepare(cfg, stage=Stage("fit"))
+    output_dir.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    groups = supervise(prepared.plugins.fault_tolerance, sys.argv, output_dir, lambda line: print(line, flush=True))
+    first = groups["replica_groups"][0]
+    objective_name = prepared.resolved.trainer.objective
+    write_summary(output_dir, run_summary(prepared.resolved.name, "completed", objective_name, first.get("objective_value"),
+                                          run_overrides(), time.time() - started, **groups))
+    return first.get("objective_value")
+
+
 def fit(cfg: DictConfig, output_dir) -> float | None:
     """The fit stage: launch, then the run directory's results; the objective (None when it was
     never logged, or the run diverged: its summary says so and Diverged is raised)."""
     output_dir = Path(output_dir) if output_dir else hydra_output_dir(cfg.name)
+    if launches_groups(cfg):
+        return fit_replica_groups(cfg, output_dir)
 
     def write_config(prepared: Prepared, writer: bool) -> None:
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -80,6 +98,8 @@ def fit(cfg: DictConfig, output_dir) -> float | None:
             "policy": diverged.policy, "last_finite_checkpoint": diverged.last_finite_checkpoint})
         write_summary(output_dir, summary)
         raise Diverged(diverged)
+    if result.replicas is not None:  # fault_tolerance=torchft: this group's heals and final weights' digest
+        summary["replicas"] = result.replicas
     if result.tested is not None:
         summary["test"] = record_test(result.tested, output_dir, prepared, launched.started_at)
     write_summary(output_dir, summary)

@@ -3,6 +3,7 @@ batch or a state, and a rank's part of a whole tensor laid out as a DTensor is (
 imports nothing of the framework)."""
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Callable
 
 import torch
@@ -65,3 +66,17 @@ def write_part(whole: torch.Tensor, target: torch.Tensor) -> None:
     """Copy this rank's part of `whole` into `target` (a DTensor's local part, or a plain tensor)."""
     with torch.no_grad():
         (target.to_local() if hasattr(target, "to_local") else target).copy_(local_part(whole, target))
+
+
+def weights_digest(state: dict) -> str:
+    """sha256 over a state dict's names and tensor bytes, in name order: equal exactly when every
+    tensor is bit-equal (replica groups' final weights, compared in their summary.json)."""
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        value = state[name]
+        digest.update(name.encode())
+        if isinstance(value, torch.Tensor):
+            flat = value.detach().cpu().contiguous().reshape(-1)
+            digest.update(str(value.dtype).encode())
+            digest.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+    return digest.hexdigest()

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -37,6 +38,7 @@ from framework.loop.state import FitResult, Stage
 from framework.models.build import build_model
 from framework.plugins import build_plugins
 from framework.tasks.manual import ManualOptimization, optimizer_set_factory
+from framework.tensors import weights_digest
 
 SCHEDULER_INTERVALS = ("step", "epoch")
 
@@ -169,12 +171,19 @@ def _fit(cfg, config: dict, plugins, output_dir: Path, stage: Stage) -> FitResul
                 "accelerator": plugins.accelerator.name, "checkpoint_io": strategy.checkpoint_io.name, "config": config}
     signals = list(dict.fromkeys([*cfg.trainer.preemption_signals, *plugins.cluster.preemption_signals()]))
     preemption = PreemptionWatcher(signals)
-    loop = FitLoop(Training(strategy, task, model, optimizer, scheduler, interval, manual),
+    replicas = plugins.fault_tolerance
+    loop = FitLoop(Training(strategy, task, model, optimizer, scheduler, interval, manual, replicas),
                    Loaders(train_loader, val_loader, test_loader), cfg.trainer,
                    RunContext(output_dir, run_meta, callbacks, loggers, preemption, *data_identity))
     try:
-        return loop.fit(resume_path(cfg, output_dir, loop.say, restarted=plugins.cluster.restarted))
+        result = loop.fit(resume_path(cfg, output_dir, loop.say, restarted=plugins.cluster.restarted))
+        record = replicas.record()
+        if record is not None:  # what summary.json says of the group: a user compares the digests
+            result.replicas = {**asdict(record), "final_step": loop.state.step,
+                               "weights_sha256": weights_digest(strategy.unwrap(model).state_dict())}
+        return result
     finally:
+        replicas.leave()
         preemption.restore()
 
 

@@ -31,6 +31,7 @@ FLOORS = {
     "framework.config": 2,
     "framework.registry": 3, "framework.sweep_record": 3, "framework.results": 3,
     "framework.accelerator": 4, "framework.precision": 4, "framework.checkpoint_io": 4, "framework.cluster": 4,
+    "framework.fault_tolerance": 4,
     "framework.construction": 5,
     "framework.strategy": 6,
     "framework.plugins": 7, "framework.data": 7, "framework.scheduler": 7, "framework.reproduce": 7,
@@ -55,7 +56,7 @@ HEAVY = (
     # optional extras (pyproject.toml): not installed everywhere
     "deepspeed", "pydantic", "fairscale", "tensorboard", "torch.utils.tensorboard", "mlflow", "transformers",
     "huggingface_hub", "datasets", "pyarrow", "tokenizers", "safetensors", "matplotlib", "bitsandbytes", "torch_xla",
-    "transformer_engine", "peft", "wandb", "mpi4py", "torchmetrics", "zstandard",
+    "transformer_engine", "peft", "wandb", "mpi4py", "torchmetrics", "zstandard", "torchft",
     # parts of the core stack that cost a noticeable share of start-up, measured with torch loaded
     "torch.distributed.checkpoint",  # 0.42 s
     "torch.distributed.fsdp",  # 0.36 s

@@ -13,6 +13,7 @@
     framework convert CKPT --to torch OUT.pt    model weights as a plain state_dict (or safetensors)
     framework convert DS_DIR --from deepspeed OUT_DIR   a DeepSpeed native checkpoint, imported
     framework plot DIR [DIR...]           PNG figures of runs (overlaid) or of a sweep
+    framework lighthouse [--port P]       a torchft lighthouse for replica groups started separately
     framework version                     framework, torch and Python versions
 """
 from __future__ import annotations
@@ -53,6 +54,8 @@ PASS_THROUGH = {
     "convert": ("export a checkpoint's weights, or import a DeepSpeed checkpoint: "
                 "`framework convert CKPT OUT [--to torch|safetensors] [--from framework|deepspeed]`", "convert", "main"),
     "plot": ("PNG figures of runs (overlaid) or of a sweep: `framework plot DIR [DIR...] [-o FILE]`", "plot", "main"),
+    "lighthouse": ("a torchft lighthouse for replica groups started separately (fault_tolerance=torchft): "
+                   "`framework lighthouse [--port P] [--min-replicas N]`", "lighthouse", "main"),
 }
 
 
@@ -64,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_parser(name, help=help_text, add_help=False)
     sub.add_parser("version", help="print framework, torch and Python versions")
     if argv[:1] and argv[0] in PASS_THROUGH:
-        if argv[1:2] in (["-h"], ["--help"]) and argv[0] not in ("train", "run", "convert", "plot", "test", "generate", "predict"):
+        if argv[1:2] in (["-h"], ["--help"]) and argv[0] not in ("train", "run", "convert", "plot", "test", "generate", "predict",
+                                                           "lighthouse"):
             print(f"framework {argv[0]}: {PASS_THROUGH[argv[0]][0]}")
             return ExitCode.OK
         _, module, function = PASS_THROUGH[argv[0]]

@@ -35,6 +35,7 @@ class Plan:
     devices: int
     num_nodes: int
     loop: LoopSettings = field(default_factory=LoopSettings)
+    fault_tolerance: object = None  # the option's object (framework/fault_tolerance); None: none
 
     @property
     def world_size(self) -> int:
@@ -52,6 +53,11 @@ class Rule:
     applies: Callable[[Plan], bool]
     message: Callable[[Plan], str]
     level: str = "refuse"  # or "warn"
+
+
+def _ft_strategies(p: Plan) -> tuple[str, ...] | None:
+    """The strategies the fault_tolerance option's replica groups can be (None: any; no groups)."""
+    return getattr(p.fault_tolerance, "strategies", None)
 
 
 def _acc(p: Plan) -> str:
@@ -282,6 +288,18 @@ RULES: list[Rule] = [
         lambda p: f"data packs several samples in a row, kept apart by position_ids, but strategy={_strat(p)} passes "
         "only activations between its stages; set data.packing=false (one sample a row, padded), or use "
         "strategy=fsdp.",
+    ),
+    Rule(
+        lambda p: _ft_strategies(p) is not None and _strat(p) not in _ft_strategies(p),
+        lambda p: f"fault_tolerance={p.names['fault_tolerance']} with strategy={_strat(p)}: a replica group here holds "
+        "whole weights on every rank (ddp), which a heal copies rank to rank; sharded, tensor-parallel, pipelined, "
+        "DeepSpeed, fairscale and XLA groups are not carried yet. Use strategy=ddp inside the groups (or "
+        "single_device at devices=1), or fault_tolerance=none.",
+    ),
+    Rule(
+        lambda p: p.loop.manual_optimization and _ft_strategies(p) is not None,
+        lambda p: f"fault_tolerance={p.names['fault_tolerance']} with a task that steps its optimizers itself (a GAN): "
+        "the replica groups vote on one optimizer step a step; use a task with one loss, or fault_tolerance=none.",
     ),
     Rule(
         lambda p: p.loop.manual_optimization and not p.strategy.supports_manual_optimization,

@@ -1,7 +1,8 @@
 """The config groups the framework knows by name (one place; everything else reads them here)."""
 
-# The five plugin groups: built into objects and composed by the strategy (framework/plugins.py).
-PLUGIN_GROUPS = ("accelerator", "strategy", "precision", "checkpoint_io", "cluster")
+# The plugin groups: built into objects (framework/plugins.py); the strategy is composed of the
+# first five, fault_tolerance stands beside it (the loop agrees each step with the replica groups).
+PLUGIN_GROUPS = ("accelerator", "strategy", "precision", "checkpoint_io", "cluster", "fault_tolerance")
 # Groups chosen as lists (`logger=[csv,tensorboard]`); each option is keyed by its own name, and
 # `none`/`null` is the empty list.
 LIST_GROUPS = ("logger", "callbacks")

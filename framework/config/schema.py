@@ -102,6 +102,8 @@ class TrainConfig:
     """How checkpoint bytes reach storage (conf/checkpoint_io)."""
     cluster: Any = MISSING
     """Where ranks and the main address come from (conf/cluster)."""
+    fault_tolerance: Any = MISSING
+    """Replica groups that go on without a dead peer and heal from a live one (conf/fault_tolerance)."""
     model: Any = MISSING
     """The nn.Module to train (conf/model)."""
     data: Any = MISSING

@@ -26,7 +26,7 @@ HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
 RESERVED_KEYS = {"scheduler": {"interval"}}
 # Arguments the runner passes at build time (by key pattern), so a YAML need not give them.
 SUPPLIED_BY_RUNNER = {
-    "strategy": set(PLUGIN_GROUPS) - {"strategy"},  # the strategy receives the other four
+    "strategy": set(PLUGIN_GROUPS) - {"strategy", "fault_tolerance"},  # the strategy receives the other four
     "logger.*": {"save_dir"},
 }
 

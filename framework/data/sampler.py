@@ -52,9 +52,11 @@ def rank_sampler(dataset: Dataset, strategy, shuffle: bool, seed: int, drop_last
     (training) gives every rank the same number of samples (DistributedSampler, reshuffled by
     seed + epoch); `even=False` (evaluation) gives each sample to exactly one rank."""
     share = strategy.data_parallel  # tensor-parallel ranks share one
-    if not even:
+    if not even:  # evaluation: every replica group scores the whole split
         return ShardSampler(len(dataset), share.size, share.rank)
-    return EpochSampler(len(dataset), share.size, share.rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
+    groups, group = strategy.replica_share  # training: replica group g takes the g-th block of shares
+    return EpochSampler(len(dataset), share.size * groups, group * share.size + share.rank, shuffle=shuffle, seed=seed,
+                        drop_last=drop_last)
 
 
 class EpochSampler(Sampler[int]):

@@ -19,12 +19,14 @@ from framework.checkpoint.format import newest_finite
 from framework.checkpoint.rng import rng_state, set_rng_state
 from framework.console import warn
 from framework.errors import ConfigError
+from framework.fault_tolerance.base import FaultTolerance
 from framework.loop.checkpointer import Checkpointer
 from framework.loop.data_position import changed_data, data_position, position_of_older_checkpoint, resume_note
 from framework.loop.evaluation import score
 from framework.loop.metric_window import MetricWindow, StepSums
 from framework.loop.nonfinite import Divergence, NonFiniteGuard, StopNonFinite
 from framework.loop.parts import Loaders, RunContext, Training
+from framework.loop.replica_steps import heal_state, load_heal_state
 from framework.loop.state import FitResult, LoopState, Preemption
 from framework.loop.test_at_end import test_best
 from framework.loop.utilization import Utilization
@@ -39,6 +41,8 @@ class FitLoop:
         self.task, self.model, self.optimizer = training.task, training.model, training.optimizer
         self.scheduler, self.scheduler_interval, self.manual = (training.scheduler, training.scheduler_interval,
                                                                 training.manual)
+        self.replicas = training.replicas or FaultTolerance()  # replica groups (fault_tolerance=torchft)
+        self._quorum_open = False  # this step's quorum was formed already (a heal restarts the epoch's batches)
         self.train_loader, self.val_loader, self.test_loader = loaders.train, loaders.val, loaders.test
         # Read on every step: plain attributes, not OmegaConf nodes (each node access costs
         # tens of microseconds, which a tiny model's step notices).
@@ -96,13 +100,17 @@ class FitLoop:
                               "lower data.batch_size or set data.drop_last=false.")
         if resume_from is not None:
             self.checkpointer.restore(self, resume_from)
+        self.replicas.join(self.strategy, lambda: heal_state(self), lambda state: load_heal_state(self, state))
         self.model.train()
         self.hook("on_fit_start")
         try:
             if self.trainer.val_at_start and self.state.step == 0:
                 self.validate()
             while not self._done():
-                self._run_epoch()
+                try:
+                    self._run_epoch()
+                except _Healed:  # a live peer's state was copied: its data position, this step
+                    self._quorum_open = True
             if self.preempted_by is not None:
                 self.checkpointer.finalize(wait=True)
                 return FitResult(dict(self.state.metrics), Preemption(self.preempted_by, self.state.step))
@@ -131,6 +139,8 @@ class FitLoop:
         n = len(self.train_loader)
         pending: list = []  # this step's micro-batches, when they are counted before any forward
         for batch in self.train_loader:
+            if not pending and self.state.batch_in_epoch % k == 0 and self._begin_step():
+                raise _Healed
             if self.trainer.compile and self._first_step_at is None:
                 self._first_step_at = time.perf_counter()
             if self.manual is not None:
@@ -170,6 +180,17 @@ class FitLoop:
         self.guard.observe_loss(loss)
         self._step.add(logged, self.task.batch_size(batch))
         self.state.batch_in_epoch += 1
+
+    def _begin_step(self) -> bool:
+        """Whether this group copied a live peer's state for the step about to start (the quorum of
+        replica groups formed once a step)."""
+        if self._quorum_open:
+            self._quorum_open = False
+            return False
+        healed = self.replicas.begin_step()
+        if self.replicas.replica_groups > 1:
+            self._window.add_values({"replicas": float(self.replicas.participants)})
+        return healed
 
     def _ends_step(self, batches_done: int) -> bool:
         """Whether the epoch's `batches_done`-th micro-batch is its step's last (every trainer.accumulate,
@@ -225,8 +246,13 @@ class FitLoop:
         max_norm = t.clip_grad_norm
         if max_norm is None and guard.policy == "skip" and not guard.scaled:
             max_norm = float("inf")  # the norm the skip policy reads, computed the strategy's way; clips nothing
+        self.replicas.average_gradients(self.model.parameters())
         grad_norm = strategy.clip_gradients(self.model, self.optimizer, max_norm, t.clip_grad_value)
         left_out = guard.skips_step(grad_norm)
+        if not self.replicas.commit():  # every group votes, even one whose guard left the step out
+            strategy.zero_grad(self.optimizer)  # not a step: its batches untrained, the groups' step unchanged
+            self._step.clear()
+            return
         stepped = False if left_out else strategy.optimizer_step(self.optimizer)
         strategy.zero_grad(self.optimizer)
         if not left_out:
@@ -327,7 +353,9 @@ class FitLoop:
     def save_checkpoint(self) -> None:
         """Collective: a checkpoint of this step (complete on return, or at a later step boundary
         with an asynchronous CheckpointIO). The time training stood still for it is off the
-        throughput and logged as checkpoint/blocked_s."""
+        throughput and logged as checkpoint/blocked_s. With replica groups, one live group writes."""
+        if not self.replicas.writes_checkpoints:
+            return
         blocked = self.checkpointer.save(self)
         self._window.take_off(blocked)
         self.log_metrics({"checkpoint/blocked_s": blocked})
@@ -338,7 +366,7 @@ class FitLoop:
                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
                 "precision": self.strategy.precision.state_dict(), "nonfinite": self.guard.state_dict(),
                 "callbacks": {name: cb.state_dict() for name, cb in self.callbacks.items()},
-                "train_window": self._window.state_dict()}
+                "train_window": self._window.state_dict(), "replicas": self.replicas.state_dict()}
 
     def load_loop_state(self, loop: dict, meta: dict, path: Path) -> None:
         """The loop's state from a checkpoint of any world size: the data continues on the next sample
@@ -366,6 +394,7 @@ class FitLoop:
             if name in loop["callbacks"]:
                 cb.load_state_dict(loop["callbacks"][name])
         self._window.load_state_dict(loop["train_window"])
+        self.replicas.load_state_dict(loop.get("replicas"))
         for logger in self.loggers:
             logger.truncate(self.state.step)
 
@@ -388,6 +417,11 @@ class FitLoop:
         for logger in self.loggers:
             logger.finalize()
         return FitResult(dict(self.state.metrics), diverged=divergence)
+
+
+class _Healed(Exception):
+    """Raised out of an epoch's batches when the group copied a peer's state: its data continues
+    at the position that state holds."""
 
 
 def _plain(node):

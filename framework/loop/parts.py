@@ -18,6 +18,8 @@ class Training:
     """When the scheduler steps: every optimizer step, or every epoch."""
     manual: object = None
     """A ManualOptimization when the task steps its optimizers itself (framework/tasks/manual.py)."""
+    replicas: object = None
+    """The fault_tolerance option (framework/fault_tolerance): the replica groups a step is agreed with."""
 
 
 @dataclass

@@ -35,6 +35,8 @@ class FitResult:
     tested: dict | None = None
     """What `trainer.test_at_end` (or `framework test`) scored: checkpoint, step, why it was
     chosen, and the test metrics."""
+    replicas: dict | None = None
+    """fault_tolerance=torchft: this group's id, heals, final step and weights' digest (summary.json)."""
 
 
 @dataclass

@@ -107,6 +107,7 @@ def prepare(cfg: DictConfig, strict: bool = True, stage: Stage = Stage(), device
             if prepared.model is not None:
                 problems.extend(prepared.plugins.precision.model_problems(prepared.model))
             problems.extend(prepared.plugins.strategy.problems(prepared.model))
+            problems.extend(prepared.plugins.fault_tolerance.problems())
             too_large = memory_refusal(prepared) if prepared.model is not None and not problems else None
             if too_large:
                 prepared.refusals.append(too_large)
@@ -128,4 +129,4 @@ def _user_error_inside(err: BaseException) -> UserError | None:
 def compatibility_plan(plugins: Plugins, resolved: DictConfig, devices: int) -> Plan:
     """What the compatibility table judges: the built plugins, the world and the loop settings."""
     return Plan(plugins.accelerator, plugins.strategy, plugins.precision, plugins.checkpoint_io, plugins.cluster,
-                devices, resolved.num_nodes, loop_settings(resolved))
+                devices, resolved.num_nodes, loop_settings(resolved), plugins.fault_tolerance)

@@ -135,6 +135,9 @@ class Strategy:
         #: built (framework/plugins.py)
         self.devices = 1
         self.num_nodes = 1
+        #: (replica groups, this process's group): fault_tolerance=torchft deals the training data
+        #: over the groups too (framework/data/sampler.py); set with devices
+        self.replica_share = (1, 0)
 
     def configure_loop(self, settings: LoopSettings) -> None:
         """Told once, before `setup`, how the loop will accumulate and clip."""

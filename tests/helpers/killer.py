@@ -1,6 +1,7 @@
 """Ways for a real run to die abruptly, at a chosen moment, for the fault-tolerance tests."""
 import os
 import signal
+import time
 from pathlib import Path
 
 from framework.callbacks.base import Callback
@@ -38,3 +39,34 @@ class DyingCheckpointIO(TorchCheckpointIO):
                 os.fsync(f.fileno())
             os.kill(os.getpid(), signal.SIGKILL)
         super().save(obj, path)
+
+
+class KillReplicaGroupOnce(Callback):
+    """fault_tolerance=torchft: SIGKILLs every process of replica group `group` after step `step`,
+    in the group's first life only (its run directory keeps a mark), so the command restarts it."""
+
+    def __init__(self, group: int = 1, step: int = 10):
+        self.group, self.step = group, step
+
+    def on_train_step_end(self, loop) -> None:
+        mark = loop.output_dir / ".killed-once"
+        if loop.replicas.group == self.group and loop.state.step == self.step and not mark.exists():
+            loop.strategy.barrier()
+            if loop.strategy.is_global_zero:
+                mark.touch()
+            loop.strategy.barrier()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class PaceWhileAlone(Callback):
+    """Sleeps `seconds` after each step while fewer groups than there are take part, so the groups
+    still alive keep stepping (alone) until a restarted one has rejoined, on any machine's speed;
+    at most `limit_s` in all."""
+
+    def __init__(self, seconds: float = 0.25, limit_s: float = 120.0):
+        self.seconds, self.left = seconds, limit_s
+
+    def on_train_step_end(self, loop) -> None:
+        if loop.replicas.participants < loop.replicas.replica_groups and self.left > 0:
+            time.sleep(self.seconds)
+            self.left -= self.seconds

@@ -1,0 +1,221 @@
+"""`fault_tolerance=torchft`: replica groups over the data-parallel dimension, on torchft.
+
+The run's data-parallel dimension is split into `replica_groups` groups of `devices x num_nodes`
+processes each (ddp within a group). A lighthouse (torchft's own) forms a quorum of the live groups
+before every step; a step's gradients are averaged over the groups in it (torchft's rule: each
+group's mean gradient, averaged over the groups that took part), and the groups vote on the
+commit, so a group that dies mid-step costs the others that step's update, not the run. A group
+that (re)joins behind the others copies the whole training state of the same rank of a live peer
+(weights, optimizer state, the loop's step, data position, scheduler and RNG) before its first
+forward, and goes on from there: nothing it trained before is trained again, nothing the others
+trained is skipped. Each group reads its own share of every step's samples (group g of G takes
+the g-th of G slices of the data-parallel order); while a group is away its share of those steps
+is not trained (the others do not take it over), which the per-step `train/replicas` shows.
+
+Built on torchft's Manager, its fault-tolerant ProcessGroupGloo and its HTTP checkpoint transport;
+nothing of the quorum, the transport or the lighthouse is the framework's own.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+import warnings
+from datetime import timedelta
+from typing import Literal
+
+import torch
+from torch.distributed import TCPStore
+
+from framework.config.types import NonNegativeInt, PositiveFloat, PositiveInt
+from framework.errors import ConfigError
+from framework.fault_tolerance.base import FaultTolerance, Heal, ReplicaRecord
+
+
+def quiet_torchft() -> None:
+    """torchft's Rust servers and Python loggers say every quorum and commit at INFO; the framework
+    says what a user needs (heals, groups that died). RUST_LOG (read when torchft is imported) and
+    the log levels are left alone where a user set them."""
+    os.environ.setdefault("RUST_LOG", "warn")
+    for name in ("torchft", "torchft_quorums", "torchft_commits", "torchft_errors"):
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.WARNING)
+    # said at every quorum on a machine without NCCL, and by every heal's deserialisation
+    logging.getLogger("torchft.manager").addFilter(lambda record: "flight recorder" not in record.getMessage())
+    warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
+
+
+class TorchFT(FaultTolerance):
+    """Replica groups coordinated by a torchft lighthouse (torchtitan's fault-tolerant DDP)."""
+
+    name = "torchft"
+    requires_packages = {"torchft": "'framework[torchft]'"}
+    #: what a replica group can be: every rank holds whole weights (torchft's DDP), so a heal copies
+    #: rank r's state to rank r of the healing group
+    strategies = ("single_device", "ddp", "ddp_spawn")
+
+    def __init__(self, replica_groups: PositiveInt = 2, replica_id: NonNegativeInt | None = None,
+                 min_replicas: PositiveInt = 1, lighthouse: str = "auto", quorum_timeout_s: PositiveFloat = 60.0,
+                 step_timeout_s: PositiveFloat = 60.0, connect_timeout_s: PositiveFloat = 10.0,
+                 heartbeat_timeout_ms: PositiveInt = 5000, join_timeout_ms: NonNegativeInt = 1000,
+                 restarts: NonNegativeInt = 3, port: NonNegativeInt | Literal["auto"] = "auto"):
+        """replica_groups: groups the data-parallel dimension is split into; replica_id: this group's
+        (null: this command starts every group and a lighthouse on this machine); min_replicas:
+        groups a step needs to commit; lighthouse: host:port of a lighthouse (`framework
+        lighthouse`), or auto (started with the groups); quorum_timeout_s, step_timeout_s,
+        connect_timeout_s: how long a quorum (and at a fresh run's first step, the wait for every
+        group), a step's collectives and heal, and reaching the lighthouse or a peer may take;
+        heartbeat_timeout_ms: silence after which the lighthouse counts a group gone;
+        join_timeout_ms: how long it waits for more groups once min_replicas have joined; restarts:
+        times the local launch restarts a dead group; port: the lighthouse's port when this command
+        starts it (auto: a free one)."""
+        self.replica_groups = int(replica_groups)
+        self.replica_id = replica_id
+        self.group = int(replica_id or 0)
+        self.min_replicas = int(min_replicas)
+        self.lighthouse = lighthouse
+        self.quorum_timeout_s = float(quorum_timeout_s)
+        self.step_timeout_s = float(step_timeout_s)
+        self.connect_timeout_s = float(connect_timeout_s)
+        self.heartbeat_timeout_ms = int(heartbeat_timeout_ms)
+        self.join_timeout_ms = int(join_timeout_ms)
+        self.restarts = int(restarts)
+        self.port = port
+        self._manager = None
+        self._store = None
+        self._healed_now = False
+        self._resumed = None  # torchft's state from a checkpoint, applied once the group has joined
+        self._record = ReplicaRecord(self.group)
+
+    @property
+    def launches_groups(self) -> bool:
+        return self.replica_id is None
+
+    def problems(self) -> list[str]:
+        found = []
+        if self.min_replicas > self.replica_groups:
+            found.append(f"fault_tolerance.min_replicas={self.min_replicas} is more than fault_tolerance.replica_groups="
+                         f"{self.replica_groups}: no step could ever commit; lower min_replicas or add groups.")
+        if self.replica_id is not None and self.replica_id >= self.replica_groups:
+            found.append(f"fault_tolerance.replica_id={self.replica_id}: the groups are numbered 0 to "
+                         f"{self.replica_groups - 1} (fault_tolerance.replica_groups={self.replica_groups}); give each "
+                         "group its own id in that range.")
+        if self.replica_id is not None and self.lighthouse == "auto":
+            found.append(f"fault_tolerance.replica_id={self.replica_id} with fault_tolerance.lighthouse=auto: a group "
+                         "started on its own joins a lighthouse that runs already; start one with `framework "
+                         "lighthouse` and pass its address (fault_tolerance.lighthouse=HOST:PORT), or drop replica_id to "
+                         "start every group from this command.")
+        return found
+
+    # ---- in every process of a group ------------------------------------------------------
+    def join(self, strategy, state_dict, load_state_dict) -> None:
+        quiet_torchft()
+        from torchft.manager import Manager
+        from torchft.process_group import ProcessGroupGloo
+
+        host = os.environ.get("MASTER_ADDR", "localhost")
+        if strategy.global_rank == 0:  # the group's own store, where its ranks find the manager
+            self._store = TCPStore(host, 0, is_master=True, wait_for_workers=False)
+        port = self._store.port if self._store is not None else None
+        if strategy.world_size > 1:
+            port = strategy.broadcast(port)
+        step_timeout = timedelta(seconds=self.step_timeout_s)
+
+        def load(state):
+            started = time.perf_counter()
+            load_state_dict(state)
+            self._healed_now = True
+            self._record.heals.append(Heal(int(state["loop"]["state"]["step"]), time.perf_counter() - started))
+
+        try:
+            self._manager = Manager(
+                pg=ProcessGroupGloo(timeout=step_timeout), load_state_dict=load, state_dict=state_dict,
+                min_replica_size=self.min_replicas, use_async_quorum=False, timeout=step_timeout,
+                quorum_timeout=timedelta(seconds=self.quorum_timeout_s),
+                connect_timeout=timedelta(seconds=self.connect_timeout_s), rank=strategy.global_rank,
+                world_size=strategy.world_size, store_addr=host, store_port=port, lighthouse_addr=self._address(),
+                replica_id=f"group{self.group}", init_sync=False)  # every group builds the same weights from the seed
+            if self._resumed is not None:  # its step: a group behind the others' then heals from them
+                self._manager.load_state_dict(self._resumed)
+        except Exception as err:  # noqa: BLE001 - torchft's Rust client raises plain exceptions
+            raise ConfigError(f"fault_tolerance.lighthouse={self.lighthouse}: group {self.group} could not reach the "
+                              f"lighthouse at {self._address()} within fault_tolerance.connect_timeout_s="
+                              f"{self.connect_timeout_s:g} ({str(err).splitlines()[0]}); start it (`framework "
+                              "lighthouse`) or correct the address.") from err
+
+    def _address(self) -> str:
+        address = self.lighthouse
+        return address if "://" in address else f"http://{address}"
+
+    def begin_step(self) -> bool:
+        self._healed_now = False
+        start = time.perf_counter()
+        manager = self._manager
+        manager.start_quorum()  # synchronous: a heal is applied before this returns
+        # a fresh run starts with every group: at step 0 (all taking part are there: none is ahead,
+        # or this group would have healed) the quorum is asked again until all have joined
+        deadline = start + self.quorum_timeout_s
+        while (manager.current_step() == 0 and manager.num_participants() < self.replica_groups
+               and time.perf_counter() < deadline):
+            time.sleep(0.05)
+            manager.start_quorum()
+        if self._healed_now:
+            self._record.heals[-1].seconds = time.perf_counter() - start
+            self._record.heals[-1].at = time.time()
+        self._record.participants.append(self._manager.num_participants())
+        return self._healed_now
+
+    def average_gradients(self, parameters) -> None:
+        grads = [p.grad for p in parameters if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])  # one collective for the step, not one per tensor
+        self._manager.allreduce(flat).wait()
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def commit(self) -> bool:
+        committed = self._manager.should_commit()
+        if not committed:
+            self._record.uncommitted_steps += 1
+        return committed
+
+    @property
+    def participants(self) -> int:
+        return self._manager.num_participants() if self._manager is not None else 1
+
+    @property
+    def writes_checkpoints(self) -> bool:
+        """The group that is the quorum's first (one live group writes; a healing one never does)."""
+        manager = self._manager
+        return manager is None or (manager.participating_rank() == 0 and not self._healed_now)
+
+    def state_dict(self) -> dict:
+        """The groups' count and torchft's own state (its step and committed batches)."""
+        manager = self._manager.state_dict() if self._manager is not None else self._resumed
+        return {"replica_groups": self.replica_groups, "manager": manager}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if state is None:  # a checkpoint of a run without replica groups: torchft's step follows the loop's
+            return
+        if int(state["replica_groups"]) != self.replica_groups:
+            raise ConfigError(f"fault_tolerance.replica_groups={self.replica_groups}: the checkpoint was written by "
+                              f"{state['replica_groups']} replica groups, whose data shares this run's would not "
+                              f"continue; resume with fault_tolerance.replica_groups={state['replica_groups']}, or under "
+                              "fault_tolerance=none (plain ddp or fsdp continue its data where it stopped).")
+        if self._manager is not None:
+            self._manager.load_state_dict(state["manager"])
+        else:  # a resume, before the groups are joined
+            self._resumed = state["manager"]
+
+    def record(self) -> ReplicaRecord:
+        return self._record
+
+    def leave(self) -> None:
+        if self._manager is not None:
+            self._manager.shutdown(wait=False)
+            self._manager = None
+        self._store = None

@@ -1,0 +1,132 @@
+"""One command, every replica group (fault_tolerance=torchft on one machine): a torchft lighthouse,
+and one `train` command per group, each a run of its own in <run dir>/replica_<g>, restarted when
+it dies (it then heals from a live peer: framework/fault_tolerance/torchft.py).
+
+A group started again gets `resume=auto`: where it has checkpoints of its own it loads the newest
+first, and whatever it loads, the quorum copies a live peer's newer state over it. A group that
+dies (a signal, a crash: exit 1) is restarted up to fault_tolerance.restarts times; one that stops
+for a reason a restart would meet again (a bad config: 2, non-finite numbers: 3, storage: 74, a
+preemption: 75) stops every group, and the command exits with its code. The run directory's
+summary.json gathers the groups' own.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from framework.config.build import build
+from framework.errors import ExitCode, RunExit, UserError
+from framework.fault_tolerance.torchft import quiet_torchft
+from framework.launch.elastic import WorkerFailed
+from framework.sweep_record import SUMMARY_FILE
+
+#: overrides the command sets for each group (a user's own are replaced; resume= in a restarted group's)
+GROUP_KEYS = ("fault_tolerance.replica_id=", "fault_tolerance.lighthouse=", "hydra.run.dir=")
+
+
+@dataclass
+class Group:
+    index: int
+    out: Path
+    process: subprocess.Popen | None = None
+    starts: list[float] = field(default_factory=list)
+    exits: list[int] = field(default_factory=list)
+
+
+def launches_groups(cfg) -> bool:
+    """Whether this command starts every replica group (fault_tolerance=torchft without a replica_id)."""
+    return bool(cfg.get("fault_tolerance")) and build(cfg.fault_tolerance, "fault_tolerance").launches_groups
+
+
+def start_lighthouse(ft, port: int = 0):
+    """torchft's lighthouse in this process (its own Rust server): (server, address)."""
+    quiet_torchft()
+    from torchft.coordination import LighthouseServer
+
+    server = LighthouseServer(bind=f"[::]:{port}", min_replicas=ft.min_replicas, join_timeout_ms=ft.join_timeout_ms,
+                              quorum_tick_ms=100, heartbeat_timeout_ms=ft.heartbeat_timeout_ms)
+    return server, server.address()
+
+
+def group_command(argv: list[str], index: int, lighthouse: str, out: Path, restarted: bool) -> list[str]:
+    """This command line (sys.argv) again, as replica group `index` joining `lighthouse`."""
+    replaced = (*GROUP_KEYS, "resume=") if restarted else GROUP_KEYS
+    kept = [a for a in argv[1:] if not a.lstrip("+~").startswith(replaced)]
+    return [sys.executable, argv[0], *kept, f"fault_tolerance.replica_id={index}", f"fault_tolerance.lighthouse={lighthouse}",
+            f"hydra.run.dir={out}", *(["resume=auto"] if restarted else [])]
+
+
+def supervise(ft, argv: list[str], output_dir: Path, say) -> dict:
+    """Start the lighthouse and every group; restart a group that dies; return the run's summary
+    (each group's summary.json, and whether their final weights agree). Raises WorkerFailed when a
+    group fails for good, UserError's exit when one refuses its config."""
+    server, address = start_lighthouse(ft, 0 if ft.port == "auto" else int(ft.port))
+    say(f"fault_tolerance: lighthouse at {address}; {ft.replica_groups} replica groups, min_replicas {ft.min_replicas}")
+    groups = [Group(i, output_dir / f"replica_{i}") for i in range(ft.replica_groups)]
+
+    def start(group: Group) -> None:
+        restarted = bool(group.starts)
+        group.out.mkdir(parents=True, exist_ok=True)
+        group.process = subprocess.Popen(group_command(argv, group.index, address, group.out, restarted))
+        group.starts.append(time.time())
+        if restarted:
+            say(f"fault_tolerance: group {group.index} restarted ({len(group.starts) - 1} of {ft.restarts}); it heals "
+                "from a live peer")
+
+    try:
+        for group in groups:
+            start(group)
+        while any(g.process is not None for g in groups):
+            time.sleep(0.2)
+            for group in groups:
+                code = group.process.poll() if group.process is not None else None
+                if code is None:
+                    continue
+                group.exits.append(code)
+                group.process = None
+                if code == ExitCode.OK:
+                    continue
+                if code == ExitCode.USER_ERROR:
+                    raise UserError(f"fault_tolerance: group {group.index} stopped for its config (exit 2; its message "
+                                    "is above); the other groups were stopped.")
+                if code > 0 and code != ExitCode.FAILED:  # diverged, storage, preempted: a restart would meet it again
+                    say(f"fault_tolerance: group {group.index} stopped with exit {code} (its message is above); the "
+                        "other groups are stopped")
+                    raise RunExit(code)
+                if len(group.starts) > ft.restarts:
+                    raise WorkerFailed(f"fault_tolerance: group {group.index} died {len(group.starts)} times (exit "
+                                       f"{code}; fault_tolerance.restarts={ft.restarts}); the other groups were stopped. "
+                                       f"Its log: {group.out}")
+                say(f"fault_tolerance: group {group.index} died (exit {code}); the others go on without it")
+                start(group)
+    finally:
+        for group in groups:
+            if group.process is not None:
+                group.process.send_signal(signal.SIGTERM)
+        for group in groups:
+            if group.process is not None:
+                try:
+                    group.process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    group.process.kill()
+        server.shutdown()
+    return gathered(groups)
+
+
+def gathered(groups: list[Group]) -> dict:
+    """The groups' summaries side by side, with whether their final weights agree."""
+    summaries = []
+    for group in groups:
+        try:
+            summary = json.loads((group.out / SUMMARY_FILE).read_text())
+        except (OSError, ValueError):
+            summary = {}
+        summaries.append({"replica_id": group.index, "run_dir": str(group.out), "starts": len(group.starts),
+                          "started_at": group.starts, "exits": group.exits, **summary})
+    digests = {s.get("replicas", {}).get("weights_sha256") for s in summaries}
+    return {"replica_groups": summaries, "weights_agree": len(digests) == 1 and None not in digests}

@@ -1,0 +1,175 @@
+"""fault_tolerance=torchft: replica groups that go on without a dead peer and heal from a live one.
+
+The end-to-end tests run `python train.py fault_tolerance=torchft ...` as a user types it: one
+command starts torchft's lighthouse and every group; a group SIGKILLs itself mid-run
+(tests/helpers/killer.py), the command restarts it, it copies a live peer's state and both end
+with bit-equal weights (the digests in their summary.json)."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from framework.data.sampler import rank_sampler
+from framework.errors import ConfigError, ExitCode
+from framework.fault_tolerance.torchft import TorchFT
+from framework.launch.replica_groups import group_command
+from framework.strategy.ddp import DDPStrategy
+from tests.conftest import ROOT, TINY_GPT, checkpoint_at, checkpoints, compose_cfg, run_train
+
+ENV = {"PYTHONPATH": str(ROOT), "FRAMEWORK_TRUST_ALLOW": "tests.helpers."}  # the fault injectors are test code
+FAST = ["fault_tolerance=torchft", "fault_tolerance.heartbeat_timeout_ms=1000", "fault_tolerance.join_timeout_ms=200",
+        "fault_tolerance.quorum_timeout_s=120", "fault_tolerance.step_timeout_s=30"]
+
+
+# ---- no processes -------------------------------------------------------------------------------
+
+def test_each_group_reads_its_own_block_of_every_steps_shares():
+    """Group g of G takes shares g*n .. g*n+n-1 of the G*n data-parallel shares: together the
+    groups read what one run of G*n ranks reads, each sample once."""
+    seen = []
+    for group in range(2):
+        for rank in range(2):
+            strategy = DDPStrategy()
+            strategy.replica_share = (2, group)
+            strategy.__class__ = type("Rank", (DDPStrategy,), {"world_size": 2, "global_rank": rank})
+            sampler = rank_sampler(list(range(40)), strategy, shuffle=True, seed=3)
+            assert sampler.replicas == 4 and sampler.rank == group * 2 + rank
+            seen.extend(iter(sampler))
+    assert sorted(seen) == list(range(40))
+
+
+@pytest.mark.parametrize("settings,fragment", [
+    ({"min_replicas": 3}, "fault_tolerance.min_replicas=3 is more than fault_tolerance.replica_groups=2"),
+    ({"replica_id": 2, "lighthouse": "host:1"}, "fault_tolerance.replica_id=2: the groups are numbered 0 to 1"),
+    ({"replica_id": 0}, "start one with `framework lighthouse` and pass its address"),
+])
+def test_its_own_settings_are_judged_before_launch(settings, fragment):
+    assert any(fragment in problem for problem in TorchFT(**settings).problems())
+
+
+@pytest.mark.parametrize("overrides,fragment", [
+    ([*TINY_GPT, "strategy=fsdp", "devices=2"], "fault_tolerance=torchft with strategy=fsdp: a replica group here holds"),
+    ([*TINY_GPT, "strategy=deepspeed_stage_2", "devices=2"], "fault_tolerance=torchft with strategy=deepspeed_stage_2"),
+    (["model=gan", "data=gaussian_ring", "task=gan"], "with a task that steps its optimizers itself"),
+])
+def test_what_a_replica_group_cannot_be_is_refused_by_the_table(overrides, fragment):
+    from framework.preflight import prepare
+
+    with pytest.raises(ConfigError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        prepare(compose_cfg(["fault_tolerance=torchft", *overrides]))
+
+
+def test_a_checkpoint_of_other_replica_groups_is_refused_naming_them():
+    saved = TorchFT(replica_groups=2)
+    saved._resumed = {"step": 12, "batches_committed": 24}
+    with pytest.raises(ConfigError, match="resume with fault_tolerance.replica_groups=2, or under fault_tolerance=none"):
+        TorchFT(replica_groups=3).load_state_dict(saved.state_dict())
+    resumed = TorchFT(replica_groups=2)
+    resumed.load_state_dict(saved.state_dict())
+    assert resumed.state_dict() == {"replica_groups": 2, "manager": {"step": 12, "batches_committed": 24}}
+
+
+def test_each_group_runs_this_command_again_with_its_own_keys():
+    argv = ["train.py", "trainer.max_steps=9", "fault_tolerance=torchft", "hydra.run.dir=x", "fault_tolerance.replica_id=5"]
+    command = group_command(argv, 1, "http://host:7", ROOT / "out" / "replica_1", restarted=True)
+    assert command[1:] == ["train.py", "trainer.max_steps=9", "fault_tolerance=torchft", "fault_tolerance.replica_id=1",
+                           "fault_tolerance.lighthouse=http://host:7", f"hydra.run.dir={ROOT / 'out' / 'replica_1'}",
+                           "resume=auto"]
+    first = group_command([*argv, "resume=auto"], 0, "http://host:7", ROOT / "out" / "replica_0", restarted=False)
+    assert "resume=auto" in first  # a user's resume of the whole run reaches every group
+
+
+# ---- replica groups, killed and healed ----------------------------------------------------------
+
+def _losses(run_dir) -> list[float]:
+    with open(run_dir / "metrics.csv") as f:
+        return [float(row["train/loss"]) for row in csv.DictReader(f) if row.get("train/loss")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("devices", [1, 2], ids=["2_groups_x_1_process", "2_groups_x_2_ddp_processes"])
+def test_a_killed_group_is_restarted_heals_from_its_peer_and_ends_with_its_weights(tmp_path, devices):
+    steps, killed_at = 60, 10
+    args = [*TINY_GPT, *FAST, f"devices={devices}", f"trainer.max_steps={steps}", "trainer.log_every=5",
+            "trainer.val_every=1000", "name=ft", "scheduler.total_steps=60",
+            "+callbacks.killer._target_=tests.helpers.killer.KillReplicaGroupOnce", f"+callbacks.killer.step={killed_at}",
+            "+callbacks.pace._target_=tests.helpers.killer.PaceWhileAlone"]
+    if devices > 1:
+        args.append("strategy=ddp")
+    result = run_train(args, tmp_path, timeout=600, env=ENV)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run = tmp_path / "outputs" / "ft"
+    summary = json.loads((run / "summary.json").read_text())
+    survivor, healed = summary["replica_groups"]
+    assert summary["weights_agree"], summary
+    assert survivor["replicas"]["weights_sha256"] == healed["replicas"]["weights_sha256"]
+    assert survivor["starts"] == 1 and survivor["exits"] == [0]
+    assert healed["starts"] == 2 and healed["exits"][-1] == 0 and healed["exits"][0] != 0
+    # the survivor went on alone: steps with one group taking part, committed (none lost)
+    alone = survivor["replicas"]["participants"].count(1)
+    assert alone >= 1, survivor["replicas"]
+    assert survivor["replicas"]["final_step"] == healed["replicas"]["final_step"] == steps
+    # the restarted group copied the survivor's state once, past the step it died at
+    (heal,) = healed["replicas"]["heals"]
+    assert killed_at < heal["step"] < steps and heal["seconds"] < 30
+    assert healed["replicas"]["participants"][0] == 2  # from its first step on, both take part again
+    assert "replicas: group 1 healed from a live peer" in result.stdout
+    for group in (survivor, healed):
+        losses = _losses(run / f"replica_{group['replica_id']}")
+        assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0] - 0.3, losses
+
+
+@pytest.mark.slow
+def test_a_run_whose_groups_all_stopped_resumes_and_its_checkpoint_resumes_under_plain_ddp(tmp_path):
+    """One live group writes the checkpoints (with torchft's step); resume=auto restarts every group:
+    the one with a checkpoint loads it, the other heals from it. The checkpoint also resumes under
+    plain ddp."""
+    base = [*TINY_GPT, *FAST, "trainer.log_every=3", "trainer.val_every=1000", "name=ft", "scheduler.total_steps=18",
+            "callbacks.checkpoint.every_n_steps=6"]
+    first = run_train([*base, "trainer.max_steps=12"], tmp_path, env=ENV)
+    assert first.returncode == 0, first.stderr[-3000:]
+    run = tmp_path / "outputs" / "ft"
+    assert [p.name for p in checkpoints(run / "replica_0")] == ["step_000006", "step_000012"]
+    assert not (run / "replica_1" / "checkpoints").exists()  # one group writes
+    assert json.loads((run / "summary.json").read_text())["weights_agree"]  # a fresh run starts with both groups
+    resumed = run_train([*base, "trainer.max_steps=18", "resume=auto"], tmp_path, env=ENV)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["weights_agree"]
+    writer, healer = (group["replicas"] for group in summary["replica_groups"])
+    (heal,) = healer["heals"]  # at 12, or later where the writer's first steps went ahead alone (join_timeout_ms)
+    assert writer["heals"] == [] and 12 <= heal["step"] < 18
+    assert writer["final_step"] == healer["final_step"] == 18
+    plain = run_train([*TINY_GPT, "strategy=ddp", "devices=2", "trainer.max_steps=15", "trainer.log_every=3",
+                       "scheduler.total_steps=18", "name=plain", f"ckpt_path={checkpoint_at(run / 'replica_0', 12)}"],
+                      tmp_path)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    assert "resumed from" in plain.stdout and _losses(tmp_path / "outputs" / "plain")
+
+
+def test_framework_lighthouse_prints_the_address_groups_join_and_stops_on_ctrl_c():
+    process = subprocess.Popen([sys.executable, "-m", "framework", "lighthouse", "--port", "0"], stdout=subprocess.PIPE,
+                               text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        line = process.stdout.readline()
+        assert re.match(r"lighthouse at http://\S+:\d+; groups join with fault_tolerance\.lighthouse=\S+:\d+", line), line
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+    finally:
+        process.kill()
+
+
+@pytest.mark.slow
+def test_a_lighthouse_that_cannot_be_reached_stops_the_group_naming_it(tmp_path):
+    result = run_train([*TINY_GPT, *FAST, "fault_tolerance.replica_id=0", "fault_tolerance.lighthouse=127.0.0.1:9",
+                        "fault_tolerance.connect_timeout_s=2", "trainer.max_steps=2"], tmp_path, timeout=120)
+    assert result.returncode == ExitCode.USER_ERROR, result.stderr[-2000:]
+    assert "could not reach the lighthouse at http://127.0.0.1:9 within fault_tolerance.connect_timeout_s=2" in result.stderr
