@@ -179,8 +179,8 @@ def _fit(cfg, config: dict, plugins, output_dir: Path, stage: Stage) -> FitResul
         result = loop.fit(resume_path(cfg, output_dir, loop.say, restarted=plugins.cluster.restarted))
         record = replicas.record()
         if record is not None:  # what summary.json says of the group: a user compares the digests
-            result.replicas = {**asdict(record), "final_step": loop.state.step,
-                               "weights_sha256": weights_digest(strategy.unwrap(model).state_dict())}
+            whole = strategy.model_state_dict(model)  # collective: the whole weights, on the group's rank zero
+            result.replicas = {**asdict(record), "final_step": loop.state.step, "weights_sha256": weights_digest(whole)}
         return result
     finally:
         replicas.leave()

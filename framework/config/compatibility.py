@@ -291,10 +291,10 @@ RULES: list[Rule] = [
     ),
     Rule(
         lambda p: _ft_strategies(p) is not None and _strat(p) not in _ft_strategies(p),
-        lambda p: f"fault_tolerance={p.names['fault_tolerance']} with strategy={_strat(p)}: a replica group here holds "
-        "whole weights on every rank (ddp), which a heal copies rank to rank; sharded, tensor-parallel, pipelined, "
-        "DeepSpeed, fairscale and XLA groups are not carried yet. Use strategy=ddp inside the groups (or "
-        "single_device at devices=1), or fault_tolerance=none.",
+        lambda p: f"fault_tolerance={p.names['fault_tolerance']} with strategy={_strat(p)}: a replica group here is "
+        f"one of {', '.join(_ft_strategies(p))} (each rank's part of the state copied rank to rank when a group heals); "
+        "hsdp, offloaded, tensor-parallel, pipelined, DeepSpeed, fairscale and XLA groups are not carried yet. Use "
+        "strategy=ddp or fsdp inside the groups, or fault_tolerance=none.",
     ),
     Rule(
         lambda p: p.loop.manual_optimization and _ft_strategies(p) is not None,

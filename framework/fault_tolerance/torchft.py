@@ -51,9 +51,10 @@ class TorchFT(FaultTolerance):
 
     name = "torchft"
     requires_packages = {"torchft": "'framework[torchft]'"}
-    #: what a replica group can be: every rank holds whole weights (torchft's DDP), so a heal copies
-    #: rank r's state to rank r of the healing group
-    strategies = ("single_device", "ddp", "ddp_spawn")
+    #: what a replica group can be: ddp (torchft's DDP) or fsdp within the group (torchft's HSDP:
+    #: sharded within, replicated across); rank r's part of the state and gradients is rank r's of
+    #: every group (the same layout), so a heal copies rank to rank and the average is per shard
+    strategies = ("single_device", "ddp", "ddp_spawn", "fsdp")
 
     def __init__(self, replica_groups: PositiveInt = 2, replica_id: NonNegativeInt | None = None,
                  min_replicas: PositiveInt = 1, lighthouse: str = "auto", quorum_timeout_s: PositiveFloat = 60.0,
@@ -167,7 +168,8 @@ class TorchFT(FaultTolerance):
         return self._healed_now
 
     def average_gradients(self, parameters) -> None:
-        grads = [p.grad for p in parameters if p.grad is not None]
+        # this rank's part of each gradient (an fsdp shard: rank r of every group holds the same one)
+        grads = [g.to_local() if hasattr(g, "to_local") else g for g in (p.grad for p in parameters) if g is not None]
         if not grads:
             return
         flat = torch.cat([g.reshape(-1) for g in grads])  # one collective for the step, not one per tensor

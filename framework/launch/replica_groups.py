@@ -22,7 +22,6 @@ from pathlib import Path
 from framework.config.build import build
 from framework.errors import ExitCode, RunExit, UserError
 from framework.fault_tolerance.torchft import quiet_torchft
-from framework.launch.elastic import WorkerFailed
 from framework.sweep_record import SUMMARY_FILE
 
 #: overrides the command sets for each group (a user's own are replaced; resume= in a restarted group's)
@@ -63,8 +62,9 @@ def group_command(argv: list[str], index: int, lighthouse: str, out: Path, resta
 
 def supervise(ft, argv: list[str], output_dir: Path, say) -> dict:
     """Start the lighthouse and every group; restart a group that dies; return the run's summary
-    (each group's summary.json, and whether their final weights agree). Raises WorkerFailed when a
-    group fails for good, UserError's exit when one refuses its config."""
+    (each group's summary.json, and whether their final weights agree). Leaves with exit 1 when a
+    group dies more than fault_tolerance.restarts times, with a group's own code when it stops for
+    a reason a restart would meet again (UserError: its config)."""
     server, address = start_lighthouse(ft, 0 if ft.port == "auto" else int(ft.port))
     say(f"fault_tolerance: lighthouse at {address}; {ft.replica_groups} replica groups, min_replicas {ft.min_replicas}")
     groups = [Group(i, output_dir / f"replica_{i}") for i in range(ft.replica_groups)]
@@ -78,6 +78,10 @@ def supervise(ft, argv: list[str], output_dir: Path, say) -> dict:
             say(f"fault_tolerance: group {group.index} restarted ({len(group.starts) - 1} of {ft.restarts}); it heals "
                 "from a live peer")
 
+    def passed_on(signum, frame):  # the groups are told (they save and stop) before this command leaves
+        raise RunExit(ExitCode.PREEMPTED)
+
+    previous = signal.signal(signal.SIGTERM, passed_on)
     try:
         for group in groups:
             start(group)
@@ -99,9 +103,9 @@ def supervise(ft, argv: list[str], output_dir: Path, say) -> dict:
                         "other groups are stopped")
                     raise RunExit(code)
                 if len(group.starts) > ft.restarts:
-                    raise WorkerFailed(f"fault_tolerance: group {group.index} died {len(group.starts)} times (exit "
-                                       f"{code}; fault_tolerance.restarts={ft.restarts}); the other groups were stopped. "
-                                       f"Its log: {group.out}")
+                    say(f"fault_tolerance: group {group.index} died {len(group.starts)} times (exit {code}; "
+                        f"fault_tolerance.restarts={ft.restarts}); the other groups are stopped. Its log: {group.out}")
+                    raise RunExit(ExitCode.FAILED)
                 say(f"fault_tolerance: group {group.index} died (exit {code}); the others go on without it")
                 start(group)
     finally:
@@ -115,6 +119,7 @@ def supervise(ft, argv: list[str], output_dir: Path, say) -> dict:
                 except subprocess.TimeoutExpired:
                     group.process.kill()
         server.shutdown()
+        signal.signal(signal.SIGTERM, previous)
     return gathered(groups)
 
 

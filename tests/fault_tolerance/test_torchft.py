@@ -56,7 +56,8 @@ def test_its_own_settings_are_judged_before_launch(settings, fragment):
 
 
 @pytest.mark.parametrize("overrides,fragment", [
-    ([*TINY_GPT, "strategy=fsdp", "devices=2"], "fault_tolerance=torchft with strategy=fsdp: a replica group here holds"),
+    ([*TINY_GPT, "strategy=model_parallel", "devices=2"], "fault_tolerance=torchft with strategy=model_parallel: a "
+                                                            "replica group here is one of single_device, ddp, ddp_spawn, fsdp"),
     ([*TINY_GPT, "strategy=deepspeed_stage_2", "devices=2"], "fault_tolerance=torchft with strategy=deepspeed_stage_2"),
     (["model=gan", "data=gaussian_ring", "task=gan"], "with a task that steps its optimizers itself"),
 ])
@@ -95,15 +96,17 @@ def _losses(run_dir) -> list[float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("devices", [1, 2], ids=["2_groups_x_1_process", "2_groups_x_2_ddp_processes"])
+@pytest.mark.parametrize("devices", [1, 2], ids=["2_groups_x_1_process", "2_groups_x_2_fsdp_processes"])
 def test_a_killed_group_is_restarted_heals_from_its_peer_and_ends_with_its_weights(tmp_path, devices):
+    """At 2 x 2, FSDP2 shards within each group and the groups replicate (torchft's HSDP): the
+    average and the heal go shard by shard, rank r to rank r."""
     steps, killed_at = 60, 10
     args = [*TINY_GPT, *FAST, f"devices={devices}", f"trainer.max_steps={steps}", "trainer.log_every=5",
             "trainer.val_every=1000", "name=ft", "scheduler.total_steps=60",
             "+callbacks.killer._target_=tests.helpers.killer.KillReplicaGroupOnce", f"+callbacks.killer.step={killed_at}",
             "+callbacks.pace._target_=tests.helpers.killer.PaceWhileAlone"]
     if devices > 1:
-        args.append("strategy=ddp")
+        args.append("strategy=fsdp")
     result = run_train(args, tmp_path, timeout=600, env=ENV)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     run = tmp_path / "outputs" / "ft"
@@ -129,11 +132,12 @@ def test_a_killed_group_is_restarted_heals_from_its_peer_and_ends_with_its_weigh
 
 @pytest.mark.slow
 def test_a_run_whose_groups_all_stopped_resumes_and_its_checkpoint_resumes_under_plain_ddp(tmp_path):
-    """One live group writes the checkpoints (with torchft's step); resume=auto restarts every group:
+    """2 groups x 2 ddp processes. One live group writes the checkpoints (with torchft's step); resume=auto
+    restarts every group:
     the one with a checkpoint loads it, the other heals from it. The checkpoint also resumes under
     plain ddp."""
-    base = [*TINY_GPT, *FAST, "trainer.log_every=3", "trainer.val_every=1000", "name=ft", "scheduler.total_steps=18",
-            "callbacks.checkpoint.every_n_steps=6"]
+    base = [*TINY_GPT, *FAST, "strategy=ddp", "devices=2", "trainer.log_every=3", "trainer.val_every=1000", "name=ft",
+            "scheduler.total_steps=18", "callbacks.checkpoint.every_n_steps=6"]
     first = run_train([*base, "trainer.max_steps=12"], tmp_path, env=ENV)
     assert first.returncode == 0, first.stderr[-3000:]
     run = tmp_path / "outputs" / "ft"
