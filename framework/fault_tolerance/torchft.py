@@ -87,6 +87,7 @@ class TorchFT(FaultTolerance):
         self._store = None
         self._healed_now = False
         self._resumed = None  # torchft's state from a checkpoint, applied once the group has joined
+        self._first_step = True  # this process's first step: it waits for every group
         self._record = ReplicaRecord(self.group)
 
     @property
@@ -154,13 +155,16 @@ class TorchFT(FaultTolerance):
         start = time.perf_counter()
         manager = self._manager
         manager.start_quorum()  # synchronous: a heal is applied before this returns
-        # a fresh run starts with every group: at step 0 (all taking part are there: none is ahead,
-        # or this group would have healed) the quorum is asked again until all have joined
+        # A run (fresh or resumed) starts with every group: a group's first step, unless it has just
+        # healed (then the others are running: it joins them as they are), asks for the quorum again
+        # until all groups are in it. The others in that quorum are at their first step too (a
+        # running group is ahead, and this one would have healed from it), so they wait alike.
         deadline = start + self.quorum_timeout_s
-        while (manager.current_step() == 0 and manager.num_participants() < self.replica_groups
+        while (self._first_step and not self._healed_now and manager.num_participants() < self.replica_groups
                and time.perf_counter() < deadline):
             time.sleep(0.05)
             manager.start_quorum()
+        self._first_step = False
         if self._healed_now:
             self._record.heals[-1].seconds = time.perf_counter() - start
             self._record.heals[-1].at = time.time()

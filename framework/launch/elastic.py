@@ -32,6 +32,10 @@ from framework.loop.state import FitResult, Stage
 from framework.signals import signal_number
 from framework.trainer import train_worker
 
+#: the cores of this machine a run may use (set by the command that starts replica groups side by
+#: side: framework/launch/replica_groups.py); unset: all of them
+CORES_ENV = "FRAMEWORK_CORES"
+
 
 def worker_entry(config: dict, output_dir: str, threads: int, failure_dir: str, trusted: list[str], stage: Stage):
     """Module-level (picklable) entry of every worker process. `trusted`: the prefixes the user
@@ -114,7 +118,8 @@ def launch_local_workers(config: dict, output_dir: Path, plugins, nproc: int, st
     # Worker failures are reported once, by WorkerFailed, not again by the agent's own logging.
     for name in ("torch.distributed.elastic", "torch.multiprocessing"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
-    threads = max(1, (os.cpu_count() or 1) // nproc)
+    # this node's cores, or the share a command that runs several groups here gave this one
+    threads = max(1, int(os.environ.get(CORES_ENV) or os.cpu_count() or 1) // nproc)
     if plugins.strategy.start_method == "forkserver":
         # Workers forked from a server that imported torch and the framework share those pages
         # (framework/launch/preload.py). Takes effect when the server starts: at the first launch

@@ -12,6 +12,7 @@ summary.json gathers the groups' own.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from pathlib import Path
 from framework.config.build import build
 from framework.errors import ExitCode, RunExit, UserError
 from framework.fault_tolerance.torchft import quiet_torchft
+from framework.launch.elastic import CORES_ENV
 from framework.sweep_record import SUMMARY_FILE
 
 #: overrides the command sets for each group (a user's own are replaced; resume= in a restarted group's)
@@ -69,10 +71,14 @@ def supervise(ft, argv: list[str], output_dir: Path, say) -> dict:
     say(f"fault_tolerance: lighthouse at {address}; {ft.replica_groups} replica groups, min_replicas {ft.min_replicas}")
     groups = [Group(i, output_dir / f"replica_{i}") for i in range(ft.replica_groups)]
 
+    # the groups share this machine's cores (a one-process group's torch threads, a group's workers)
+    cores = str(max(1, (os.cpu_count() or 1) // ft.replica_groups))
+    env = {**os.environ, CORES_ENV: cores, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", cores)}
+
     def start(group: Group) -> None:
         restarted = bool(group.starts)
         group.out.mkdir(parents=True, exist_ok=True)
-        group.process = subprocess.Popen(group_command(argv, group.index, address, group.out, restarted))
+        group.process = subprocess.Popen(group_command(argv, group.index, address, group.out, restarted), env=env)
         group.starts.append(time.time())
         if restarted:
             say(f"fault_tolerance: group {group.index} restarted ({len(group.starts) - 1} of {ft.restarts}); it heals "
