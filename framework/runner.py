@@ -10,6 +10,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from framework.errors import ConfigError
 from framework.exits import hydra_output_dir, leave_on_failure
 from framework.launch.replica_groups import launches_groups, supervise
 from framework.loop.nonfinite import Diverged
@@ -64,6 +65,10 @@ def fit(cfg: DictConfig, output_dir) -> float | None:
     never logged, or the run diverged: its summary says so and Diverged is raised)."""
     output_dir = Path(output_dir) if output_dir else hydra_output_dir(cfg.name)
     if launches_groups(cfg):
+        if current_job() is not None:
+            raise ConfigError("fault_tolerance=torchft in a sweep: each job would start a lighthouse and every group "
+                              "of its own; run the jobs one by one, or start a lighthouse (`framework lighthouse`) "
+                              "and give each group its fault_tolerance.replica_id and fault_tolerance.lighthouse.")
         return fit_replica_groups(cfg, output_dir)
 
     def write_config(prepared: Prepared, writer: bool) -> None:

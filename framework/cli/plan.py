@@ -55,7 +55,7 @@ def plan(cfg: DictConfig, out=None, device_memory: int | None = None, elsewhere:
     for group in PLUGIN_GROUPS:
         plugin = getattr(plugins, group)
         name = str(getattr(plugin, "name", "?"))
-        print(f"  {group:<15}{name:<{width}}{type(plugin).__module__}.{type(plugin).__name__}", file=out)
+        print(f"  {group:<17}{name:<{width}}{type(plugin).__module__}.{type(plugin).__name__}", file=out)
     print("world", file=out)
     if plugins.strategy.spmd:
         print(f"  {world} process(es), one per node, each driving {devices} device(s) (SPMD); "

@@ -46,6 +46,22 @@ def quiet_torchft() -> None:
     warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
 
 
+def _checked_gloo(plugin: "TorchFT", timeout: timedelta):
+    """torchft's reconfigurable gloo group, which also notes a quorum holding two groups of one
+    replica_id (torchft numbers a group's ranks by its id: both would take the same places)."""
+    from torchft.process_group import ProcessGroupGloo
+
+    class CheckedGloo(ProcessGroupGloo):
+        def configure(self, store_addr, replica_id, rank, world_size, quorum_id=None, group_rank=None,
+                      group_world_size=None, global_ranks=None):
+            if global_ranks is not None and len(set(global_ranks)) < len(global_ranks):
+                plugin._duplicate_id = True  # raised on the loop's thread, at the step's start
+            super().configure(store_addr, replica_id, rank, world_size, quorum_id, group_rank, group_world_size,
+                              global_ranks)
+
+    return CheckedGloo(timeout=timeout)
+
+
 class TorchFT(FaultTolerance):
     """Replica groups coordinated by a torchft lighthouse (torchtitan's fault-tolerant DDP)."""
 
@@ -88,6 +104,7 @@ class TorchFT(FaultTolerance):
         self._healed_now = False
         self._resumed = None  # torchft's state from a checkpoint, applied once the group has joined
         self._first_step = True  # this process's first step: it waits for every group
+        self._duplicate_id = False  # set by the quorum's process group: two groups of one replica_id
         self._record = ReplicaRecord(self.group)
 
     @property
@@ -114,7 +131,6 @@ class TorchFT(FaultTolerance):
     def join(self, strategy, state_dict, load_state_dict) -> None:
         quiet_torchft()
         from torchft.manager import Manager
-        from torchft.process_group import ProcessGroupGloo
 
         host = os.environ.get("MASTER_ADDR", "localhost")
         if strategy.global_rank == 0:  # the group's own store, where its ranks find the manager
@@ -132,7 +148,7 @@ class TorchFT(FaultTolerance):
 
         try:
             self._manager = Manager(
-                pg=ProcessGroupGloo(timeout=step_timeout), load_state_dict=load, state_dict=state_dict,
+                pg=_checked_gloo(self, step_timeout), load_state_dict=load, state_dict=state_dict,
                 min_replica_size=self.min_replicas, use_async_quorum=False, timeout=step_timeout,
                 quorum_timeout=timedelta(seconds=self.quorum_timeout_s),
                 connect_timeout=timedelta(seconds=self.connect_timeout_s), rank=strategy.global_rank,
@@ -165,6 +181,10 @@ class TorchFT(FaultTolerance):
             time.sleep(0.05)
             manager.start_quorum()
         self._first_step = False
+        if self._duplicate_id:
+            raise ConfigError(f"fault_tolerance.replica_id={self.group}: another group joined the lighthouse with the "
+                              "same id (it would read the same share of the data); give each group its own id, 0 to "
+                              f"{self.replica_groups - 1}.")
         if self._healed_now:
             self._record.heals[-1].seconds = time.perf_counter() - start
             self._record.heals[-1].at = time.time()

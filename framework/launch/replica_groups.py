@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,7 @@ class Group:
     index: int
     out: Path
     process: subprocess.Popen | None = None
+    relay: threading.Thread | None = None
     starts: list[float] = field(default_factory=list)
     exits: list[int] = field(default_factory=list)
 
@@ -62,6 +64,13 @@ def group_command(argv: list[str], index: int, lighthouse: str, out: Path, resta
             f"hydra.run.dir={out}", *(["resume=auto"] if restarted else [])]
 
 
+def relay(stream, prefix: str) -> None:
+    """A group's output, line by line, on this command's, each line naming its group."""
+    for line in stream:
+        sys.stdout.write(prefix + line)
+        sys.stdout.flush()
+
+
 def supervise(ft, argv: list[str], output_dir: Path, say) -> dict:
     """Start the lighthouse and every group; restart a group that dies; return the run's summary
     (each group's summary.json, and whether their final weights agree). Leaves with exit 1 when a
@@ -78,7 +87,10 @@ def supervise(ft, argv: list[str], output_dir: Path, say) -> dict:
     def start(group: Group) -> None:
         restarted = bool(group.starts)
         group.out.mkdir(parents=True, exist_ok=True)
-        group.process = subprocess.Popen(group_command(argv, group.index, address, group.out, restarted), env=env)
+        group.process = subprocess.Popen(group_command(argv, group.index, address, group.out, restarted), env=env,
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        group.relay = threading.Thread(target=relay, args=(group.process.stdout, f"[group {group.index}] "), daemon=True)
+        group.relay.start()
         group.starts.append(time.time())
         if restarted:
             say(f"fault_tolerance: group {group.index} restarted ({len(group.starts) - 1} of {ft.restarts}); it heals "
@@ -99,6 +111,7 @@ def supervise(ft, argv: list[str], output_dir: Path, say) -> dict:
                     continue
                 group.exits.append(code)
                 group.process = None
+                group.relay.join(timeout=10)  # its last lines out before anything is said of it
                 if code == ExitCode.OK:
                     continue
                 if code == ExitCode.USER_ERROR:

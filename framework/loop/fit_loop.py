@@ -178,6 +178,8 @@ class FitLoop:
         with strategy.no_backward_sync(self.model, skip=not self._ends_step(self.state.batch_in_epoch + 1)):
             loss, logged = strategy.forward_backward(self.model, self.task, batch, group, scale, self._loss_of)
         self.guard.observe_loss(loss)
+        if self.replicas.replica_groups > 1:  # logged as train/replicas: a mean per batch, like the loss
+            self._window.add_values({"replicas": float(self.replicas.participants)})
         self._step.add(logged, self.task.batch_size(batch))
         self.state.batch_in_epoch += 1
 
@@ -188,8 +190,10 @@ class FitLoop:
             self._quorum_open = False
             return False
         healed = self.replicas.begin_step()
-        if self.replicas.replica_groups > 1:
-            self._window.add_values({"replicas": float(self.replicas.participants)})
+        if healed:
+            heal = self.replicas.record().heals[-1]
+            self.say(f"replicas: group {self.replicas.group} healed from a live peer at step {heal.step} in "
+                     f"{heal.seconds:.2f} s")
         return healed
 
     def _ends_step(self, batches_done: int) -> bool:
@@ -252,6 +256,8 @@ class FitLoop:
         if not self.replicas.commit():  # every group votes, even one whose guard left the step out
             strategy.zero_grad(self.optimizer)  # not a step: its batches untrained, the groups' step unchanged
             self._step.clear()
+            self.warn(f"replicas: step {self.state.step + 1} was not committed (a group failed during it); its "
+                      "batches are not trained, and the step is taken again with the next ones")
             return
         stepped = False if left_out else strategy.optimizer_step(self.optimizer)
         strategy.zero_grad(self.optimizer)
@@ -310,8 +316,9 @@ class FitLoop:
         if self.guard.nonfinite_seen(means.pop(_FLAG)):
             self.act_on_nonfinite(self.guard.settle(strategy) or ("the training loss", None))
         unit, items = self.task.throughput_unit, window.items * strategy.data_parallel.size
-        self.state.items_seen += items
-        metrics = {**{f"train/{k}": v for k, v in means.items()}, f"train/{unit}_per_s": items / elapsed,
+        groups = means.get("replicas", 1.0)  # replica groups step together, each a batch like this group's
+        self.state.items_seen += items * groups
+        metrics = {**{f"train/{k}": v for k, v in means.items()}, f"train/{unit}_per_s": items * groups / elapsed,
                    f"train/{unit}": float(self.state.items_seen)}
         self._log_utilization(metrics, items / elapsed)
         if grad_norm is not None:

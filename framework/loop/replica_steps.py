@@ -64,4 +64,3 @@ def load_heal_state(loop, state: dict) -> None:
     set_model_state_dict(loop.model, model, options=options)
     set_optimizer_state_dict(loop.model, loop.optimizer, optimizer, options=options)
     loop.load_loop_state(state["loop"], {"world_size": loop.strategy.world_size}, Path("a live replica group"))
-    loop.say(f"replicas: group {loop.replicas.group} healed from a live peer at step {loop.state.step}")

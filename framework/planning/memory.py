@@ -35,6 +35,8 @@ class ModelStats:
     shards weights (fsdp, ZeRO-3), else held whole by every rank."""
     largest_param: int = 0
     """Elements of the largest trainable parameter (NVMe offload swaps one parameter per buffer)."""
+    held_params: int = 0
+    """Ψs: the parameters the most loaded pipeline rank holds (strategy=pipeline's held_parameters)."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,21 @@ def fully_sharded(stats: ModelStats, world_size: int, offload: bool = False) -> 
         return MemoryEstimate(gathered, sharded, f"{_coefficient(2 * stats.param_bytes)}L")
     return MemoryEstimate(sharded + gathered, formula=f"{_coefficient(per_param)}Ψ/N + "
                                                       f"{_coefficient(2 * stats.param_bytes)}L{frozen}")
+
+
+def pipelined(stats: ModelStats, data_parallel: int, tensor_parallel: int) -> MemoryEstimate:
+    """Pipeline stages: the most loaded pipeline rank's Ψs parameters, their weights and gradients
+    whole on every data-parallel rank through a step (torch's schedule gathers a stage's FSDP2
+    weights once a step and reduces its gradients after the last microbatch), their optimizer state
+    sharded over the data-parallel ranks; all of it split over the tensor-parallel ranks."""
+    held = stats.held_params or stats.params
+    whole, sharded = 2 * stats.param_bytes, stats.param_bytes * stats.optimizer_states
+    t = f"/{tensor_parallel}" if tensor_parallel > 1 else ""
+    d = f"/{data_parallel * tensor_parallel}" if data_parallel * tensor_parallel > 1 else ""
+    formula = (f"{_coefficient(whole + sharded)}Ψs{t}" if data_parallel == 1
+               else f"{_coefficient(whole)}Ψs{t} + {_coefficient(sharded)}Ψs{d}")
+    return MemoryEstimate(whole * held / tensor_parallel + sharded * held / (data_parallel * tensor_parallel),
+                          formula=formula)
 
 
 def optimizer_sharded(stats: ModelStats, world_size: int) -> MemoryEstimate:
@@ -142,11 +159,14 @@ def estimate(strategy, stats: ModelStats, world_size: int) -> MemoryEstimate:
         return fully_sharded(stats, shards, offload=getattr(strategy, "cpu_offload", False))
     if layout == "optimizer_sharded":
         return optimizer_sharded(stats, shards)
+    if layout == "pipelined":
+        _, data_parallel, tensor_parallel = strategy.mesh_shape(world_size)
+        return pipelined(stats, data_parallel, tensor_parallel)
     if layout == "zero":
         return zero(stats, shards, strategy.stage, strategy.offload_optimizer, strategy.offload_parameters)
     if layout != "replicated":
         raise ValueError(f"{type(strategy).__name__}.memory_layout={layout!r}: use one of replicated, "
-                         "fully_sharded, optimizer_sharded, zero")
+                         "fully_sharded, optimizer_sharded, zero, pipelined")
     return replicated(stats)
 
 
@@ -175,8 +195,9 @@ def model_stats(cfg: DictConfig, plugins, model):
     frozen_bytes = quantized_bytes + frozen * param_bytes
     mixed_half = precision.param_dtype == torch.float32 and precision.compute_dtype in (torch.float16, torch.bfloat16)
     largest = max((p.numel() for p in model.parameters() if p.requires_grad), default=0)
+    held = plugins.strategy.held_parameters(model) if hasattr(plugins.strategy, "held_parameters") else 0
     stats = ModelStats(params, units.largest or params, param_bytes, mixed_half, optimizer_states(cfg), frozen_bytes,
-                       largest)
+                       largest, held)
     return stats, units
 
 

@@ -108,6 +108,10 @@ def prepare(cfg: DictConfig, strict: bool = True, stage: Stage = Stage(), device
                 problems.extend(prepared.plugins.precision.model_problems(prepared.model))
             problems.extend(prepared.plugins.strategy.problems(prepared.model))
             problems.extend(prepared.plugins.fault_tolerance.problems())
+            strategy = prepared.plugins.strategy
+            if prepared.model is not None and not problems and hasattr(strategy, "activation_share"):
+                # a pipeline rank keeps its stages' layers' activations of the microbatches in flight
+                prepared.activation_bytes = int(prepared.activation_bytes * strategy.activation_share(prepared.model))
             too_large = memory_refusal(prepared) if prepared.model is not None and not problems else None
             if too_large:
                 prepared.refusals.append(too_large)

@@ -36,9 +36,9 @@ from framework.strategy.base import DataParallel, copy_structure
 from framework.strategy.fsdp_tensor_parallel import FSDPTensorParallelStrategy, global_norm, whole_tensor
 from framework.strategy.pipelining import forward
 from framework.strategy.pipelining.mesh import mesh_sizes
+from framework.strategy.pipelining.plan import first_stage_activations, layout_lines, rank_parameters
 from framework.strategy.pipelining.schedules import (
     SCHEDULES,
-    bubble_fraction,
     schedule_problems,
     stage_ids,
     stages_per_rank,
@@ -196,34 +196,19 @@ class PipelineStrategy(FSDPTensorParallelStrategy):
 
     def describe_layout(self, world_size: int, model) -> list[str]:
         """`framework plan`: the mesh, each stage's layers and parameters, the schedule's bubble and
-        the microbatches whose activations a rank keeps at once."""
-        pp, dp, tp = self.mesh_shape(world_size)
-        m, count = self.microbatches(world_size), self.stage_count(world_size)
-        lines = [f"mesh: {self.describe_mesh(world_size)}; each data-parallel group of {pp * tp} rank(s) passes its "
-                 f"batch through the stages in {m} microbatches of {self.loop_settings.micro_batch_size // m}"]
-        if model is not None:
-            split = model_split(model, count, self.layers_per_stage)
-            sizes = [sum(p.numel() for p in stage.parameters()) for stage in model_stages(model, split)]
-            total = sum(p.numel() for p in model.parameters())
-            lines.append("stages: " + "; ".join(f"{i}: layers {r.start}-{r.stop - 1}, {size:,} parameters"
-                                                 for i, (r, size) in enumerate(zip(split, sizes))))
-            ranks = [sum(sizes[i] for i in stage_ids(self.schedule, r, pp, self.per_rank)) for r in range(pp)]
-            lines.append(f"the most a pipeline rank holds: {max(ranks):,} parameters ({100 * max(ranks) / max(total, 1):.0f}% "
-                         f"of the model's {total:,}, a tied head's copy counted; the estimate below takes 1/{pp}), "
-                         f"sharded over {dp} data-parallel rank(s)"
-                         + (f" and split over {tp} tensor-parallel ranks where the plan says" if tp > 1 else ""))
-        bubble = bubble_fraction(self.schedule, pp, m, self.per_rank)
-        kept = {"gpipe": m, "looped_bfs": m, "1f1b": min(pp, m)}.get(self.schedule)
-        lines.append(f"schedule {self.schedule}: bubble "
-                     + (f"{100 * bubble:.0f}% of a step by its theory" if bubble is not None else "aimed at none")
-                     + (f"; the first stage keeps {kept} microbatch(es) of activations at once (the estimate below "
-                        "is one micro-batch of the whole model)" if kept is not None else ""))
-        return lines
+        the microbatches whose activations the first stage keeps at once."""
+        return layout_lines(self, world_size, model)
 
-    def state_shards(self, world_size: int) -> int:
-        """`framework plan`: each rank holds its stages' share of the states, sharded over its
-        data-parallel group (and split over its tensor-parallel one): balanced stages, 1/world."""
-        return world_size
+    memory_layout = "pipelined"  # framework/planning/memory.py: the most loaded pipeline rank's states
+
+    def held_parameters(self, model) -> int:
+        """`framework plan`: the parameters the most loaded pipeline rank holds (a tied head's copy counted)."""
+        return max(rank_parameters(self, self._planned_world(), model))
+
+    def activation_share(self, model) -> float:
+        """`framework plan`: the first stage's activations at once, as a share of one micro-batch's
+        through the whole model (its layers' share x the microbatches it keeps / their count)."""
+        return first_stage_activations(self, self._planned_world(), model)
 
     # ---- building: the whole model on meta, this rank's stages materialised -----------------
     def build_model(self, factory, adapter=None):

@@ -177,3 +177,41 @@ def test_a_lighthouse_that_cannot_be_reached_stops_the_group_naming_it(tmp_path)
                         "fault_tolerance.connect_timeout_s=2", "trainer.max_steps=2"], tmp_path, timeout=120)
     assert result.returncode == ExitCode.USER_ERROR, result.stderr[-2000:]
     assert "could not reach the lighthouse at http://127.0.0.1:9 within fault_tolerance.connect_timeout_s=2" in result.stderr
+
+
+@pytest.mark.slow
+def test_two_groups_started_with_one_replica_id_both_stop_naming_it(tmp_path):
+    """Groups started on their own (a cluster's jobs) joining one lighthouse, by mistake with the
+    same fault_tolerance.replica_id: both stop (exit 2) before training on the same data share."""
+    from framework.launch.replica_groups import start_lighthouse
+
+    server, address = start_lighthouse(TorchFT(min_replicas=1, join_timeout_ms=200, heartbeat_timeout_ms=1000))
+    try:
+        args = [*TINY_GPT, *FAST, "fault_tolerance.replica_id=0", f"fault_tolerance.lighthouse={address}",
+                "trainer.max_steps=5"]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        groups = [subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={tmp_path / str(i)}"],
+                                   cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                  for i in range(2)]
+        outputs = [group.communicate(timeout=300) for group in groups]
+    finally:
+        server.shutdown()
+    for group, (_, err) in zip(groups, outputs):
+        assert group.returncode == ExitCode.USER_ERROR, err[-2000:]
+        assert "fault_tolerance.replica_id=0: another group joined the lighthouse with the same id" in err
+
+
+@pytest.mark.slow
+def test_non_finite_gradients_in_one_group_leave_the_step_out_in_every_group(tmp_path):
+    """trainer.on_nonfinite=skip: group 1's NaN reaches every group through the average, so every
+    group's guard leaves that step out; the groups stay bit-equal."""
+    result = run_train([*TINY_GPT, *FAST, "trainer.max_steps=8", "trainer.log_every=1", "trainer.val_every=1000",
+                        "trainer.on_nonfinite=skip", "name=nan", "+callbacks.nan._target_=tests.helpers.killer.NanInGroupOnce",
+                        "+callbacks.nan.step=5"], tmp_path, env=ENV)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "outputs" / "nan"
+    assert json.loads((run / "summary.json").read_text())["weights_agree"]
+    for group in (0, 1):
+        with open(run / f"replica_{group}" / "metrics.csv") as f:
+            skipped = [int(row["step"]) for row in csv.DictReader(f) if row.get("train/skipped_step")]
+        assert skipped == [5], (group, skipped)

@@ -70,3 +70,22 @@ class PaceWhileAlone(Callback):
         if loop.replicas.participants < loop.replicas.replica_groups and self.left > 0:
             time.sleep(self.seconds)
             self.left -= self.seconds
+
+
+class NanInGroupOnce(Callback):
+    """fault_tolerance=torchft: replica group `group`'s model gives NaN logits in the training
+    forward of step `step` (its own share of that step's batch), in its first life only."""
+
+    def __init__(self, group: int = 1, step: int = 5):
+        self.group, self.step = group, step
+
+    def on_fit_start(self, loop) -> None:
+        if loop.replicas.group != self.group:
+            return
+
+        def poison(module, args, output):
+            if module.training and loop.state.step + 1 == self.step:
+                return output * float("nan")
+            return None
+
+        loop.strategy.unwrap(loop.model).register_forward_hook(poison)

@@ -155,6 +155,25 @@ def test_plan_shows_each_stage_and_the_schedules_bubble():
     assert "bubble 20% of a step by its theory" in lines[3] and "keeps 4 microbatch(es)" in lines[3]  # (p-1)/(m+p-1)
 
 
+@pytest.mark.parametrize("devices,settings,states,activations", [
+    (2, {"schedule": "gpipe", "microbatches": 4}, 16 * 37_696, 0.5),  # all 4 in flight, half the layers
+    (2, {"microbatches": 4}, 16 * 37_696, 0.25),  # 1F1B: 2 of the 4 in flight
+    (4, {"pipeline_parallel_size": 2}, 8 * 37_696 + 8 * 37_696 / 2, 0.5),  # weights and gradients whole, Adam's sharded
+])
+def test_plan_estimates_the_most_loaded_ranks_states_and_first_stage_activations(devices, settings, states, activations):
+    """fp32 AdamW: 4 bytes each of weight, gradient and two moments per parameter the rank holds
+    (its stages', the tied head's copy counted: 37,696 on the first of 2 stages); the first stage's
+    activations: its layers' share x the microbatches in flight / their count."""
+    from framework.planning.memory import ModelStats, estimate
+
+    gpt = GPT(vocab_size=256, n_layer=4, n_embd=32, n_head=2)
+    strategy = _strategy(devices, **settings)
+    assert strategy.held_parameters(gpt) == 37_696
+    stats = ModelStats(params=63_168, largest_unit=0, held_params=strategy.held_parameters(gpt))
+    assert estimate(strategy, stats, devices).device == pytest.approx(states)
+    assert strategy.activation_share(gpt) == pytest.approx(activations)
+
+
 # ---- 2 and 4 processes ---------------------------------------------------------------------------
 
 STEPS = 4
