@@ -74,7 +74,7 @@ def main() -> None:
         survivor, restarted = summary["replica_groups"]
         (heal,) = restarted["replicas"]["heals"]
         back_after = heal["at"] - restarted["started_at"][-1]
-        alone = survivor["replicas"]["participants"].count(1)
+        alone = survivor["replicas"]["participants"].get("1", 0)
         ckpt, _, out = train(workdir, "restarted", ["strategy=ddp", "devices=2", "trainer.max_steps=80",
                                                     "trainer.max_restarts=1", "callbacks=[checkpoint]",
                                                     "callbacks.checkpoint.every_n_steps=10",

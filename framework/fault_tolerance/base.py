@@ -20,12 +20,13 @@ class Heal:
 @dataclass
 class ReplicaRecord:
     """What a group's summary.json says of it (fault_tolerance=torchft): its id, the heals, the
-    steps whose commit failed, the most and fewest groups that took part in a step."""
+    steps whose commit failed, and how many of its steps each number of groups took part in."""
 
     replica_id: int
     heals: list[Heal] = field(default_factory=list)
     uncommitted_steps: int = 0
-    participants: list[int] = field(default_factory=list)
+    participants: dict[int, int] = field(default_factory=dict)
+    """{groups taking part: this group's steps with that many}"""
 
 
 class FaultTolerance:

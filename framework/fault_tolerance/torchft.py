@@ -188,7 +188,8 @@ class TorchFT(FaultTolerance):
         if self._healed_now:
             self._record.heals[-1].seconds = time.perf_counter() - start
             self._record.heals[-1].at = time.time()
-        self._record.participants.append(self._manager.num_participants())
+        count = self._manager.num_participants()
+        self._record.participants[count] = self._record.participants.get(count, 0) + 1
         return self._healed_now
 
     def average_gradients(self, parameters) -> None:

@@ -117,13 +117,13 @@ def test_a_killed_group_is_restarted_heals_from_its_peer_and_ends_with_its_weigh
     assert survivor["starts"] == 1 and survivor["exits"] == [0]
     assert healed["starts"] == 2 and healed["exits"][-1] == 0 and healed["exits"][0] != 0
     # the survivor went on alone: steps with one group taking part, committed (none lost)
-    alone = survivor["replicas"]["participants"].count(1)
+    alone = survivor["replicas"]["participants"].get("1", 0)
     assert alone >= 1, survivor["replicas"]
     assert survivor["replicas"]["final_step"] == healed["replicas"]["final_step"] == steps
     # the restarted group copied the survivor's state once, past the step it died at
     (heal,) = healed["replicas"]["heals"]
     assert killed_at < heal["step"] < steps and heal["seconds"] < 30
-    assert healed["replicas"]["participants"][0] == 2  # from its first step on, both take part again
+    assert set(healed["replicas"]["participants"]) == {"2"}  # from its first step on, both take part again
     assert "replicas: group 1 healed from a live peer" in result.stdout
     for group in (survivor, healed):
         losses = _losses(run / f"replica_{group['replica_id']}")
