@@ -13,6 +13,10 @@ Rows:
   single_device, ddp, fsdp, hsdp and model_parallel;
 - pipeline (2 stages x FSDP2 where the GPUs pair up, else one stage) in 32, bf16 and 16 (refused),
   resumed from torch and dcp checkpoints, and compiled;
+- fault_tolerance=torchft: 2 replica groups (each half the GPUs, or sharing the one there is) of
+  ddp and of fsdp, the groups' average over gloo and over nccl (refused where groups share a GPU),
+  their mean loss against the CPU's at the groups' global batch and their final weights equal; and
+  group 1 killed after step 3 of 30: restarted, healed from group 0, the same final weights;
 - performance (`--perf`, on by default on CUDA): a GPT of 12 x 768, context 1024, batch 16, bf16
   autocast, AdamW, clipping: steady ms per step (steps 15-55, a synchronised clock) of a raw PyTorch
   loop eager and with torch.compile(model), of the framework eager and with trainer.compile=true,
@@ -83,10 +87,18 @@ class Row:
     extra: list = field(default_factory=list)
     note: str = ""
     resume: bool = False
+    groups: int = 1  # fault_tolerance=torchft's replica groups (devices is each group's)
+    heal: bool = False  # group 1 is killed mid-run and must heal
+    steps: int = STEPS
 
     @property
     def key(self) -> str:
-        return f"{self.strategy}/{self.precision}/{self.checkpoint_io}"
+        return f"{self.strategy}/{self.precision}/{self.checkpoint_io}" + ("/torchft" if self.groups > 1 else "")
+
+    @property
+    def reference_devices(self) -> int:
+        """The processes whose global batch the CPU reference takes (every group's)."""
+        return self.devices * self.groups
 
 
 def rows(gpus: int) -> list[Row]:
@@ -110,8 +122,28 @@ def rows(gpus: int) -> list[Row]:
         out.append(Row("pipeline", "bf16", "torch", devices, [*stages, *COMPILED], "trainer.compile=true"))
         for strategy in ("ddp", "fsdp", "hsdp", "model_parallel"):
             out.append(Row(strategy, "bf16", "torch", devices, COMPILED, "trainer.compile=true"))
+        out += replica_group_rows(devices)
     out.append(Row("single_device", "32", "torch", 1, COMPILED, "trainer.compile=true"))
     return out
+
+
+REPLICA_GROUPS = ["fault_tolerance=torchft", "fault_tolerance.replica_groups=2", "fault_tolerance.heartbeat_timeout_ms=1000",
+                  "fault_tolerance.join_timeout_ms=200", "fault_tolerance.quorum_timeout_s=180"]
+HEAL = ["+callbacks.killer._target_=tests.helpers.killer.KillReplicaGroupOnce", "+callbacks.killer.step=3",
+        "+callbacks.pace._target_=tests.helpers.killer.PaceWhileAlone", "+callbacks.pace.seconds=1.0"]
+
+
+def replica_group_rows(devices: int) -> list[Row]:
+    """fault_tolerance=torchft at `devices` GPUs: 2 groups of half of them each (of the one GPU,
+    shared, where there is one; nccl between groups is then refused)."""
+    each = max(1, devices // 2)
+    nccl = [*REPLICA_GROUPS, "fault_tolerance.process_group=nccl"]
+    return [Row("ddp", "32", "torch", each, REPLICA_GROUPS, "2 replica groups, gloo between", groups=2),
+            Row("fsdp", "bf16", "torch", each, REPLICA_GROUPS, "2 replica groups, gloo between", groups=2),
+            Row("ddp", "32", "torch", each, nccl, "2 replica groups, nccl between", groups=2),
+            Row("fsdp", "bf16", "torch", each, nccl, "2 replica groups, nccl between", groups=2),
+            Row("ddp", "32", "torch", each, [*REPLICA_GROUPS, *HEAL], "group 1 killed after step 3, heals", groups=2,
+                heal=True, steps=30)]
 
 
 def pipeline_stages(devices: int) -> list[str]:
@@ -142,8 +174,27 @@ def _run(args: list[str], cwd: Path, env: dict | None = None) -> tuple[subproces
 
 
 def _losses(run_dir: Path) -> list[float]:
+    """The run's train/loss by step; replica groups' (each its own share's) averaged over the groups,
+    which is the loss of their global batch."""
+    groups = sorted(run_dir.glob("replica_*"))
+    if groups:
+        each = [_losses(group) for group in groups]
+        return [sum(step) / len(step) for step in zip(*each)]
     with open(run_dir / "metrics.csv") as f:
         return [float(r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")]
+
+
+def replica_outcome(row: Row, run_dir: Path) -> str:
+    """Why a replica-group run is not right ('' when it is): the groups' final weights differ, or
+    the killed group did not come back and heal."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    if not summary.get("weights_agree"):
+        return "the groups' final weights differ"
+    killed = summary["replica_groups"][1]
+    heals = killed.get("replicas", {}).get("heals", [])
+    if row.heal and (killed["starts"] != 2 or not heals):
+        return f"group 1 started {killed['starts']} time(s), healed {len(heals)} time(s)"
+    return ""
 
 
 def _last_checkpoint(run_dir: Path) -> Path:
@@ -179,7 +230,8 @@ def check(row: Row, accelerator: str, reference: list[float], workdir: Path) -> 
     name = f"{row.strategy}-{row.precision}-{row.checkpoint_io}-{row.devices}-{number}"
     args = [*BASE, f"accelerator={accelerator}", f"strategy={row.strategy}", f"precision={row.precision}",
             f"checkpoint_io={row.checkpoint_io}", f"devices={row.devices}", *row.extra]
-    result, seconds = _run([*args, f"trainer.max_steps={STEPS}", f"hydra.run.dir={workdir / name}"], workdir)
+    env = {"PYTHONPATH": str(ROOT), "FRAMEWORK_TRUST_ALLOW": "tests.helpers."} if row.heal else None  # its killer
+    result, seconds = _run([*args, f"trainer.max_steps={row.steps}", f"hydra.run.dir={workdir / name}"], workdir, env)
     if result.returncode != 0:
         refused = result.returncode == 2 and "configuration error" in result.stderr
         if FAILED_LOGS is not None and not refused:  # the whole traceback, for the note
@@ -190,10 +242,15 @@ def check(row: Row, accelerator: str, reference: list[float], workdir: Path) -> 
         reason = " ".join(line.strip(" -") for line in detail[:2])[:240]
         return {"result": "refused" if refused else f"FAILED (exit {result.returncode})", "why": reason,
                 "seconds": seconds}
-    losses = _losses(workdir / name)
+    losses = _losses(workdir / name / "replica_0" if row.heal else workdir / name)
+    if row.heal:  # group 0 stepped alone on its share while group 1 was away: no reference to meet
+        why = replica_outcome(row, workdir / name) or ("" if losses[-1] < losses[0] else "the loss did not fall")
+        return {"result": "HEAL FAILED" if why else "ok, healed", "last": losses[-1], "seconds": seconds, "why": why}
     diff = abs(losses[-1] - reference[-1])
     ok = diff <= TOLERANCE.get(row.precision, 0.15) and losses[-1] < losses[0]
     outcome = {"result": "ok" if ok else "LOSS OFF", "last": losses[-1], "diff": diff, "seconds": seconds, "why": ""}
+    if row.groups > 1 and ok and replica_outcome(row, workdir / name):
+        outcome.update(result="WEIGHTS DIFFER", why=replica_outcome(row, workdir / name))
     if row.resume and ok:
         resumed_dir = workdir / f"{name}-resumed"
         first, s1 = _run([*args, "trainer.max_steps=3", f"hydra.run.dir={resumed_dir}"], workdir)
@@ -405,10 +462,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         workdir, cache = Path(tmp), {}
         for row in chosen:  # the CPU references first, one after another
-            reference_losses(row.devices, row.precision, workdir, cache)
+            reference_losses(row.reference_devices, row.precision, workdir, cache)
 
         def one(row: Row) -> str:
-            out = check(row, args.accelerator, reference_losses(row.devices, row.precision, workdir, cache), workdir)
+            out = check(row, args.accelerator, reference_losses(row.reference_devices, row.precision, workdir, cache),
+                        workdir)
             last = f"{out['last']:.4f}" if "last" in out else ""
             diff = f"{out['diff']:.1e}" if "diff" in out else ""
             line = (f"| {row.strategy} | {row.precision} | {row.checkpoint_io} | {row.devices} | {row.note} | "
@@ -419,7 +477,7 @@ def main() -> int:
         with ThreadPoolExecutor(max_workers=parallel) as pool:
             table = list(pool.map(one, chosen))  # in the rows' order, whatever order they finish in
         lines += table
-        failed = sum(line.split(" | ")[5].startswith(("FAILED", "LOSS", "RESUME")) for line in table)
+        failed = sum(line.split(" | ")[5].startswith(("FAILED", "LOSS", "RESUME", "HEAL", "WEIGHTS")) for line in table)
         if perf:
             lines += performance(args.accelerator, workdir)
             print("\n".join(lines[-10:]), flush=True)

@@ -30,7 +30,7 @@ def build_plugins(cfg: DictConfig) -> Plugins:
     fault_tolerance = build(cfg.fault_tolerance, "fault_tolerance")
     strategy.replica_share = (fault_tolerance.replica_groups, fault_tolerance.group)
     try:
-        strategy.devices = accelerator.resolve_devices(cfg.get("devices", 1))
+        strategy.devices = fault_tolerance.resolve_devices(accelerator, cfg.get("devices", 1))
         strategy.num_nodes = int(cfg.get("num_nodes", 1))
     except (TypeError, ValueError):
         pass  # a bad `devices` value is reported by the checks that read it

@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from framework.errors import ConfigError
 from framework.exits import hydra_output_dir, leave_on_failure
-from framework.launch.replica_groups import launches_groups, supervise
+from framework.launch.replica_groups import launches_groups, placement, supervise
 from framework.loop.nonfinite import Diverged
 from framework.loop.preemption import Preempted
 from framework.loop.state import Stage
@@ -52,7 +52,9 @@ def fit_replica_groups(cfg: DictConfig, output_dir: Path) -> float | None:
     prepared = prepare(cfg, stage=Stage("fit"))
     output_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    groups = supervise(prepared.plugins.fault_tolerance, sys.argv, output_dir, lambda line: print(line, flush=True))
+    ft = prepared.plugins.fault_tolerance
+    groups = supervise(ft, sys.argv, output_dir, lambda line: print(line, flush=True),
+                       placement(prepared.plugins.accelerator, prepared.processes_per_node, ft.replica_groups))
     first = groups["replica_groups"][0]
     objective_name = prepared.resolved.trainer.objective
     write_summary(output_dir, run_summary(prepared.resolved.name, "completed", objective_name, first.get("objective_value"),

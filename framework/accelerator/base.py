@@ -17,6 +17,9 @@ class Accelerator(ABC):
     """
 
     name: str = "base"
+    #: the environment variable that limits which of this type's devices a process sees (a replica
+    #: group's own GPUs: framework/launch/replica_groups.py); None where devices cannot be handed out
+    visible_devices_env: str | None = None
 
     @staticmethod
     @abstractmethod

@@ -10,6 +10,7 @@ class CUDAAccelerator(Accelerator):
     """Train on CUDA GPUs; local rank i uses GPU i."""
 
     name = "cuda"
+    visible_devices_env = "CUDA_VISIBLE_DEVICES"
 
     @staticmethod
     def is_available() -> bool:

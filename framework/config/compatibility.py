@@ -60,6 +60,15 @@ def _ft_strategies(p: Plan) -> tuple[str, ...] | None:
     return getattr(p.fault_tolerance, "strategies", None)
 
 
+def _shared_gpus(p: Plan) -> int | None:
+    """The GPUs this machine has where the replica groups one command starts would share them
+    (fewer than replica_groups x devices: framework/launch/replica_groups.py wraps around); else None."""
+    ft, acc = p.fault_tolerance, p.accelerator
+    if not getattr(ft, "launches_groups", False) or acc.visible_devices_env is None or not acc.is_available():
+        return None
+    return acc.max_devices() if ft.replica_groups * p.devices > acc.max_devices() else None
+
+
 def _acc(p: Plan) -> str:
     return p.names["accelerator"]
 
@@ -295,6 +304,27 @@ RULES: list[Rule] = [
         f"one of {', '.join(_ft_strategies(p))} (each rank's part of the state copied rank to rank when a group heals); "
         "hsdp, offloaded, tensor-parallel, pipelined, DeepSpeed, fairscale and XLA groups are not carried yet. Use "
         "strategy=ddp or fsdp inside the groups, or fault_tolerance=none.",
+    ),
+    Rule(
+        lambda p: getattr(p.fault_tolerance, "process_group", None) == "nccl"
+        and getattr(p.accelerator, "distributed_backend", None) != "nccl",
+        lambda p: f"fault_tolerance.process_group=nccl with accelerator={_acc(p)}: NCCL joins GPUs; use "
+        "fault_tolerance.process_group=gloo.",
+    ),
+    Rule(
+        lambda p: getattr(p.fault_tolerance, "process_group", None) == "nccl" and _shared_gpus(p) is not None,
+        lambda p: f"fault_tolerance.process_group=nccl with {p.fault_tolerance.replica_groups} replica groups x "
+        f"devices={p.devices} on {_shared_gpus(p)} GPU(s): the groups would share GPUs, and one NCCL communicator "
+        "cannot hold two ranks of one GPU; use fault_tolerance.process_group=gloo (shared GPUs, slower), or fewer "
+        "groups or devices.",
+    ),
+    Rule(
+        lambda p: getattr(p.fault_tolerance, "process_group", None) != "nccl" and _shared_gpus(p) is not None,
+        lambda p: f"fault_tolerance.replica_groups={p.fault_tolerance.replica_groups} x devices={p.devices} on "
+        f"{_shared_gpus(p)} GPU(s): the groups share GPUs (group g's rank r on GPU (g x {p.devices} + r) mod "
+        f"{_shared_gpus(p)}), each GPU's memory and time split between them; fine for trying it out, slower than "
+        "one group a GPU block.",
+        level="warn",
     ),
     Rule(
         lambda p: p.loop.manual_optimization and _ft_strategies(p) is not None,

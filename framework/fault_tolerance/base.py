@@ -46,6 +46,10 @@ class FaultTolerance:
         """Whether this command starts every group itself (and a lighthouse) instead of being one."""
         return False
 
+    def resolve_devices(self, accelerator, devices) -> int:
+        """The `devices` key as a count of one group's devices (all of the run's, without groups)."""
+        return accelerator.resolve_devices(devices)
+
     def problems(self) -> list[str]:
         """Problems with this option's own settings (before launch; the strategies it carries are
         the compatibility table's)."""

@@ -12,8 +12,9 @@ trained is skipped. Each group reads its own share of every step's samples (grou
 the g-th of G slices of the data-parallel order); while a group is away its share of those steps
 is not trained (the others do not take it over), which the per-step `train/replicas` shows.
 
-Built on torchft's Manager, its fault-tolerant ProcessGroupGloo and its HTTP checkpoint transport;
-nothing of the quorum, the transport or the lighthouse is the framework's own.
+Built on torchft's Manager, its fault-tolerant ProcessGroupGloo (or ProcessGroupNCCL) and its HTTP
+checkpoint transport; nothing of the quorum, the transport or the lighthouse is the framework's own.
+Groups started by one command on a GPU machine get GPUs of their own (framework/launch/replica_groups.py).
 """
 from __future__ import annotations
 
@@ -46,12 +47,17 @@ def quiet_torchft() -> None:
     warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
 
 
-def _checked_gloo(plugin: "TorchFT", timeout: timedelta):
-    """torchft's reconfigurable gloo group, which also notes a quorum holding two groups of one
-    replica_id (torchft numbers a group's ranks by its id: both would take the same places)."""
-    from torchft.process_group import ProcessGroupGloo
+def _quorum_group(plugin: "TorchFT", timeout: timedelta):
+    """torchft's reconfigurable process group of `plugin.process_group` (gloo or nccl), which also
+    notes a quorum holding two groups of one replica_id (torchft numbers a group's ranks by its id:
+    both would take the same places)."""
+    from torchft import process_group
 
-    class CheckedGloo(ProcessGroupGloo):
+    base = process_group.ProcessGroupNCCL if plugin.process_group == "nccl" else process_group.ProcessGroupGloo
+    if plugin.process_group == "nccl":  # torchft's default (and its warning) otherwise; a step's limit is ours
+        os.environ.setdefault("TORCH_NCCL_NONBLOCKING_TIMEOUT", str(timeout.total_seconds()))
+
+    class Checked(base):
         def configure(self, store_addr, replica_id, rank, world_size, quorum_id=None, group_rank=None,
                       group_world_size=None, global_ranks=None):
             if global_ranks is not None and len(set(global_ranks)) < len(global_ranks):
@@ -59,7 +65,7 @@ def _checked_gloo(plugin: "TorchFT", timeout: timedelta):
             super().configure(store_addr, replica_id, rank, world_size, quorum_id, group_rank, group_world_size,
                               global_ranks)
 
-    return CheckedGloo(timeout=timeout)
+    return Checked(timeout=timeout)
 
 
 class TorchFT(FaultTolerance):
@@ -76,7 +82,8 @@ class TorchFT(FaultTolerance):
                  min_replicas: PositiveInt = 1, lighthouse: str = "auto", quorum_timeout_s: PositiveFloat = 60.0,
                  step_timeout_s: PositiveFloat = 60.0, connect_timeout_s: PositiveFloat = 10.0,
                  heartbeat_timeout_ms: PositiveInt = 5000, join_timeout_ms: NonNegativeInt = 1000,
-                 restarts: NonNegativeInt = 3, port: NonNegativeInt | Literal["auto"] = "auto"):
+                 restarts: NonNegativeInt = 3, port: NonNegativeInt | Literal["auto"] = "auto",
+                 process_group: Literal["gloo", "nccl"] = "gloo"):
         """replica_groups: groups the data-parallel dimension is split into; replica_id: this group's
         (null: this command starts every group and a lighthouse on this machine); min_replicas:
         groups a step needs to commit; lighthouse: host:port of a lighthouse (`framework
@@ -86,7 +93,9 @@ class TorchFT(FaultTolerance):
         heartbeat_timeout_ms: silence after which the lighthouse counts a group gone;
         join_timeout_ms: how long it waits for more groups once min_replicas have joined; restarts:
         times the local launch restarts a dead group; port: the lighthouse's port when this command
-        starts it (auto: a free one)."""
+        starts it (auto: a free one); process_group: what carries the gradient average and the vote
+        between groups (gloo: any device, CUDA tensors through host memory; nccl: GPU to GPU, each
+        group on GPUs of its own)."""
         self.replica_groups = int(replica_groups)
         self.replica_id = replica_id
         self.group = int(replica_id or 0)
@@ -99,6 +108,7 @@ class TorchFT(FaultTolerance):
         self.join_timeout_ms = int(join_timeout_ms)
         self.restarts = int(restarts)
         self.port = port
+        self.process_group = process_group
         self._manager = None
         self._store = None
         self._healed_now = False
@@ -110,6 +120,13 @@ class TorchFT(FaultTolerance):
     @property
     def launches_groups(self) -> bool:
         return self.replica_id is None
+
+    def resolve_devices(self, accelerator, devices) -> int:
+        """devices=auto where this command starts every group on a GPU machine: each group an equal
+        block of the GPUs (framework/launch/replica_groups.py hands them out), not all of them each."""
+        if devices == "auto" and self.launches_groups and accelerator.visible_devices_env is not None:
+            return max(1, accelerator.max_devices() // self.replica_groups)
+        return accelerator.resolve_devices(devices)
 
     def problems(self) -> list[str]:
         found = []
@@ -148,7 +165,7 @@ class TorchFT(FaultTolerance):
 
         try:
             self._manager = Manager(
-                pg=_checked_gloo(self, step_timeout), load_state_dict=load, state_dict=state_dict,
+                pg=_quorum_group(self, step_timeout), load_state_dict=load, state_dict=state_dict,
                 min_replica_size=self.min_replicas, use_async_quorum=False, timeout=step_timeout,
                 quorum_timeout=timedelta(seconds=self.quorum_timeout_s),
                 connect_timeout=timedelta(seconds=self.connect_timeout_s), rank=strategy.global_rank,

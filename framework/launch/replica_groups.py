@@ -41,6 +41,25 @@ class Group:
     exits: list[int] = field(default_factory=list)
 
 
+def group_devices(visible: list[str], groups: int, per_group: int) -> list[list[str]]:
+    """Each group's devices: consecutive blocks of `visible`, group g the g-th; where there are fewer
+    than groups x per_group the blocks wrap around, so groups share devices (a group's own stay
+    distinct while per_group <= len(visible))."""
+    return [[visible[(g * per_group + i) % len(visible)] for i in range(per_group)] for g in range(groups)]
+
+
+def placement(accelerator, per_group: int, groups: int) -> list[dict]:
+    """Each group's environment that hands it its own devices (CUDA_VISIBLE_DEVICES: a block of the
+    GPUs this command sees, as their ids or UUIDs there); nothing for an accelerator whose devices
+    cannot be handed out (the CPU's cores are split by FRAMEWORK_CORES instead)."""
+    variable = getattr(accelerator, "visible_devices_env", None)
+    if variable is None:
+        return [{} for _ in range(groups)]
+    listed = [d.strip() for d in os.environ.get(variable, "").split(",") if d.strip()]
+    visible = (listed or [str(i) for i in range(accelerator.max_devices())])[:accelerator.max_devices()]
+    return [{variable: ",".join(ids)} for ids in group_devices(visible, groups, per_group)]
+
+
 def launches_groups(cfg) -> bool:
     """Whether this command starts every replica group (fault_tolerance=torchft without a replica_id)."""
     return bool(cfg.get("fault_tolerance")) and build(cfg.fault_tolerance, "fault_tolerance").launches_groups
@@ -71,11 +90,12 @@ def relay(stream, prefix: str) -> None:
         sys.stdout.flush()
 
 
-def supervise(ft, argv: list[str], output_dir: Path, say) -> dict:
+def supervise(ft, argv: list[str], output_dir: Path, say, devices: list[dict] | None = None) -> dict:
     """Start the lighthouse and every group; restart a group that dies; return the run's summary
-    (each group's summary.json, and whether their final weights agree). Leaves with exit 1 when a
-    group dies more than fault_tolerance.restarts times, with a group's own code when it stops for
-    a reason a restart would meet again (UserError: its config)."""
+    (each group's summary.json, and whether their final weights agree). `devices`: each group's
+    environment from `placement` (its own GPUs). Leaves with exit 1 when a group dies more than
+    fault_tolerance.restarts times, with a group's own code when it stops for a reason a restart
+    would meet again (UserError: its config)."""
     server, address = start_lighthouse(ft, 0 if ft.port == "auto" else int(ft.port))
     say(f"fault_tolerance: lighthouse at {address}; {ft.replica_groups} replica groups, min_replicas {ft.min_replicas}")
     groups = [Group(i, output_dir / f"replica_{i}") for i in range(ft.replica_groups)]
@@ -83,11 +103,16 @@ def supervise(ft, argv: list[str], output_dir: Path, say) -> dict:
     # the groups share this machine's cores (a one-process group's torch threads, a group's workers)
     cores = str(max(1, (os.cpu_count() or 1) // ft.replica_groups))
     env = {**os.environ, CORES_ENV: cores, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", cores)}
+    devices = devices or [{} for _ in groups]
+    for group, own in zip(groups, devices):
+        if own:
+            say(f"fault_tolerance: group {group.index} on " + ", ".join(f"{k}={v}" for k, v in own.items()))
 
     def start(group: Group) -> None:
         restarted = bool(group.starts)
         group.out.mkdir(parents=True, exist_ok=True)
-        group.process = subprocess.Popen(group_command(argv, group.index, address, group.out, restarted), env=env,
+        group.process = subprocess.Popen(group_command(argv, group.index, address, group.out, restarted),
+                                         env={**env, **devices[group.index]},
                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         group.relay = threading.Thread(target=relay, args=(group.process.stdout, f"[group {group.index}] "), daemon=True)
         group.relay.start()

@@ -93,7 +93,8 @@ def prepare(cfg: DictConfig, strict: bool = True, stage: Stage = Stage(), device
         prepared.model, prepared.activation_bytes, prepared.logged = attempt(
             lambda: build_components(resolved, prepared.plugins, stage, prepared.warnings)) or (None, 0, None)
     if prepared.plugins is not None:
-        prepared.devices = attempt(lambda: prepared.plugins.accelerator.resolve_devices(resolved.devices))
+        plugins = prepared.plugins
+        prepared.devices = attempt(lambda: plugins.fault_tolerance.resolve_devices(plugins.accelerator, resolved.devices))
     if prepared.devices is not None:
         plan = compatibility_plan(prepared.plugins, resolved, prepared.devices)
         prepared.refusals, judged = judge(plan)
