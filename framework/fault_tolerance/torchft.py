@@ -93,9 +93,9 @@ class TorchFT(FaultTolerance):
         heartbeat_timeout_ms: silence after which the lighthouse counts a group gone;
         join_timeout_ms: how long it waits for more groups once min_replicas have joined; restarts:
         times the local launch restarts a dead group; port: the lighthouse's port when this command
-        starts it (auto: a free one); process_group: what carries the gradient average and the vote
-        between groups (gloo: any device, CUDA tensors through host memory; nccl: GPU to GPU, each
-        group on GPUs of its own)."""
+        starts it (auto: a free one); process_group: what carries the gradient average between
+        groups (gloo: any device, CUDA tensors through host memory; nccl: GPU to GPU, each group on
+        GPUs of its own)."""
         self.replica_groups = int(replica_groups)
         self.replica_id = replica_id
         self.group = int(replica_id or 0)
