@@ -249,8 +249,9 @@ def check(row: Row, accelerator: str, reference: list[float], workdir: Path) -> 
     diff = abs(losses[-1] - reference[-1])
     ok = diff <= TOLERANCE.get(row.precision, 0.15) and losses[-1] < losses[0]
     outcome = {"result": "ok" if ok else "LOSS OFF", "last": losses[-1], "diff": diff, "seconds": seconds, "why": ""}
-    if row.groups > 1 and ok and replica_outcome(row, workdir / name):
-        outcome.update(result="WEIGHTS DIFFER", why=replica_outcome(row, workdir / name))
+    differ = replica_outcome(row, workdir / name) if row.groups > 1 and ok else ""
+    if differ:
+        outcome.update(result="WEIGHTS DIFFER", why=differ)
     if row.resume and ok:
         resumed_dir = workdir / f"{name}-resumed"
         first, s1 = _run([*args, "trainer.max_steps=3", f"hydra.run.dir={resumed_dir}"], workdir)

@@ -321,9 +321,9 @@ RULES: list[Rule] = [
     Rule(
         lambda p: getattr(p.fault_tolerance, "process_group", None) != "nccl" and _shared_gpus(p) is not None,
         lambda p: f"fault_tolerance.replica_groups={p.fault_tolerance.replica_groups} x devices={p.devices} on "
-        f"{_shared_gpus(p)} GPU(s): the groups share GPUs (group g's rank r on GPU (g x {p.devices} + r) mod "
-        f"{_shared_gpus(p)}), each GPU's memory and time split between them; fine for trying it out, slower than "
-        "one group a GPU block.",
+        f"{_shared_gpus(p)} GPU(s): the groups share GPUs (each takes the next {p.devices} in turn, starting over at "
+        "the first), each GPU's memory and time split between them; fine for trying it out, slower than GPUs of "
+        "their own.",
         level="warn",
     ),
     Rule(

@@ -99,8 +99,8 @@ def test_groups_that_would_share_gpus_are_warned_about_and_nccl_between_them_ref
     check_compatibility(_plan(FakeGPUs(4), devices=2, replica_groups=2, process_group="nccl"))  # a block each
     assert "share GPUs" not in capsys.readouterr().err
     check_compatibility(_plan(FakeGPUs(1), replica_groups=2))
-    assert ("fault_tolerance.replica_groups=2 x devices=1 on 1 GPU(s): the groups share GPUs (group g's rank r on GPU "
-            "(g x 1 + r) mod 1)") in capsys.readouterr().err
+    assert ("fault_tolerance.replica_groups=2 x devices=1 on 1 GPU(s): the groups share GPUs (each takes the next 1 "
+            "in turn, starting over at the first)") in capsys.readouterr().err
     with pytest.raises(ConfigError, match=r"fault_tolerance.process_group=nccl with 3 replica groups x devices=2 on 4 "
                                           r"GPU\(s\): the groups would share GPUs.*use fault_tolerance.process_group=gloo"):
         check_compatibility(_plan(FakeGPUs(4), devices=2, replica_groups=3, process_group="nccl"))
