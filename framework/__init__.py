@@ -12,7 +12,7 @@ import os
 # torch's float32 matmuls on an x86 CPU are MKL's. Without its conditional numerical
 # reproducibility mode MKL may pick kernels by the operands' memory alignment, so one job can end
 # with other bits from one run to the next; strict mode gives the same bits at the same thread count
-# whatever the alignment (README "Reproducibility"). MKL reads it at its first call: set before any.
+# whatever the alignment (docs/checkpoints.md, "Reproducibility"). MKL reads it at its first call: set before any.
 # A value the user set wins (e.g. MKL_CBWR=AUTO: reproducible for aligned operands only).
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 

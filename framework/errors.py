@@ -8,7 +8,7 @@ from enum import IntEnum
 
 
 class ExitCode(IntEnum):
-    """Every exit code the framework decides (documented in README.md, "Exit codes")."""
+    """Every exit code the framework decides (documented in docs/errors.md)."""
 
     OK = 0
     FAILED = 1  # a worker crashed or a framework bug: the report shows the traceback

@@ -1,4 +1,5 @@
-"""Every `python train.py ...` command shown in README.md and docs/ composes and validates."""
+"""Every `python train.py ...` command shown in README.md and docs/ composes and validates; the site
+builds from docs/ with no warning (no broken link, no page left out)."""
 from __future__ import annotations
 
 import re
@@ -13,11 +14,14 @@ from framework.config.overrides import normalize_overrides
 from framework.errors import ConfigError
 from framework.preflight import prepare
 from tests.conftest import ROOT, compose_cfg
+from tests.helpers.in_process import run_command
+
+DOC_PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def shown_lines(pattern: str) -> list[tuple[str, str]]:
     found = []
-    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for doc in DOC_PAGES:
         in_code = False
         for line in doc.read_text().splitlines():
             if line.startswith("```"):
@@ -33,7 +37,7 @@ def shown_lines(pattern: str) -> list[tuple[str, str]]:
 # example plugin installed (its options are run by tests/extension/test_plugin_package.py), or the
 # reader's own files (docs/your-model.md's files and commands run in tests/test_your_model_doc.py).
 NEEDS_A_PLUGIN = ("mypkg", "my_configs", "cluster=mysched", "hooked_ddp", "checkpoint_io=bucket", "my-tokenizer",
-                  "data.tokenizer=./tok", "corpus/**/*.jsonl.gz")  # the README's corpus and tokenizer: run by
+                  "data.tokenizer=./tok", "corpus/**/*.jsonl.gz")  # docs/data.md's corpus and tokenizer: run by
 # tests/cli/test_prepare_data.py
 
 
@@ -110,25 +114,24 @@ def test_shown_command_is_valid(doc, args):
 
 
 def section_commands(title: str) -> list[str]:
-    """The commands of the first code block under the README heading `title`, comments dropped."""
-    text = (ROOT / "README.md").read_text()
-    block = re.split(rf"\n###? {re.escape(title)}\n", text, maxsplit=1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    """The commands of the first code block under the heading `title` (a page's title or a section
+    of it, in README.md or docs/), comments dropped."""
+    text = next(t for t in (p.read_text() for p in DOC_PAGES) if re.search(rf"^#{{1,3}} {re.escape(title)}$", t, re.M))
+    block = re.split(rf"^#{{1,3}} {re.escape(title)}\n", text, maxsplit=1, flags=re.M)[1]
+    block = block.split("```bash\n", 1)[1].split("```", 1)[0]
     return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
 
 
 @pytest.mark.slow
 def test_the_after_training_commands_run_as_written(tmp_path):
     import json
-    import subprocess
-    import sys
 
     commands = section_commands("After training: test, predict, generate")
     assert [c.split()[1] for c in commands] == ["run", "test", "test", "test", "predict", "train", "generate"]
     outputs = {}
     for command in commands:
         args = shlex.split(command)
-        result = subprocess.run([sys.executable, "-m", "framework", *args[1:]], cwd=tmp_path, capture_output=True,
-                                text=True, timeout=600)
+        result = run_command(args[1:], tmp_path)  # as typed, through the command's own entry, in this process
         assert result.returncode == 0, (command, result.stderr[-3000:])
         outputs[command] = result.stdout
         if args[1] in ("run", "test"):
@@ -146,7 +149,7 @@ def test_the_after_training_commands_run_as_written(tmp_path):
 
 @pytest.mark.slow
 def test_the_conversation_commands_run_as_written(tmp_path):
-    """The README's LoRA-on-conversations pipeline, each run shortened to a few steps."""
+    """docs/adapters.md's LoRA-on-conversations pipeline, each run shortened to a few steps."""
     import json
     import subprocess
     import sys
@@ -171,14 +174,14 @@ def test_the_conversation_commands_run_as_written(tmp_path):
     assert adapter["r"] == 8 and set(adapter["target_modules"]) >= {"transformer.h.0.attn.c_attn"}
 
 def test_the_chat_shapes_the_docs_show_are_the_ones_chat_files_reads():
-    """The README's example rows each read as a conversation (a user's turn, then the
+    """The docs' example rows each read as a conversation (a user's turn, then the
     assistant's), and every page that describes chat data names all four shapes and the formats."""
     import json
 
     from framework.data.chat_files import Fields
 
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### Fine-tune on conversations"):]
+    page = (ROOT / "docs" / "adapters.md").read_text()
+    section = page[page.index("## Fine-tune on conversations"):]
     block = re.search(r"```json\n(.*?)```", section, re.S).group(1)
     rows = [json.loads(line) for line in block.splitlines() if line.strip()]
     fields = Fields("messages", "prompt", "response", "system", None)
@@ -188,8 +191,27 @@ def test_the_chat_shapes_the_docs_show_are_the_ones_chat_files_reads():
         assert roles[-2:] == ["user", "assistant"], row
         shapes.add(next(iter(row)))
     assert shapes == {"messages", "conversations", "instruction", "prompt"}
-    for page in (ROOT / "README.md", ROOT / "docs" / "your-model.md", ROOT / "recipes" / "hf_lora_chat.yaml"):
+    for page in (ROOT / "docs" / "adapters.md", ROOT / "docs" / "your-model.md", ROOT / "recipes" / "hf_lora_chat.yaml"):
         text = " ".join(page.read_text().split())
         for named in ("messages", "ShareGPT", "conversations", "Alpaca", "instruction", "prompt", "JSON arrays",
                       "parquet", "CSV"):
             assert named in text, (page.name, named)
+
+
+def test_the_site_builds_without_a_warning(tmp_path):
+    """`make docs`: mkdocs in strict mode fails on a link to a missing page or anchor, a page left out
+    of the navigation, or a page the navigation names that does not exist."""
+    import os
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "WARNING" not in result.stderr, result.stderr[-3000:]
+    home = (tmp_path / "site" / "index.html").read_text()
+    assert "The two commands" in home and 'href="getting-started/"' in home  # the README, its links made the site's
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        if page.name != "index.md":
+            assert (tmp_path / "site" / page.stem / "index.html").is_file(), page.name

@@ -1,4 +1,4 @@
-"""The same job at the same thread count gives the same bits (README "Reproducibility"): torch's
+"""The same job at the same thread count gives the same bits (docs/checkpoints.md, "Reproducibility"): torch's
 float32 matmuls on an x86 CPU are MKL's, and every framework process puts MKL in its strict
 conditional-numerical-reproducibility mode before its first call, in which a product does not
 depend on where its operands lie in memory (framework/__init__.py)."""

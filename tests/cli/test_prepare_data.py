@@ -1,4 +1,4 @@
-"""`framework prepare-data` as the README shows it: a user's compressed corpus and tokenizer,
+"""`framework prepare-data` as docs/data.md shows it: a user's compressed corpus and tokenizer,
 prepared ahead; the run that follows (from the same directory, its paths relative) finds the store
 ready and prepares nothing."""
 from __future__ import annotations
@@ -40,7 +40,7 @@ def test_the_readme_prepares_a_corpus_ahead_and_the_run_reuses_it(tmp_path):
     again = framework_cmd(*shlex.split(prepare_line), cwd=tmp_path, env=env)
     assert again.returncode == 0 and "data: prepar" not in again.stdout, again.stdout
 
-    # the README's run, on one process here (its 8 fsdp processes planned below)
+    # the docs' run, on one process here (its 8 fsdp processes planned below)
     args = [a for a in shlex.split(train_line) if not a.startswith(("strategy=", "devices="))]
     tiny = [o for o in TINY_GPT if not o.startswith("data.")]
     run = framework_cmd("train", *args, *tiny, "trainer.max_steps=2", "trainer.val_every=2", "name=run", cwd=tmp_path,
@@ -52,7 +52,7 @@ def test_the_readme_prepares_a_corpus_ahead_and_the_run_reuses_it(tmp_path):
     assert validated.returncode == 0, validated.stderr[-2000:]
     assert "8 process(es)" in validated.stdout and "fsdp" in validated.stdout
 
-    # the README's streamed run: nothing prepared, its 5000 steps cut to 2 here; 24 documents hold
+    # the docs' streamed run: nothing prepared, its 5000 steps cut to 2 here; 24 documents hold
     # none for validation at 5% (a store then lends one of training's, a stream cannot): 20%
     streamed = framework_cmd("train", *shlex.split(stream_line), *tiny, "trainer.max_steps=2", "trainer.val_every=2",
                              "name=streamed", "data.val_percent=20", f"data.cache_dir={tmp_path / 'stream-cache'}", cwd=tmp_path, env=env)
