@@ -8,7 +8,7 @@ TORCH_VERSION ?= 2.13.0
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup train lint test test-xla test-floor gpu-check bench clean
+.PHONY: setup train lint test test-fast docs docs-serve test-xla test-floor gpu-check bench clean
 
 # $(call install_venv,DIR,TORCH,PACKAGE): a virtual environment with torch installed first (TORCH:
 # pip arguments), then the framework (PACKAGE: pip arguments after -e).
@@ -37,7 +37,21 @@ lint: setup
 TEST_WORKERS ?= 2
 
 test: setup
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=15 $(PYTEST_ARGS)
+
+# The inner loop: the unit tests alone (no subprocess, no multi-process run; tests marked slow are left
+# out), under 3 minutes.
+test-fast: setup
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder -m "not slow" --durations=5 $(PYTEST_ARGS)
+
+# The documentation site from docs/ (mkdocs.yml): strict, so a broken link or anchor, a page missing
+# from the navigation or a navigation entry without a page fails the build. NO_MKDOCS_2_WARNING: the
+# theme's banner about its successor, printed at every build, is not a problem of the docs.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 # The XLA family (accelerator=xla, strategy=single_xla/xla_spmd/xla_fsdp, checkpoint_io=xla,
 # cluster=xla) on the CPU through PJRT. torch-xla 2.9.0 needs torch 2.9.0 exactly, so it has an
@@ -103,6 +117,7 @@ bench: $(BENCH_BIN)/.installed
 	$(BENCH_BIN)/python benchmarks/memory_per_rank.py largest --strategies fsdp,pipeline,pipeline_x_fsdp --devices 4
 	$(BENCH_BIN)/python benchmarks/fault_tolerance.py
 	$(BENCH_BIN)/python benchmarks/data_prep.py
+	$(BENCH_BIN)/python benchmarks/nvme_offload.py
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) $(XLA_VENV) $(GPU_VENV) outputs multirun .pytest_cache
+	rm -rf $(VENV) $(BENCH_VENV) $(XLA_VENV) $(GPU_VENV) outputs multirun .pytest_cache site

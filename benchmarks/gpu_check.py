@@ -93,7 +93,8 @@ class Row:
 
     @property
     def key(self) -> str:
-        return f"{self.strategy}/{self.precision}/{self.checkpoint_io}" + ("/torchft" if self.groups > 1 else "")
+        groups = ("/torchft-heal" if self.heal else "/torchft") if self.groups > 1 else ""
+        return f"{self.strategy}/{self.precision}/{self.checkpoint_io}{groups}"
 
     @property
     def reference_devices(self) -> int:

@@ -33,6 +33,7 @@ from framework.config.overrides import (
 )
 from framework.config.trust import allow_from_command_line, check_hydra_settings, check_trusted
 from framework.errors import ConfigError, ExitCode, RunExit, report, wants_traceback
+from framework.launch.replica_groups import GROUPS_IN_A_SWEEP, launches_groups
 from framework.paths import check_creatable_dir, conf_dir, make_importable
 from framework.preflight import prepare
 
@@ -62,6 +63,8 @@ def precheck(args: list[str], config_dir, config_name: str):
             run_dir = configs[0].hydra.sweep.dir if sweep else configs[0].hydra.run.dir
             check_creatable_dir(Path(run_dir), "hydra.sweep.dir" if sweep else "hydra.run.dir")
         mode = configs[0].hydra.mode
+        if sweep and any(launches_groups(cfg) for cfg in configs):
+            raise ConfigError(GROUPS_IN_A_SWEEP)
         if len(configs) > 1:  # a sweep: every value is checked as a run would be, before any job starts
             for cfg in configs:
                 with open_dict(cfg):

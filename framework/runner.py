@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from framework.errors import ConfigError
 from framework.exits import hydra_output_dir, leave_on_failure
-from framework.launch.replica_groups import launches_groups, placement, supervise
+from framework.launch.replica_groups import GROUPS_IN_A_SWEEP, launches_groups, placement, supervise
 from framework.loop.nonfinite import Diverged
 from framework.loop.preemption import Preempted
 from framework.loop.state import Stage
@@ -68,9 +68,7 @@ def fit(cfg: DictConfig, output_dir) -> float | None:
     output_dir = Path(output_dir) if output_dir else hydra_output_dir(cfg.name)
     if launches_groups(cfg):
         if current_job() is not None:
-            raise ConfigError("fault_tolerance=torchft in a sweep: each job would start a lighthouse and every group "
-                              "of its own; run the jobs one by one, or start a lighthouse (`framework lighthouse`) "
-                              "and give each group its fault_tolerance.replica_id and fault_tolerance.lighthouse.")
+            raise ConfigError(GROUPS_IN_A_SWEEP)
         return fit_replica_groups(cfg, output_dir)
 
     def write_config(prepared: Prepared, writer: bool) -> None:

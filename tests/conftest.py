@@ -23,7 +23,11 @@ CONF = ROOT / "conf"
 collect_ignore = [] if importlib.util.find_spec("torch_xla") else ["xla"]
 # prepared data (data=text_files, chat_files) of runs that name no data.cache_dir: in a folder of the
 # test session's, never the user's ~/.cache (the workers a test starts inherit the variable)
+MADE_HERE = [name for name in ("FRAMEWORK_DATA_CACHE", "FRAMEWORK_TEST_RUNS") if name not in os.environ]
 os.environ.setdefault("FRAMEWORK_DATA_CACHE", tempfile.mkdtemp(prefix="framework-data-cache-"))
+# trained runs shared by every test of the session, on both xdist workers (tests/helpers/run_cache.py):
+# made here, in the process that starts the workers, so that they inherit the one folder
+os.environ.setdefault("FRAMEWORK_TEST_RUNS", tempfile.mkdtemp(prefix="framework-test-runs-"))
 # tests/floor: every strategy a few steps and a resume, under the lowest torch pyproject accepts
 # (`make test-floor`, in .venv-xla's torch 2.9); the main suite covers the same under the pinned one
 if not os.environ.get("FRAMEWORK_FLOOR_SMOKE"):
@@ -35,13 +39,23 @@ if not os.environ.get("FRAMEWORK_FLOOR_SMOKE"):
 # workers on the 2-core machine, 2026-11-26: 633, 362, 341, 232, 229, 217, 179, ...). The order
 # changes only the wall time, never a result.
 SLOWEST_FIRST = (
-    "strategy/test_nvme_offload.py", "test_your_model_doc.py", "recipes/test_recipes.py", "strategy/test_multiprocess.py",
+    "strategy/test_nvme_offload.py", "test_your_model_doc.py", "recipes/test_recipes.py", "strategy/test_equivalence.py",
+    "strategy/test_resume_two_ranks.py", "strategy/test_multiprocess.py", "fault_tolerance/test_torchft.py",
     "test_docs.py", "adapter/test_lora.py", "cluster/test_slurm.py", "loop/test_preemption.py", "faults/test_disk_full.py",
     "test_gpu_check.py", "extension/test_plugin_package.py", "recipes/test_hf_recipe.py", "cli/test_list.py",
     "config/test_trust.py", "construction/test_compile.py", "loop/test_test_stage.py", "checkpoint/test_faults.py",
     "test_sweeps.py", "strategy/test_model_parallel.py",
     "strategy/test_pipeline.py", "tasks/test_manual_optimization.py", "test_contracts.py",
 )
+
+
+def pytest_sessionfinish(session):
+    """The process that made the shared folders removes them (a worker's session ends first)."""
+    if not hasattr(session.config, "workerinput"):
+        import shutil
+
+        for name in MADE_HERE:
+            shutil.rmtree(os.environ[name], ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items):

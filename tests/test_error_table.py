@@ -1,6 +1,10 @@
 """Every user mistake gives one clear paragraph naming the key and the fix, exit code 2, and no
 traceback (unless debug=true or HYDRA_FULL_ERROR=1). One row per mistake: the command as a user
-types it, and a fragment the message must contain."""
+types it, and a fragment the message must contain.
+
+The rows run in this process, through the very entry a user's command goes through (the guard,
+Hydra's app, the `framework` parser: tests/helpers/in_process.py); a few run as real commands too,
+for the exit status a shell sees and a start-up that prints no traceback."""
 from __future__ import annotations
 
 import importlib.util
@@ -11,9 +15,10 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
+from tests.helpers.in_process import run_command
 
-TRAIN = [sys.executable, str(ROOT / "train.py")]
-FRAMEWORK = [sys.executable, "-m", "framework"]
+TRAIN = ["train"]  # `python train.py ...` (the `framework train` app is the same)
+FRAMEWORK = []  # `framework ...`
 
 CASES = [
     # unknown options and keys, with a did-you-mean
@@ -46,6 +51,10 @@ CASES = [
     (TRAIN + ["trainer.max_steps=0"], "trainer.max_steps=0: must be a positive integer or null"),
     (TRAIN + ["trainer.max_steps=null"], "trainer.max_steps and trainer.max_epochs are both null"),
     (TRAIN + ["devices=0"], "devices=0: must be a positive integer or 'auto'"),
+    (TRAIN + ["devices=many"], "devices='many'"),
+    (TRAIN + ["num_nodes=0"], "num_nodes=0"),
+    (TRAIN + ["trainer.accumulate=-2"], "trainer.accumulate=-2: must be a positive integer"),
+    (TRAIN + ["trainer.colour=red"], "trainer.colour: no such key"),
     (TRAIN + ["resume=yes"], "resume='yes': must be 'auto' or null"),
     (TRAIN + ["trainer.objective_mode=best"], "trainer.objective_mode='best': must be 'min' or 'max'"),
     (TRAIN + ["trainer.on_nonfinite=stpo"], "trainer.on_nonfinite='stpo': must be 'stop', 'skip' or 'warn'"),
@@ -60,6 +69,7 @@ CASES = [
     (TRAIN + ["accelerator=cuda"] if not __import__("torch").cuda.is_available() else TRAIN + ["accelerator=mps"],
      "Use accelerator=cpu (or accelerator=auto"),
     (TRAIN + ["strategy=single_device", "devices=2"], "strategy=single_device runs one process, but devices=2"),
+    (TRAIN + ["accelerator=mps"], "accelerator=mps"),
     (TRAIN + ["strategy=deepspeed_stage_2", "trainer.on_nonfinite=skip"],
      "trainer.on_nonfinite=skip with strategy=deepspeed_stage_2: its engine clips and steps in one call"),
     (TRAIN + ["--config-dir", str(ROOT / "recipes"), "--config-name", "gan_manual_optimization", "trainer.on_nonfinite=skip"],
@@ -70,6 +80,8 @@ CASES = [
     (TRAIN + ["num_nodes=2"], "num_nodes=2 with cluster=local: the framework starts processes on this machine only"),
     (TRAIN + ["strategy=ddp", "strategy.sync_batchnorm=true"], "set strategy.sync_batchnorm=false"),
     (TRAIN + ["-m", "strategy=ddp,single_device", "devices=2"], "strategy=single_device runs one process"),
+    (TRAIN + ["-m", "fault_tolerance=torchft", "fault_tolerance.replica_groups=2", "seed=1,2"],
+     "fault_tolerance=torchft in a sweep: each job would start a lighthouse and every group of its own"),
     # files: missing, incomplete, conflicting
     (TRAIN + ["ckpt_path=/nonexistent/ckpt"], "ckpt_path=/nonexistent/ckpt: no such checkpoint directory"),
     (TRAIN + ["ckpt_path={tmp}"], "is not a complete checkpoint: meta.json is missing"),
@@ -179,31 +191,66 @@ def test_the_table_is_large_enough():
     assert len(CASES) >= 30
 
 
-def run(command, tmp, env=None):
-    full_env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    full_env.update(env or {})
-    command = [part.replace("{tmp}", str(tmp)) for part in command]
+def write_inputs(tmp):
     (tmp / "empty.jsonl").write_text("")
     (tmp / "rows.jsonl").write_text("".join(f'{{"text": "row {i} of a small file of text"}}\n' for i in range(40)))
-    return subprocess.run(command, capture_output=True, text=True, cwd=tmp, env=full_env, timeout=300)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("command,fragment", CASES, ids=[" ".join(c[2:]) for c, _ in CASES])
-def test_mistake_gives_one_paragraph_and_exit_code_2(command, fragment, tmp_path):
-    result = run([*command, "trainer.max_steps=2"] if command[:2] == TRAIN and "max_steps" not in " ".join(command)
-                 else command, tmp_path)
+def as_typed(command, tmp):
+    """The row's command with {tmp} filled in, a run cut to 2 steps (if a refusal were lost, it
+    would not train for long)."""
+    command = [part.replace("{tmp}", str(tmp)) for part in command]
+    if command[:1] == TRAIN and "max_steps" not in " ".join(command):
+        command.append("trainer.max_steps=2")
+    return command
+
+
+def assert_refused(result, fragment, tmp):
     assert result.returncode == 2, (result.returncode, result.stdout[-2000:], result.stderr[-2000:])
-    assert fragment.replace("{tmp}", str(tmp_path)) in result.stderr, result.stderr
+    assert fragment.replace("{tmp}", str(tmp)) in result.stderr, result.stderr
     assert "Traceback" not in result.stderr and "Traceback" not in result.stdout
     first = result.stderr.strip().splitlines()[0]
     assert first.startswith(("configuration error:", "checkpoint error:", "error:")), first
-    assert not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists()  # nothing left behind
+    assert not (tmp / "outputs").exists() and not (tmp / "multirun").exists()  # nothing left behind
+
+
+@pytest.mark.parametrize("command,fragment", CASES, ids=[" ".join(c) for c, _ in CASES])
+def test_mistake_gives_one_paragraph_and_exit_code_2(command, fragment, tmp_path):
+    write_inputs(tmp_path)
+    assert_refused(run_command(as_typed(command, tmp_path), tmp_path), fragment, tmp_path)
+
+
+def shell(command, tmp, env=None):
+    """The command in a fresh interpreter, as typed in a shell."""
+    full_env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    full_env.update(env or {})
+    program = [sys.executable, str(ROOT / "train.py")] if command[:1] == TRAIN else [sys.executable, "-m", "framework"]
+    argv = command[1:] if command[:1] == TRAIN else command
+    return subprocess.run([*program, *argv], capture_output=True, text=True, cwd=tmp, env=full_env, timeout=300)
+
+
+# One row of each kind as a real command: Hydra's composition (an option, a key), a sweep's
+# precheck (an option, a refusal), a refusal of the compatibility table, the preflight's memory check, a `framework`
+# subcommand of its own.
+SHELL_ROWS = (["strategy=ddpp"], ["trainer.max_step=3"], ["-m", "strategy=ddp,single_device", "devices=2"],
+              ["model.block_size=100000000"], ["-m", "strategy=ddp,ddpp"], ["run", "gpt_dpp"])
+IN_A_SHELL = [(c, f) for c, f in CASES if c[1:] in SHELL_ROWS[:5] and c[:1] == TRAIN or c == SHELL_ROWS[5]]
+
+
+def test_the_shell_rows_are_found():
+    assert len(IN_A_SHELL) == 6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command,fragment", IN_A_SHELL, ids=[" ".join(c) for c, _ in IN_A_SHELL])
+def test_as_a_real_command_too(command, fragment, tmp_path):
+    write_inputs(tmp_path)
+    assert_refused(shell(as_typed(command, tmp_path), tmp_path), fragment, tmp_path)
 
 
 @pytest.mark.slow
 def test_debug_true_and_hydra_full_error_show_the_traceback(tmp_path):
-    with_debug = run(TRAIN + ["model.n_head=3", "debug=true"], tmp_path)
+    with_debug = shell(TRAIN + ["model.n_head=3", "debug=true"], tmp_path)
     assert with_debug.returncode != 0 and "Traceback" in with_debug.stderr
-    with_env = run(TRAIN + ["strategi=ddp"], tmp_path, env={"HYDRA_FULL_ERROR": "1"})
+    with_env = shell(TRAIN + ["strategi=ddp"], tmp_path, env={"HYDRA_FULL_ERROR": "1"})
     assert with_env.returncode != 0 and "Traceback" in with_env.stderr

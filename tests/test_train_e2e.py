@@ -1,4 +1,5 @@
-"""`python train.py` as a user runs it: the default job, the digits example, and every error."""
+"""`python train.py` as a user runs it: the default job, the digits example, resume by name, a truncated
+checkpoint (the user's other mistakes: tests/test_error_table.py)."""
 from __future__ import annotations
 
 import csv
@@ -55,38 +56,7 @@ def _truncated_checkpoint(tmp_path):
     return ckpt
 
 
-# (overrides, fragment of the message). Every one: exit code 2, no traceback.
-ERRORS = [
-    (["strategy=nope"], "strategy=nope: no such option"),
-    (["precision=15"], "precision=15: no such option. Did you mean 16?"),
-    (["trainer.max_steps=abc"], "could not be converted to Integer"),
-    (["trainer.colour=red"], "trainer.colour: no such key"),
-    (["trainer.max_steps=0"], "trainer.max_steps=0: must be a positive integer or null"),
-    (["trainer.accumulate=-2"], "trainer.accumulate=-2: must be a positive integer"),
-    (["trainer.max_steps=null"], "both null"),
-    (["devices=0"], "devices=0: must be a positive integer or 'auto'"),
-    (["devices=many"], "devices='many'"),
-    (["num_nodes=0"], "num_nodes=0"),
-    (["resume=sometimes"], "resume='sometimes': must be 'auto' or null"),
-    (["data.batch_size=0"], "data.batch_size=0: must be a number > 0"),
-    (["+model.colour=red"], "model.colour: 'framework.models.gpt.GPT' takes no argument 'colour'"),
-    (["model.n_head=3"], "model.n_head=3 must divide model.n_embd=128"),
-    (["optimizer.lr=fast"], "optimizer.lr='fast'"),
-    (["accelerator=cuda"], "accelerator=cuda"),
-    (["accelerator=mps"], "accelerator=mps"),
-    (["strategy=single_device", "devices=2"], "strategy=single_device runs one process"),
-    (["ckpt_path=/no/such/dir"], "ckpt_path=/no/such/dir: no such checkpoint directory"),
-    (["resume=auto", "ckpt_path=/x"], "both choose a checkpoint"),
-]
-
-
-@pytest.mark.parametrize("overrides,fragment", ERRORS, ids=[" ".join(o) for o, _ in ERRORS])
-def test_user_errors_exit_2_with_one_clear_message(tmp_path, overrides, fragment):
-    result = run_train([*overrides, "name=err"], tmp_path)
-    assert result.returncode == 2, (result.stdout, result.stderr)
-    assert fragment in result.stderr
-    assert "Traceback" not in result.stderr
-    assert not (tmp_path / "outputs").exists()  # nothing written
+# The user's mistakes (exit code 2, one paragraph, nothing written): tests/test_error_table.py.
 
 
 def test_truncated_checkpoint_says_truncated(tmp_path):
@@ -94,11 +64,6 @@ def test_truncated_checkpoint_says_truncated(tmp_path):
     result = run_train([f"ckpt_path={ckpt}", "name=load", *TINY_GPT], tmp_path)
     assert result.returncode == 2
     assert "optimizer.pt is truncated or corrupt" in result.stderr and "Traceback" not in result.stderr
-
-
-def test_debug_shows_the_traceback(tmp_path):
-    result = run_train(["trainer.max_steps=0", "debug=true"], tmp_path)
-    assert result.returncode != 0 and "Traceback" in result.stderr
 
 
 def test_bf16_warns_loudly_only_on_a_cpu_without_bf16_hardware(tmp_path):

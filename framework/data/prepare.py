@@ -146,6 +146,7 @@ class UnitResult:
     first_missing: tuple | None = None  # (path, position)
     smallest: tuple | None = None  # (hash, document index) of the unit's train document with the smallest hash
     nbytes: int = 0
+    pid: int = field(default_factory=os.getpid)  # the process that prepared it
 
 
 class _ShardWriter:

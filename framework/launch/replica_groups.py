@@ -27,6 +27,10 @@ from framework.fault_tolerance.torchft import quiet_torchft
 from framework.launch.elastic import CORES_ENV
 from framework.sweep_record import SUMMARY_FILE
 
+#: why a sweep cannot have this command start its groups (refused before any job, and by a job itself)
+GROUPS_IN_A_SWEEP = ("fault_tolerance=torchft in a sweep: each job would start a lighthouse and every group of its own; "
+                     "run the jobs one by one, or start a lighthouse (`framework lighthouse`) and give each group its "
+                     "fault_tolerance.replica_id and fault_tolerance.lighthouse.")
 #: overrides the command sets for each group (a user's own are replaced; resume= in a restarted group's)
 GROUP_KEYS = ("fault_tolerance.replica_id=", "fault_tolerance.lighthouse=", "hydra.run.dir=")
 

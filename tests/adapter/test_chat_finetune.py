@@ -125,3 +125,54 @@ def test_a_tokenizer_saved_again_with_a_post_processor_is_the_same_tokenizer(tmp
     _pretrained(tmp_path / "other", MARKERS[:1])
     other = SimpleNamespace(tokenizer=SimpleNamespace(spec=str(tmp_path / "other")))
     assert "is not the tokenizer of model.pretrained" in tokenizer_mismatch(str(tmp_path / "exported"), other)
+
+
+def test_tokenizers_are_one_when_they_encode_alike_and_two_when_any_encoding_part_differs(tmp_path):
+    """What a save may add or respell (truncation, padding, a decoder, merges as "a b" or ["a", "b"])
+    leaves one tokenizer; another normaliser, pre-tokeniser, merge list or vocabulary is another
+    tokenizer (each turns some text into other ids, checked with the tokenizers library itself)."""
+    from types import SimpleNamespace
+
+    from tokenizers import Tokenizer
+
+    from framework.data.tokenizer import tokenizer_behaviour, tokenizer_mismatch
+
+    _pretrained(tmp_path / "tok", MARKERS)
+    original = json.loads((tmp_path / "tok" / "tokenizer.json").read_text())
+    text = "def main(): Return the SUM of two numbers\n"
+
+    def saved_as(name, spec) -> str:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "tokenizer.json").write_text(json.dumps(spec))
+        return str(tmp_path / name)
+
+    def edited(**changes):
+        spec = json.loads(json.dumps(original))
+        for key, value in changes.items():
+            spec.update({key: value}) if key != "model" else spec["model"].update(value)
+        return spec
+
+    merges = original["model"]["merges"]
+    respelled = [" ".join(m) if isinstance(m, list) else m.split(" ", 1) for m in merges]
+    same = {"padded": edited(truncation={"max_length": 64, "strategy": "LongestFirst", "stride": 0,
+                                         "direction": "Right"},
+                             padding={"strategy": "BatchLongest", "direction": "Right", "pad_to_multiple_of": None,
+                                      "pad_id": 0, "pad_type_id": 0, "pad_token": "<|endoftext|>"}),
+            "no_decoder": edited(decoder=None), "respelled": edited(model={"merges": respelled})}
+    other = {"lowercased": edited(normalizer={"type": "Lowercase"}),
+             "split_on_spaces": edited(pre_tokenizer={"type": "WhitespaceSplit"}),
+             "fewer_merges": edited(model={"merges": merges[40:]}),
+             "another_vocabulary": edited(model={"vocab": {token: (i + 7) % len(original["model"]["vocab"]) for i, token
+                                                           in enumerate(original["model"]["vocab"])}})}
+    own = tokenizer_behaviour(tmp_path / "tok" / "tokenizer.json")
+    ids = Tokenizer.from_file(str(tmp_path / "tok" / "tokenizer.json")).encode(text).ids
+    for name, spec in same.items():
+        folder = saved_as(name, spec)
+        assert tokenizer_behaviour(f"{folder}/tokenizer.json") == own, name
+        assert tokenizer_mismatch(folder, SimpleNamespace(tokenizer=SimpleNamespace(spec=str(tmp_path / "tok")))) is None
+    for name, spec in other.items():
+        folder = saved_as(name, spec)
+        assert Tokenizer.from_file(f"{folder}/tokenizer.json").encode(text).ids != ids, name  # really another
+        assert tokenizer_behaviour(f"{folder}/tokenizer.json") != own, name
+        refused = tokenizer_mismatch(folder, SimpleNamespace(tokenizer=SimpleNamespace(spec=str(tmp_path / "tok"))))
+        assert refused and "is not the tokenizer of model.pretrained" in refused, name

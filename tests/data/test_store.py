@@ -14,6 +14,7 @@ import zlib
 
 import pytest
 
+from framework.data import prepare as prepare_module
 from framework.data import sources
 from framework.data.store import read_manifest
 from framework.data.text_files import TextFiles
@@ -85,9 +86,18 @@ def test_plain_text_by_line_paragraph_or_separator_at_any_number_of_processes(tm
     one = dm(tmp_path, cache_dir=str(tmp_path / "c1"), num_proc=1, **kwargs)
     assert len(read_manifest(one._store)["splits"]["train"]["shards"]) == 1  # the whole file, one unit
     monkeypatch.setattr(sources, "RANGE_BYTES", 3000)
+    prepared_by = []  # the process of each unit, as the results reach the preparing process
+    collect = prepare_module._hold_out_one_if_empty
+    monkeypatch.setattr(prepare_module, "_hold_out_one_if_empty",
+                        lambda spec, results, out: (prepared_by.extend(r.pid for r in results), collect(spec, results, out)))
     ranged = dm(tmp_path, cache_dir=str(tmp_path / "c2"), num_proc=2, **kwargs)
-    units = len(read_manifest(ranged._store)["splits"]["train"]["shards"])
-    assert units > 3 if separator is None else units == 1  # byte ranges, prepared by 2 processes (a separator: whole)
+    manifest = read_manifest(ranged._store)
+    units = len(manifest["splits"]["train"]["shards"])
+    assert units > 3 if separator is None else units == 1  # byte ranges (a separator: the file whole)
+    if separator is None:  # a pool of 2 processes prepared the units, none of them this one
+        assert manifest["processes"] == 2 and len(prepared_by) >= units and os.getpid() not in prepared_by
+    else:
+        assert manifest["processes"] == 1 and prepared_by == [os.getpid()]
     assert all_tokens(one) == all_tokens(ranged) and all_tokens(one, "val") == all_tokens(ranged, "val")
     assert one.train_dataset().split.documents > 25  # many documents in one file
 

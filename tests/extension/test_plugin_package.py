@@ -15,6 +15,7 @@ import pytest
 import framework.testing as contract
 from tests.cli.helpers import framework_cmd
 from tests.conftest import ROOT, TINY_GPT, run_train
+from tests.helpers.run_cache import trained_run
 
 ARGS = [*TINY_GPT, "trainer.max_steps=4", "trainer.val_every=4", "trainer.log_every=1"]
 
@@ -76,10 +77,10 @@ def test_the_bucket_reads_back_a_file_missing_locally(on_path, tmp_path, monkeyp
 
 @pytest.mark.slow
 def test_custom_strategy_trains_like_ddp_and_registered_defaults_apply(on_path, tmp_path):
-    ddp = run_train(["name=ddp", "strategy=ddp", "devices=2", *ARGS], tmp_path)
+    ddp = trained_run(["strategy=ddp", "devices=2", *ARGS])
     hooked = run_train(["name=hooked", "strategy=hooked_ddp", "devices=2", *ARGS], tmp_path, env=on_path)
-    assert ddp.returncode == 0 and hooked.returncode == 0, hooked.stderr[-3000:]
-    assert losses(tmp_path / "outputs" / "hooked") == losses(tmp_path / "outputs" / "ddp")  # the same averaging
+    assert hooked.returncode == 0, hooked.stderr[-3000:]
+    assert losses(tmp_path / "outputs" / "hooked") == losses(ddp)  # the same averaging
     assert "hooked_ddp: reduced 4 gradient bucket(s)" in hooked.stdout  # one bucket per step for this model
     registered = run_train(["name=small", "strategy=hooked_ddp_one_mb_buckets", "devices=2", *ARGS,
                             "strategy.report_buckets=false"], tmp_path, env=on_path)
@@ -88,7 +89,7 @@ def test_custom_strategy_trains_like_ddp_and_registered_defaults_apply(on_path, 
 
     config = OmegaConf.load(tmp_path / "outputs" / "small" / "config.yaml")
     assert config.strategy.bucket_cap_mb == 1.0 and config.strategy._target_.endswith("HookedDDPStrategy")
-    assert losses(tmp_path / "outputs" / "small") == losses(tmp_path / "outputs" / "ddp")
+    assert losses(tmp_path / "outputs" / "small") == losses(ddp)
     without = run_train(["name=gone", "strategy=hooked_ddp", *ARGS], tmp_path)  # plugin not installed here
     assert without.returncode == 2 and "strategy=hooked_ddp: no such option" in without.stderr
 
@@ -121,6 +122,4 @@ def test_custom_cluster_environment_joins_processes_it_did_not_start(on_path, tm
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outputs = [p.communicate(timeout=600) for p in processes]
     assert all(p.returncode == 0 for p in processes), outputs[0][1][-2000:] + outputs[1][1][-2000:]
-    local = run_train(["name=local", "strategy=ddp", "devices=2", *ARGS], tmp_path)
-    assert local.returncode == 0
-    assert losses(tmp_path / "outputs" / "mysched") == losses(tmp_path / "outputs" / "local")
+    assert losses(tmp_path / "outputs" / "mysched") == losses(trained_run(["strategy=ddp", "devices=2", *ARGS]))

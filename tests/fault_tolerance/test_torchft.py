@@ -17,12 +17,13 @@ import sys
 
 import pytest
 
-from framework.data.sampler import rank_sampler
+from framework.data.sampler import EpochSampler, rank_sampler
 from framework.errors import ConfigError, ExitCode
 from framework.fault_tolerance.torchft import TorchFT
 from framework.launch.replica_groups import group_command
 from framework.strategy.ddp import DDPStrategy
 from tests.conftest import ROOT, TINY_GPT, checkpoint_at, checkpoints, compose_cfg, run_train
+from tests.helpers.killer import dealt_runs
 
 ENV = {"PYTHONPATH": str(ROOT), "FRAMEWORK_TRUST_ALLOW": "tests.helpers."}  # the fault injectors are test code
 FAST = ["fault_tolerance=torchft", "fault_tolerance.heartbeat_timeout_ms=1000", "fault_tolerance.join_timeout_ms=200",
@@ -96,22 +97,27 @@ def _losses(run_dir) -> list[float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("devices", [1, 2], ids=["2_groups_x_1_process", "2_groups_x_2_fsdp_processes"])
-def test_a_killed_group_is_restarted_heals_from_its_peer_and_ends_with_its_weights(tmp_path, devices):
+@pytest.mark.parametrize("devices,killed", [(1, 1), (2, 0)],
+                         ids=["2_groups_x_1_process_group_1_killed", "2_groups_x_2_fsdp_processes_group_0_killed"])
+def test_a_killed_group_is_restarted_heals_from_its_peer_and_ends_with_its_weights(tmp_path, devices, killed):
     """At 2 x 2, FSDP2 shards within each group and the groups replicate (torchft's HSDP): the
-    average and the heal go shard by shard, rank r to rank r."""
+    average and the heal go shard by shard, rank r to rank r. Group 0 is the one that writes the
+    checkpoints while it lives: killed, the survivor writes them while it steps alone."""
     steps, killed_at = 40, 10
     args = [*TINY_GPT, *FAST, f"devices={devices}", f"trainer.max_steps={steps}", "trainer.log_every=5",
-            "trainer.val_every=1000", "name=ft", "scheduler.total_steps=40",
-            "+callbacks.killer._target_=tests.helpers.killer.KillReplicaGroupOnce", f"+callbacks.killer.step={killed_at}",
-            "+callbacks.pace._target_=tests.helpers.killer.PaceWhileAlone"]
+            "trainer.val_every=1000", "name=ft", "scheduler.total_steps=40", "callbacks.checkpoint.every_n_steps=1",
+            "callbacks.checkpoint.keep_last_k=40",
+            "+callbacks.killer._target_=tests.helpers.killer.KillReplicaGroupOnce", f"+callbacks.killer.group={killed}",
+            f"+callbacks.killer.step={killed_at}", "+callbacks.pace._target_=tests.helpers.killer.PaceWhileAlone",
+            "+callbacks.pace.seconds=1.5",  # the survivor waits for the restart (slower on a loaded machine)
+            "+callbacks.samples._target_=tests.helpers.killer.RecordSamples"]
     if devices > 1:
         args.append("strategy=fsdp")
     result = run_train(args, tmp_path, timeout=600, env=ENV)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     run = tmp_path / "outputs" / "ft"
     summary = json.loads((run / "summary.json").read_text())
-    survivor, healed = summary["replica_groups"]
+    survivor, healed = summary["replica_groups"][1 - killed], summary["replica_groups"][killed]
     assert summary["weights_agree"], summary
     assert survivor["replicas"]["weights_sha256"] == healed["replicas"]["weights_sha256"]
     assert survivor["starts"] == 1 and survivor["exits"] == [0]
@@ -124,10 +130,36 @@ def test_a_killed_group_is_restarted_heals_from_its_peer_and_ends_with_its_weigh
     (heal,) = healed["replicas"]["heals"]
     assert killed_at < heal["step"] < steps and heal["seconds"] < 30
     assert set(healed["replicas"]["participants"]) == {"2"}  # from its first step on, both take part again
-    assert "replicas: group 1 healed from a live peer" in result.stdout
+    assert f"replicas: group {killed} healed from a live peer" in result.stdout
     for group in (survivor, healed):
         losses = _losses(run / f"replica_{group['replica_id']}")
         assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0] - 0.3, losses
+    # after its heal the restarted group reads what it would have read undisturbed: the next samples
+    # of its own share of the epoch's order, from the survivor's step on (not its own old position,
+    # not another group's share)
+    batch = 8  # TINY_GPT's data.batch_size, one micro-batch a step
+    for rank in range(devices):
+        records = run / f"replica_{killed}" / "samples"
+        dealt = json.loads((records / "sampler.json").read_text())
+        order = EpochSampler(dealt["length"], dealt["replicas"], killed * devices + rank, shuffle=dealt["shuffle"],
+                             seed=dealt["seed"])
+        order.set_epoch(0)
+        undisturbed = list(order)
+        (first_life, first), *later = dealt_runs(records / f"rank{rank}.txt")
+        assert first_life == (0, 0, 0) and first[:killed_at * batch] == undisturbed[:killed_at * batch]
+        (step, epoch, _), after_heal = later[-1]
+        assert step == heal["step"] and epoch == 0, later
+        trained = (steps - heal["step"]) * batch
+        assert after_heal[:trained] == undisturbed[heal["step"] * batch:steps * batch]
+    # one live group wrote each checkpoint: while the killed group was away, the survivor did
+    written = {g: {int(c.name.split("_")[1]) for c in (run / f"replica_{g}" / "checkpoints").glob("step_*")}
+               for g in (0, 1)}
+    assert not written[0] & written[1], written  # never both
+    away = set(range(killed_at + 1, heal["step"]))  # steps the survivor trained alone
+    assert away and away <= written[1 - killed], (away, written)
+    assert not away & written[killed]
+    if killed == 0:  # group 0 was the writer before it died
+        assert set(range(1, killed_at + 1)) <= written[0], written
 
 
 @pytest.mark.slow
@@ -163,7 +195,17 @@ def test_a_run_whose_groups_all_stopped_resumes_and_its_checkpoint_resumes_under
                        "scheduler.total_steps=18", "name=plain", f"ckpt_path={checkpoint_at(run / 'replica_0', 12)}"],
                       tmp_path)
     assert plain.returncode == 0, plain.stderr[-3000:]
-    assert "resumed from" in plain.stdout and _losses(tmp_path / "outputs" / "plain")
+    assert "resumed from" in plain.stdout
+    # it went on from step 12 (its only logged step is 15), from the trained weights: its loss (the
+    # mean of steps 13-15) is where group 0's was over the same steps, not a fresh model's (~5.5)
+    with open(tmp_path / "outputs" / "plain" / "metrics.csv") as f:
+        logged = {int(row["step"]): float(row["train/loss"]) for row in csv.DictReader(f) if row.get("train/loss")}
+    with open(run / "replica_0" / "metrics.csv") as f:
+        grouped = {int(row["step"]): float(row["train/loss"]) for row in csv.DictReader(f) if row.get("train/loss")}
+    assert list(logged) == [15], logged
+    assert abs(logged[15] - sum(grouped[s] for s in (13, 14, 15)) / 3) < 0.2, (logged, grouped)
+    assert logged[15] < grouped[1] - 0.3, (logged, grouped)
+    assert json.loads((checkpoints(tmp_path / "outputs" / "plain")[-1] / "meta.json").read_text())["step"] == 15
 
 
 def test_framework_lighthouse_prints_the_address_groups_join_and_stops_on_ctrl_c():

@@ -89,3 +89,41 @@ class NanInGroupOnce(Callback):
             return None
 
         loop.strategy.unwrap(loop.model).register_forward_hook(poison)
+
+
+class RecordSamples(Callback):
+    """Writes every sample index the training sampler deals to this process, to
+    <run dir>/samples/rank<r>.txt (appended to by every life of the group): a line `start <step>
+    <epoch> <position>` each time the epoch's order is dealt again (a fresh start, a resume, a heal),
+    then the indices one a line. Prefetching loaders draw a few indices past the last step trained."""
+
+    def on_fit_start(self, loop) -> None:
+        sampler = loop.train_loader.sampler
+        folder = loop.output_dir / "samples"
+        folder.mkdir(exist_ok=True)
+        path = folder / f"rank{loop.strategy.global_rank}.txt"
+        dealt = type(sampler)
+
+        class Recorded(dealt):
+            def __iter__(self):
+                with open(path, "a") as out:
+                    out.write(f"start {loop.state.step} {self.epoch} {self.start}\n")
+                    for index in dealt.__iter__(self):
+                        out.write(f"{index}\n")
+                        out.flush()
+                        yield index
+
+        sampler.__class__ = Recorded
+        (folder / "sampler.json").write_text(__import__("json").dumps(
+            {"length": sampler.length, "replicas": sampler.replicas, "seed": sampler.seed, "shuffle": sampler.shuffle}))
+
+
+def dealt_runs(path) -> list[tuple[tuple[int, int, int], list[int]]]:
+    """RecordSamples' file as ((step, epoch, position), indices) per time the order was dealt."""
+    runs: list = []
+    for line in Path(path).read_text().splitlines():
+        if line.startswith("start "):
+            runs.append((tuple(int(x) for x in line.split()[1:]), []))
+        elif line:
+            runs[-1][1].append(int(line))
+    return runs

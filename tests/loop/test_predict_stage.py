@@ -45,21 +45,22 @@ def test_classifier_rows_are_the_test_split_in_order_and_score_what_the_test_sco
                                                                                    "probabilities", "label"}
 
 
+@pytest.fixture(scope="module")
+def one_process_rows(digits_run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("one") / "one.jsonl"
+    assert framework_main(["predict", str(digits_run), "-o", str(out)]) == 0
+    return rows_of(out)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed_stage_3", "pipeline"])
-def test_two_processes_write_the_rows_one_process_writes(digits_run, tmp_path, strategy):
+def test_two_processes_write_the_rows_one_process_writes(digits_run, one_process_rows, tmp_path, strategy):
     """Predictions of a one-process run made again at 2 processes under a strategy of each family:
     the same rows, in the data set's order, merged from the ranks' shares (pipeline: 2 stages, whose last
     stage's outputs every rank of the pipeline receives, one of them writing)."""
-    assert framework_main(["predict", str(digits_run), "-o", str(tmp_path / "one.jsonl")]) == 0
-    import subprocess
-    import sys
-
-    result = subprocess.run([sys.executable, "-m", "framework", "predict", str(digits_run), f"strategy={strategy}",
-                             "devices=2", "-o", str(tmp_path / "two.jsonl")], capture_output=True, text=True,
-                            timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    one, two = rows_of(tmp_path / "one.jsonl"), rows_of(tmp_path / "two.jsonl")
+    assert framework_main(["predict", str(digits_run), f"strategy={strategy}", "devices=2", "-o",
+                           str(tmp_path / "two.jsonl")]) == 0
+    one, two = one_process_rows, rows_of(tmp_path / "two.jsonl")
     assert [r["index"] for r in two] == [r["index"] for r in one] == list(range(360))
     for a, b in zip(one, two):
         assert a["prediction"] == b["prediction"] and a["label"] == b["label"]

@@ -33,15 +33,22 @@ SCRIPT = textwrap.dedent("""
             for p in m.parameters():  # each element's gradient from its own value: the flat parameter's too
                 p.grad = p.detach() * (step + 1) + 0.5
             optimizer.step()
-    full = FairscaleFSDPStrategy().optimizer_state_dict(wrapped, optimizers[0])
+    # fairscale gathers every key into one buffer and keeps `buffer.cpu()`: on a GPU a copy, on the
+    # CPU the buffer itself, so here each key would end holding the last one's values. While the
+    # state is gathered, `.cpu()` of a CPU tensor copies, as it does from a GPU.
+    to_host = torch.Tensor.cpu
+    torch.Tensor.cpu = lambda self, *args, **kwargs: self.clone() if self.device.type == "cpu" else to_host(self, *args, **kwargs)
+    try:
+        full = FairscaleFSDPStrategy().optimizer_state_dict(wrapped, optimizers[0])
+    finally:
+        torch.Tensor.cpu = to_host
     expected = optimizers[1].state_dict()["state"]
     assert sorted(full["state"]) == sorted(expected), (sorted(full["state"]), sorted(expected))
-    for index, state in expected.items():
-        # fairscale gathers every key into one buffer and keeps `buffer.cpu()`: a copy from a GPU,
-        # the buffer itself on the CPU, so here each key ends holding the last one's values. Its
-        # shapes are checked for all keys, its values for the last (exp_avg_sq).
-        assert all(full["state"][index][key].shape == state[key].shape for key in ("exp_avg", "exp_avg_sq"))
-        assert torch.equal(full["state"][index]["exp_avg_sq"], state["exp_avg_sq"]), index
+    for index, state in expected.items():  # every value, per original parameter: plain Adam's
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert full["state"][index][key].shape == state[key].shape, (index, key)
+            assert torch.equal(full["state"][index][key], state[key]), (index, key)
+        assert not torch.equal(state["exp_avg"], state["exp_avg_sq"])  # the two are told apart
         assert float(full["state"][index]["step"]) == float(state["step"]) == 2.0
     # the live state keeps its step tensors (fairscale turned them into ints in place, and Adam
     # refused its next step: measured on an H100): the training goes on and matches plain Adam's

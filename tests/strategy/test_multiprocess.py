@@ -1,8 +1,8 @@
-"""Every multi-process strategy trains the default model with 2 processes (gloo, CPU) and agrees
-with ddp; ddp agrees with single_device on the same global batch; launch behaviour."""
+"""Launch behaviour at 2 processes: sweeps of multi-process jobs, only rank zero printing, shared
+imports, a failing worker, a user's error inside a worker, refusals before any process (the
+equivalence of the strategies: test_equivalence.py; their resumes: test_resume_two_ranks.py)."""
 from __future__ import annotations
 
-import csv
 import ctypes.util
 import json
 import os
@@ -10,113 +10,16 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from framework.accelerator.cpu import CPUAccelerator
 from framework.preflight import prepare
-from tests.conftest import (
-    DIGITS,
-    ROOT,
-    TINY_GPT,
-    assert_state_equal,
-    checkpoints,
-    compose_cfg,
-    load_model_state,
-    load_optimizer_state,
-    run_inprocess,
-    run_train,
-)
+from tests.conftest import DIGITS, ROOT, checkpoints, compose_cfg, run_train
+from tests.helpers.in_process import run_command
+from tests.helpers.two_ranks import BASE, STEPS
 
 pytestmark = pytest.mark.slow
 
-STEPS = 4
 TOO_MANY = CPUAccelerator().max_processes() + 1  # one process more than this machine's CPU allows
-# No dropout (each rank would draw its own masks) and no validation at the start: the losses of
-# the first steps are compared one by one.
-BASE = [*TINY_GPT, f"trainer.max_steps={STEPS}", "trainer.log_every=1", "trainer.val_every=2",
-        "model.dropout=0.0", "trainer.val_at_start=false", "callbacks=[checkpoint]"]
-STRATEGIES = ["ddp", "ddp_spawn", "fsdp", "fsdp_cpu_offload", "ddp_sharded", "deepspeed_stage_1",
-              "deepspeed_stage_2", "deepspeed_stage_2_offload", "deepspeed_stage_3", "deepspeed_stage_3_offload"]
-# bf16 rounds activations to 8 bits of mantissa; strategies differ in where they round (FSDP
-# gathers bf16 parameters, DeepSpeed keeps bf16 module weights), so per-step losses agree to
-# about 1e-2 relative, not to float32 precision.
-TOLERANCE = {"32": 1e-5, "bf16": 2e-2}
-
-
-def train_losses(out) -> list[float]:
-    rows = csv.DictReader(open(out / "metrics.csv"))
-    return [float(r["train/loss"]) for r in rows if r.get("train/loss")]
-
-
-def run_world(tmp_path, name, strategy, devices, extra=()):
-    out = tmp_path / name
-    run_inprocess([*BASE, f"strategy={strategy}", f"devices={devices}", *extra], out)
-    return out
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """ddp at 2 processes, per precision."""
-    root = tmp_path_factory.mktemp("ddp_reference")
-    return {p: train_losses(run_world(root, f"ddp_{p}", "ddp", 2, [f"precision={p}"])) for p in ("32", "bf16")}
-
-
-@pytest.mark.parametrize("precision", ["32", "bf16"])
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_strategy_matches_ddp(tmp_path, reference, strategy, precision):
-    out = run_world(tmp_path, "run", strategy, 2, [f"precision={precision}"])
-    losses = train_losses(out)
-    assert len(losses) == STEPS
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference[precision]),
-                               rtol=TOLERANCE[precision], atol=TOLERANCE[precision])
-    assert losses[-1] < losses[0]  # it learns
-    meta = json.loads((checkpoints(out)[-1] / "meta.json").read_text())
-    assert meta["world_size"] == 2 and meta["strategy"] == strategy
-    model = load_model_state(checkpoints(out)[-1])
-    assert "blocks.0.attn.qkv.weight" in model and model["blocks.0.attn.qkv.weight"].shape == (96, 32)
-
-
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed_stage_3"])
-def test_activation_checkpointing_keeps_the_losses(tmp_path, reference, strategy):
-    """Recomputing each unit's activations in backward (trainer.activation_checkpointing) trains
-    the same numbers as keeping them, under every kind of strategy."""
-    out = run_world(tmp_path, "run", strategy, 2, ["trainer.activation_checkpointing=true"])
-    torch.testing.assert_close(torch.tensor(train_losses(out)), torch.tensor(reference["32"]), rtol=1e-5, atol=1e-5)
-
-
-def test_ddp_equals_single_device_on_the_same_global_batch(tmp_path):
-    ddp = run_world(tmp_path, "ddp", "ddp", 2, ["data.batch_size=4"])
-    single = run_world(tmp_path, "single", "single_device", 1, ["data.batch_size=8"])
-    torch.testing.assert_close(torch.tensor(train_losses(ddp)), torch.tensor(train_losses(single)),
-                               rtol=1e-5, atol=1e-5)
-    a, b = load_model_state(checkpoints(ddp)[-1]), load_model_state(checkpoints(single)[-1])
-    for key in a:
-        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)
-
-
-def test_ddp_sharded_is_bit_identical_to_ddp(tmp_path):
-    extra = ["trainer.accumulate=3", "trainer.clip_grad_norm=0.5", "trainer.max_steps=5"]
-    a = run_world(tmp_path, "ddp", "ddp", 2, extra)
-    b = run_world(tmp_path, "sharded", "ddp_sharded", 2, extra)
-    assert_state_equal(load_model_state(checkpoints(a)[-1]), load_model_state(checkpoints(b)[-1]), "model")
-    assert_state_equal(load_optimizer_state(checkpoints(a)[-1]), load_optimizer_state(checkpoints(b)[-1]),
-                       "optimizer")
-
-
-@pytest.mark.parametrize("strategy,io", [("ddp", "torch"), ("fsdp", "torch"), ("ddp", "async"), ("deepspeed_stage_1", "torch"),
-                                         ("deepspeed_stage_2", "torch"), ("deepspeed_stage_3", "torch"),
-                                         ("fsdp", "dcp"), ("deepspeed_stage_3", "dcp")])
-def test_multi_process_resume_is_bit_exact(tmp_path, strategy, io):
-    extra = [f"checkpoint_io={io}", "trainer.accumulate=2", "scheduler.total_steps=6", "callbacks.checkpoint.every_n_steps=3",
-             "callbacks.checkpoint.keep_last_k=4"]
-    straight = run_world(tmp_path, "straight", strategy, 2, [*extra, "trainer.max_steps=6"])
-    resumed = run_world(tmp_path, "resumed", strategy, 2, [*extra, "trainer.max_steps=3"])
-    run_inprocess([*BASE, f"strategy={strategy}", "devices=2", *extra, "trainer.max_steps=6", "resume=auto"],
-                  resumed)
-    a, b = checkpoints(straight)[-1], checkpoints(resumed)[-1]
-    assert a.name == b.name == "step_000006"
-    assert_state_equal(load_model_state(a), load_model_state(b), "model")
-    assert_state_equal(load_optimizer_state(a), load_optimizer_state(b), "optimizer")
 
 
 def test_multirun_of_two_process_jobs(tmp_path):
@@ -144,9 +47,9 @@ def ddp_as_typed(tmp_path_factory):
 
 
 def test_only_rank_zero_prints(ddp_as_typed):
-    result, _ = ddp_as_typed
+    result, root = ddp_as_typed
     assert result.stdout.count(f"step {STEPS} | val/loss") == 1
-    assert result.stdout.count("saved checkpoint") == 1
+    assert result.stdout.count("saved checkpoint") == len(checkpoints(root / "outputs" / "print")) == 2  # steps 3, 6
 
 
 def test_workers_share_the_imports_of_the_process_they_are_forked_from(ddp_as_typed):
@@ -198,7 +101,7 @@ def test_compatibility_refusals_before_any_process(tmp_path, overrides, fragment
         # this machine can run it (a CPU with fp16 hardware, libaio installed): the same table lets it pass
         prepare(compose_cfg([*overrides, *devices]))
         return
-    result = run_train([*overrides, *devices, "name=refused"], tmp_path)
+    result = run_command(["train", *overrides, *devices, "name=refused"], tmp_path)  # as typed, in this process
     assert result.returncode == 2 and fragment in result.stderr
     assert not (tmp_path / "outputs" / "refused").exists()
 

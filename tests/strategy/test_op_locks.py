@@ -16,6 +16,7 @@ import pytest
 from torch.utils.file_baton import FileBaton
 
 from framework.strategy.deepspeed import op_locks
+from framework.strategy.deepspeed.imports import deepspeed_package
 
 BUILDER = textwrap.dedent("""
     import sys, time
@@ -31,7 +32,14 @@ BUILDER = textwrap.dedent("""
 
 @pytest.fixture(autouse=True)
 def watched():
-    op_locks.watch_op_builds()
+    """The watch as a run gets it: through the one path every DeepSpeed strategy imports DeepSpeed by
+    (not installed by hand here, so a path that lost it fails these tests)."""
+    deepspeed_package()
+
+
+def test_importing_deepspeed_the_frameworks_way_installs_the_watch():
+    assert FileBaton.try_acquire.__module__ == op_locks.__name__
+    assert FileBaton.release.__module__ == op_locks.__name__
 
 
 def _killed_builder(lock) -> int:

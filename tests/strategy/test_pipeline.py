@@ -307,6 +307,57 @@ def test_lora_adapters_pipelined_train_save_and_resume_as_in_one_process(tmp_pat
 
 
 @pytest.mark.slow
+def test_looped_bfs_without_clipping_sums_the_tied_heads_gradient_as_one_process(tmp_path):
+    """Unclipped, a wrong sum of the tied head's two gradients (the embedding's, on the first stage,
+    and the head copy's, on the last) changes the update itself: the losses and final weights
+    are one process's. Under looped_bfs, the one schedule the other layouts do not run."""
+    unclipped = [*BASE, "trainer.clip_grad_norm=null", "trainer.max_steps=3", "trainer.val_every=3"]
+    run_inprocess([*unclipped, "strategy=single_device"], tmp_path / "one")
+    run_inprocess([*unclipped, "strategy=pipeline", "devices=2", "strategy.schedule=looped_bfs",
+                   "strategy.stages_per_rank=2"], tmp_path / "pp")
+    for key in ("train/loss", "val/loss"):
+        assert len(metric_values(tmp_path / "one", key)) == (3 if key == "train/loss" else 1)
+        torch.testing.assert_close(torch.tensor(metric_values(tmp_path / "pp", key)),
+                                   torch.tensor(metric_values(tmp_path / "one", key)), rtol=1e-5, atol=1e-5, msg=key)
+    _assert_same_weights(checkpoint_at(tmp_path / "one", 3), checkpoint_at(tmp_path / "pp", 3))
+
+
+@pytest.mark.slow
+def test_framework_test_scores_a_pipelined_run_under_its_pipeline_as_one_process_does(runs):
+    """`framework test CHECKPOINT` of a 1f1b@2 run scores it under the run's own pipeline (2
+    processes): the one-process run's scores of its own (equal) checkpoint."""
+    import json
+
+    from framework.cli import main as framework_main
+
+    scores = {}
+    for name in ("one", "1f1b@2"):
+        assert framework_main(["test", str(checkpoint_at(runs[name], STEPS)), "trainer.test_batches=2"]) == 0
+        record = json.loads((runs[name] / "test_metrics.json").read_text())
+        scores[name] = record["metrics"]
+        assert record["world_size"] == (1 if name == "one" else 2)
+    assert scores["one"].keys() == scores["1f1b@2"].keys() and "test/loss" in scores["one"]
+    for key, value in scores["one"].items():
+        assert scores["1f1b@2"][key] == pytest.approx(value, rel=1e-5), key
+
+
+@pytest.mark.slow
+def test_a_pipelined_run_that_diverges_stops_with_exit_3_keeping_its_finite_checkpoints(tmp_path):
+    """lr=1e4: the loss becomes non-finite (trainer.on_nonfinite=stop); the ranks of every stage
+    stop together, exit 3, no checkpoint of non-finite weights written."""
+    with pytest.raises(RunExit) as stopped:
+        run_inprocess([*BASE, "strategy=pipeline", "devices=2", "optimizer.lr=1e4", "trainer.max_steps=40",
+                       "trainer.log_every=4", "callbacks.checkpoint.every_n_steps=4"], tmp_path)
+    assert stopped.value.code == ExitCode.DIVERGED
+    import json
+
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "diverged" and summary["diverged"]["stopped_at"] < 40
+    for saved in (tmp_path / "checkpoints").glob("step_*"):
+        assert all(torch.isfinite(v).all() for v in load_model_state(saved).values() if v.is_floating_point()), saved
+
+
+@pytest.mark.slow
 def test_bf16_autocast_pipelined_gives_one_processs_bf16_numbers(tmp_path):
     """bf16 autocast runs inside the schedule's forwards. Within bf16's rounding, not float32's: a
     microbatch's weight gradients are rounded to bf16 by its own matmuls, one process's by one over

@@ -1,9 +1,18 @@
 """The schedule table of strategy=pipeline (framework/strategy/pipelining/schedules.py): which
-stages a rank holds, the microbatch minimums torch enforces (measured at 4 processes: 1F1B refused
-3 microbatches for 4 stages, DualPipeV 6 for 8), the bubble's theory, and the refusals' keys."""
+stages a rank holds, the microbatch rules torch enforces, the bubble's theory, and the refusals'
+keys. The microbatch rules are checked against torch's own schedule classes: for every schedule, at
+2 and 4 pipeline ranks and 1 to 12 microbatches, the table refuses exactly what torch refuses when
+the schedule is built (a refusal there would otherwise come at the first step, in the workers). The
+stages are real PipelineStages of rank 0, told their group by stand-ins for torch.distributed's
+rank and size (no process group needed)."""
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.pipelining as pipelining
 
 from framework.strategy.pipelining.schedules import (
     SCHEDULES,
@@ -51,3 +60,41 @@ def test_the_bubble_of_the_theory():
     assert bubble_fraction("1f1b", 1, 8) == 0.0
     assert bubble_fraction("interleaved_1f1b", 4, 8, 2) == pytest.approx(3 / 19)
     assert bubble_fraction("zbv_zero_bubble", 4, 8, 2) is None
+
+
+STAGES_PER_RANK = 2  # for the looped schedules; 'one' and 'v' decide their own
+
+
+def torch_refusal(name: str, pp: int, microbatches: int) -> str | None:
+    per_rank = stages_per_rank(name, STAGES_PER_RANK)
+    count = pp * per_rank
+    with mock.patch.object(dist, "get_world_size", lambda group=None: pp), \
+            mock.patch.object(dist, "get_rank", lambda group=None: 0), \
+            mock.patch.object(dist, "is_initialized", lambda: True):
+        stages = [pipelining.PipelineStage(torch.nn.Linear(2, 2), i, count, torch.device("cpu"))
+                  for i in stage_ids(name, 0, pp, per_rank)]
+        schedule = getattr(pipelining, SCHEDULES[name].torch_class)
+        try:
+            schedule(stages[0] if per_rank == 1 else stages, n_microbatches=microbatches, loss_fn=lambda out, y: out.sum())
+        except ValueError as err:
+            return str(err)
+    return None
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+def test_the_table_refuses_what_torch_refuses(name):
+    disagree = []
+    for pp in (2, 4):
+        for microbatches in range(1, 13):
+            ours = schedule_problems(name, pp, STAGES_PER_RANK, microbatches, batch_size=microbatches * 4)
+            theirs = torch_refusal(name, pp, microbatches)
+            if bool(ours) != bool(theirs):
+                disagree.append((pp, microbatches, ours, theirs))
+    assert not disagree, disagree
+
+
+def test_the_interleaved_rounds_rule_names_the_key_and_multiples_that_run():
+    (problem,) = schedule_problems("interleaved_1f1b", 2, 2, 5, batch_size=20)
+    assert problem == ("strategy.schedule=interleaved_1f1b runs the microbatches in rounds of the 2 pipeline ranks: "
+                       "strategy.microbatches=5 is not a multiple of its 2 rounds; choose a multiple of 2 (4 or 6).")
+    assert schedule_problems("interleaved_1f1b", 2, 2, 6, batch_size=12) == []

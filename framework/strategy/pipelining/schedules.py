@@ -4,8 +4,10 @@ idle fraction ("bubble") its theory gives. One table; strategy.schedule picks a 
 
 Every row was run on gloo at 2 and 4 processes with the framework's GPT stages and gave the
 one-process loss and gradients (tests/construction/test_pipeline_schedules.py); the microbatch
-minimums are torch's own refusals, measured (1F1B: one microbatch per stage; DualPipeV: one per
-stage, counting both of a rank's).
+rules are torch's own refusals, measured (1F1B: one microbatch per stage; DualPipeV: one per stage,
+counting both of a rank's; the interleaved ones: a multiple of their rounds), and checked against
+torch's schedules for every row at 2 and 4 ranks and 1 to 12 microbatches
+(tests/construction/test_schedule_table.py).
 """
 from __future__ import annotations
 
@@ -22,6 +24,9 @@ class Schedule:
     min_microbatches: str
     """'any', 'stages' (at least the pipeline's stages)."""
     note: str
+    in_rounds: bool = False
+    """The microbatches run in rounds of the pipeline's ranks (max(1, m // p) of them), and must be a
+    multiple of their number: torch refuses m=5 at p=2 (2 rounds), runs 4 or 6."""
 
 
 SCHEDULES: dict[str, Schedule] = {
@@ -29,10 +34,10 @@ SCHEDULES: dict[str, Schedule] = {
                       "activations in flight at once"),
     "1f1b": Schedule("Schedule1F1B", "one", "stages", "one forward, one backward: at most p microbatches in flight"),
     "interleaved_1f1b": Schedule("ScheduleInterleaved1F1B", "looped", "any", "1F1B over several stages a rank: a "
-                                 "smaller bubble, more messages"),
+                                 "smaller bubble, more messages", in_rounds=True),
     "looped_bfs": Schedule("ScheduleLoopedBFS", "looped", "any", "breadth first over a rank's stages"),
     "interleaved_zero_bubble": Schedule("ScheduleInterleavedZeroBubble", "looped", "any", "backward split into "
-                                        "input and weight gradients to fill the bubble"),
+                                        "input and weight gradients to fill the bubble", in_rounds=True),
     "zbv_zero_bubble": Schedule("ScheduleZBVZeroBubble", "v", "any", "zero bubble over a V of two stages a rank"),
     "dualpipev": Schedule("ScheduleDualPipeV", "v", "stages", "DeepSeek's DualPipe over a V of two stages a rank"),
 }
@@ -79,6 +84,12 @@ def schedule_problems(name: str, pp: int, per_rank: int, microbatches: int, batc
     elif schedule.min_microbatches == "stages" and microbatches < stages:
         problems.append(f"strategy.schedule={name} needs at least one microbatch per stage: strategy.microbatches="
                         f"{microbatches} < {stages} stages; raise strategy.microbatches to {stages} or more.")
+    rounds = max(1, microbatches // pp)
+    if schedule.in_rounds and microbatches >= 1 and microbatches % rounds:
+        below = microbatches - microbatches % pp
+        problems.append(f"strategy.schedule={name} runs the microbatches in rounds of the {pp} pipeline ranks: "
+                        f"strategy.microbatches={microbatches} is not a multiple of its {rounds} rounds; choose a "
+                        f"multiple of {pp} ({below} or {below + pp}).")
     if microbatches >= 1 and batch_size % microbatches:
         problems.append(f"data.batch_size={batch_size} does not split into strategy.microbatches={microbatches} "
                         "equal microbatches (the loss is their mean); make the batch a multiple of it.")
