@@ -39,8 +39,7 @@ TEST_WORKERS ?= 2
 test: setup
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=15 $(PYTEST_ARGS)
 
-# The inner loop: the unit tests alone (no subprocess, no multi-process run; tests marked slow are left
-# out), under 3 minutes.
+# The inner loop: the tests not marked slow (multi-process and end-to-end runs left out).
 test-fast: setup
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder -m "not slow" --durations=5 $(PYTEST_ARGS)
 
