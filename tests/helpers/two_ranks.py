@@ -10,14 +10,14 @@ from pathlib import Path
 from tests.conftest import TINY_GPT, run_inprocess
 from tests.helpers.run_cache import trained_run
 
-STEPS = 6
+STEPS = 4
 # No dropout (each rank would draw its own masks) and no validation at the start: the losses of
-# the first steps are compared one by one. Accumulation and clipping on, a checkpoint at step 3:
+# the first steps are compared one by one. Accumulation and clipping on, a checkpoint half-way:
 # the same runs are the references of the equivalence tests and the "straight" runs the resume
 # tests compare with (shared through tests/helpers/run_cache.py).
 BASE = [*TINY_GPT, f"trainer.max_steps={STEPS}", "trainer.log_every=1", "trainer.val_every=2",
         "model.dropout=0.0", "trainer.val_at_start=false", "callbacks=[checkpoint]", "trainer.accumulate=2",
-        "trainer.clip_grad_norm=0.5", f"scheduler.total_steps={STEPS}", "callbacks.checkpoint.every_n_steps=3",
+        "trainer.clip_grad_norm=0.5", f"scheduler.total_steps={STEPS}", f"callbacks.checkpoint.every_n_steps={STEPS // 2}",
         "callbacks.checkpoint.keep_last_k=4"]
 STRATEGIES = ["ddp_spawn", "fsdp", "fsdp_cpu_offload", "ddp_sharded", "deepspeed_stage_1",
               "deepspeed_stage_2", "deepspeed_stage_2_offload", "deepspeed_stage_3", "deepspeed_stage_3_offload"]
