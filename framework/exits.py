@@ -1,6 +1,6 @@
 """How a run leaves the process when it fails: each kind of failure's exit code and the one
 paragraph it prints, and what a refused run leaves behind (nothing). Fit, test and predict all
-leave this way (framework/stages.py, framework/runner.py); a sweep's job records its failure
+leave this way (framework/modes.py, framework/runner.py); a sweep's job records its failure
 instead and lets the sweep go on (framework/sweep_job.py)."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""`framework.run(cfg)`: the fit stage assembled. Preflight (framework/preflight), the launch shared
-with test and predict (framework/stages.py), then what a fit leaves in its run directory: the
+"""`framework.run(cfg)`: the fit mode assembled. Preflight (framework/preflight), the launch shared
+with test and predict (framework/modes.py), then what a fit leaves in its run directory: the
 config and recipe it ran, summary.json, the test of its best checkpoint, the curves; the
 objective returned for sweepers. A sweep's job goes through framework/sweep_job.py."""
 from __future__ import annotations
@@ -15,11 +15,11 @@ from framework.exits import hydra_output_dir, leave_on_failure
 from framework.launch.replica_groups import GROUPS_IN_A_SWEEP, launches_groups, placement, supervise
 from framework.loop.nonfinite import Diverged
 from framework.loop.preemption import Preempted
-from framework.loop.state import Stage
+from framework.loop.state import RunMode
+from framework.modes import launch_mode, record_test
 from framework.plotting.at_end import run_figures
 from framework.preflight import Prepared, prepare
 from framework.reproduce import write_recipe
-from framework.stages import launch_stage, record_test
 from framework.summary import run_summary, write_summary
 from framework.sweep_job import run_sweep_job
 from framework.sweeps import current_job, run_overrides
@@ -49,7 +49,7 @@ def fit_replica_groups(cfg: DictConfig, output_dir: Path) -> float | None:
     """fault_tolerance=torchft started here: every refusal first, then a lighthouse and every replica
     group (framework/launch/replica_groups.py); the run directory's summary gathers theirs. The
     objective: the first group's."""
-    prepared = prepare(cfg, stage=Stage("fit"))
+    prepared = prepare(cfg, mode=RunMode("fit"))
     output_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     ft = prepared.plugins.fault_tolerance
@@ -63,7 +63,7 @@ def fit_replica_groups(cfg: DictConfig, output_dir: Path) -> float | None:
 
 
 def fit(cfg: DictConfig, output_dir) -> float | None:
-    """The fit stage: launch, then the run directory's results; the objective (None when it was
+    """The fit mode: launch, then the run directory's results; the objective (None when it was
     never logged, or the run diverged: its summary says so and Diverged is raised)."""
     output_dir = Path(output_dir) if output_dir else hydra_output_dir(cfg.name)
     if launches_groups(cfg):
@@ -77,7 +77,7 @@ def fit(cfg: DictConfig, output_dir) -> float | None:
             OmegaConf.save(prepared.resolved, output_dir / "config.yaml")
             write_recipe(prepared.config, output_dir / "recipe.yaml")
 
-    launched = launch_stage(cfg, Stage("fit"), output_dir, before=write_config)
+    launched = launch_mode(cfg, RunMode("fit"), output_dir, before=write_config)
     prepared, result = launched.prepared, launched.result
     resolved, plugins = prepared.resolved, prepared.plugins
     if result.preempted is not None:

@@ -1,5 +1,5 @@
 """summary.json: what a run ended as, built in one place for every way it ends (completed,
-diverged, failed in a sweep) and for what a later stage adds (`framework test`'s scores).
+diverged, failed in a sweep) and for what a later command adds (`framework test`'s scores).
 
 Its fields: name, status, objective and objective_value (what sweepers optimise), the overrides
 the run was started with, wall_time_s; a completed run adds its final metrics, strategy,
@@ -27,7 +27,7 @@ def write_summary(output_dir: Path, summary: dict) -> Path:
 
 
 def add_to_summary(output_dir: Path, **fields) -> Path:
-    """The run's summary with `fields` added (a later stage's results); an unreadable summary is
+    """The run's summary with `fields` added (a later command's results); an unreadable summary is
     replaced, not trusted."""
     path = Path(output_dir) / SUMMARY_FILE
     try:

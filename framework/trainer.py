@@ -2,7 +2,7 @@
 optimizer, scheduler, loaders, callbacks and loggers from the resolved config, hands them to the
 loop, and returns the loop's typed result (metrics, or where it was preempted).
 
-Three stages (framework/loop/state.py Stage): `fit` (train; with trainer.test_at_end, then test
+Three modes (framework/loop/state.py RunMode): `fit` (train; with trainer.test_at_end, then test
 the best checkpoint), `test` (score the checkpoint `ckpt_path` names on the data's test split:
 `framework test`) and `predict` (one row per sample of a split, written per rank: `framework
 predict`)."""
@@ -34,7 +34,7 @@ from framework.loop.evaluation import predict, score
 from framework.loop.fit_loop import FitLoop
 from framework.loop.parts import Loaders, RunContext, Training
 from framework.loop.preemption import PreemptionWatcher
-from framework.loop.state import FitResult, Stage
+from framework.loop.state import FitResult, RunMode
 from framework.models.build import build_model
 from framework.plugins import build_plugins
 from framework.tasks.manual import ManualOptimization, optimizer_set_factory
@@ -75,9 +75,9 @@ def configure_determinism(deterministic: bool) -> bool:
     return previous
 
 
-def train_worker(config: dict, output_dir: str, stage: Stage = Stage()) -> FitResult:
+def train_worker(config: dict, output_dir: str, mode: RunMode = RunMode()) -> FitResult:
     """Entry of every process of a run. `config` is the resolved config as plain containers
-    (picklable: workers never re-read sys.argv or Hydra state); `stage` what to do (STAGES).
+    (picklable: workers never re-read sys.argv or Hydra state); `mode` what to do (MODES).
     Returns the loop's result."""
     cfg = OmegaConf.create(config)
     plugins = build_plugins(cfg)
@@ -89,7 +89,7 @@ def train_worker(config: dict, output_dir: str, stage: Stage = Stage()) -> FitRe
         # Everything that holds the wrapped model lives inside _fit, so it is freed when _fit
         # returns, before the process group is destroyed (a DDP reducer outliving its gloo group
         # can hang in the group's destructor).
-        return STAGES[stage.name](cfg, config, plugins, Path(output_dir), stage)
+        return MODES[mode.name](cfg, config, plugins, Path(output_dir), mode)
     finally:
         gc.collect()
         strategy.teardown()
@@ -139,7 +139,7 @@ def _model_and_optimizer(cfg, strategy, task, pretrained: bool = True):
     return model, optimizer
 
 
-def _fit(cfg, config: dict, plugins, output_dir: Path, stage: Stage) -> FitResult:
+def _fit(cfg, config: dict, plugins, output_dir: Path, mode: RunMode) -> FitResult:
     strategy = plugins.strategy
     seed_everything(cfg.seed)
     datamodule = build(cfg.data, "data")
@@ -207,7 +207,7 @@ def _trained(cfg, plugins, split: str):
     return task, model, loader, meta
 
 
-def _test(cfg, config: dict, plugins, output_dir: Path, stage: Stage) -> FitResult:
+def _test(cfg, config: dict, plugins, output_dir: Path, mode: RunMode) -> FitResult:
     """Score the checkpoint `ckpt_path` names on the test split."""
     task, model, loader, meta = _trained(cfg, plugins, "test")
     metrics = score(plugins.strategy, task, model, loader, "test")
@@ -215,11 +215,11 @@ def _test(cfg, config: dict, plugins, output_dir: Path, stage: Stage) -> FitResu
                                       "chosen": "given", "metrics": metrics})
 
 
-def _predict(cfg, config: dict, plugins, output_dir: Path, stage: Stage) -> FitResult:
-    """One row per sample of `stage.split` with what the task predicts, written by each rank to
+def _predict(cfg, config: dict, plugins, output_dir: Path, mode: RunMode) -> FitResult:
+    """One row per sample of `mode.split` with what the task predicts, written by each rank to
     output_dir/<PREDICTION_PARTS>-rank<r>.jsonl (the launching process merges them in order)."""
     strategy = plugins.strategy
-    task, model, loader, _ = _trained(cfg, plugins, stage.split)
+    task, model, loader, _ = _trained(cfg, plugins, mode.split)
     path = output_dir / f"{PREDICTION_PARTS}-rank{strategy.global_rank}.jsonl"
     rows = 0
     with open(path, "w", encoding="utf-8") as out:
@@ -231,6 +231,6 @@ def _predict(cfg, config: dict, plugins, output_dir: Path, stage: Stage) -> FitR
     return FitResult({"rows": float(rows)})
 
 
-# What a process runs at each stage of a run.
-STAGES = {"fit": _fit, "test": _test, "predict": _predict}
+# What a process runs in each mode of a run.
+MODES = {"fit": _fit, "test": _test, "predict": _predict}
 PREDICTION_PARTS = "predictions"

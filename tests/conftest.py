@@ -43,7 +43,7 @@ SLOWEST_FIRST = (
     "strategy/test_resume_two_ranks.py", "strategy/test_multiprocess.py", "fault_tolerance/test_torchft.py",
     "test_docs.py", "adapter/test_lora.py", "cluster/test_slurm.py", "loop/test_preemption.py", "faults/test_disk_full.py",
     "test_gpu_check.py", "extension/test_plugin_package.py", "recipes/test_hf_recipe.py", "cli/test_list.py",
-    "config/test_trust.py", "construction/test_compile.py", "loop/test_test_stage.py", "checkpoint/test_faults.py",
+    "config/test_trust.py", "construction/test_compile.py", "loop/test_test_mode.py", "checkpoint/test_faults.py",
     "test_sweeps.py", "strategy/test_model_parallel.py",
     "strategy/test_pipeline.py", "tasks/test_manual_optimization.py", "test_contracts.py",
 )

@@ -43,7 +43,7 @@ FLOORS = {
     "framework.trainer": 12,
     "framework.launch": 13, "framework.preflight": 13,
     "framework.exits": 14,
-    "framework.stages": 15, "framework.sweep_job": 15,
+    "framework.modes": 15, "framework.sweep_job": 15,
     "framework.runner": 16,
     "framework.entry_guard": 17,
     "framework.cli": 18, "framework.testing": 18,

@@ -63,8 +63,7 @@ def plan(cfg: DictConfig, out=None, device_memory: int | None = None, elsewhere:
     else:
         print(f"  {world} process(es) = devices {devices} x num_nodes {resolved.num_nodes}; "
               f"{ranks_per_node(devices, resolved.num_nodes)}", file=out)
-    describe_layout = getattr(plugins.strategy, "describe_layout", None)  # a 2-D mesh: hsdp, model_parallel
-    for line in describe_layout(world, model) if describe_layout and not prepared.refusals else ():
+    for line in plugins.strategy.layout(world, model).lines if not prepared.refusals else ():
         print(f"  {line}", file=out)
     stats, units = model_stats(resolved, plugins, model)
     print("model", file=out)

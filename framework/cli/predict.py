@@ -18,8 +18,8 @@ from pathlib import Path
 from framework.cli.trained_run import trained_run
 from framework.data.splits import SPLITS
 from framework.errors import ConfigError, ExitCode, RunExit, UserError, report
+from framework.modes import run_predict
 from framework.results import PREDICTION_FORMATS
-from framework.stages import run_predict
 
 COMMAND = "framework predict"
 

@@ -20,7 +20,7 @@ from framework.cli.trained_run import trained_run
 from framework.config.build import build
 from framework.console import warn
 from framework.errors import ConfigError, ExitCode, RunExit, UserError, report
-from framework.stages import run_test
+from framework.modes import run_test
 
 
 def parser() -> argparse.ArgumentParser:

@@ -55,9 +55,9 @@ class Rule:
     level: str = "refuse"  # or "warn"
 
 
-def _ft_strategies(p: Plan) -> tuple[str, ...] | None:
-    """The strategies the fault_tolerance option's replica groups can be (None: any; no groups)."""
-    return getattr(p.fault_tolerance, "strategies", None)
+def _groups(p: Plan) -> bool:
+    """Whether the fault_tolerance option runs replica groups."""
+    return bool(getattr(p.fault_tolerance, "forms_groups", False))
 
 
 def _shared_gpus(p: Plan) -> int | None:
@@ -293,17 +293,28 @@ RULES: list[Rule] = [
         "precision=bf16 (float32's range: no loss scaling needed) or bf16_true.",
     ),
     Rule(
+        lambda p: p.strategy.pipelined and not p.loop.stage_split and not p.loop.manual_optimization,
+        lambda p: f"strategy={_strat(p)} runs the model in pipeline stages, but task {p.loop.task} does not say how a "
+        "batch goes through stages; give it pipeline_split(batch) -> (the first stage's input, the targets) and "
+        "summed_loss(outputs, targets) (framework/tasks/base.py), or use strategy=fsdp.",
+    ),
+    Rule(
         lambda p: p.loop.position_ids and not p.strategy.passes_position_ids,
         lambda p: f"data packs several samples in a row, kept apart by position_ids, but strategy={_strat(p)} passes "
         "only activations between its stages; set data.packing=false (one sample a row, padded), or use "
         "strategy=fsdp.",
     ),
     Rule(
-        lambda p: _ft_strategies(p) is not None and _strat(p) not in _ft_strategies(p),
-        lambda p: f"fault_tolerance={p.names['fault_tolerance']} with strategy={_strat(p)}: a replica group here is "
-        f"one of {', '.join(_ft_strategies(p))} (each rank's part of the state copied rank to rank when a group heals); "
-        "hsdp, offloaded, tensor-parallel, pipelined, DeepSpeed, fairscale and XLA groups are not carried yet. Use "
-        "strategy=ddp or fsdp inside the groups, or fault_tolerance=none.",
+        lambda p: _groups(p) and p.strategy.replica_groups_refusal,
+        lambda p: f"fault_tolerance={p.names['fault_tolerance']} with strategy={_strat(p)}: "
+        f"{p.strategy.replica_groups_refusal}. Inside replica groups use strategy=ddp, or a layout of fsdp, hsdp, "
+        "model_parallel or pipeline; or fault_tolerance=none.",
+    ),
+    Rule(
+        lambda p: _groups(p) and getattr(p.fault_tolerance, "process_group", None) == "nccl"
+        and getattr(p.strategy, "cpu_offload", False),
+        lambda p: f"fault_tolerance.process_group=nccl with strategy={_strat(p)} offloading to the CPU: the gradients "
+        "the groups average live in host memory, which NCCL does not reach; use fault_tolerance.process_group=gloo.",
     ),
     Rule(
         lambda p: getattr(p.fault_tolerance, "process_group", None) == "nccl"
@@ -327,7 +338,7 @@ RULES: list[Rule] = [
         level="warn",
     ),
     Rule(
-        lambda p: p.loop.manual_optimization and _ft_strategies(p) is not None,
+        lambda p: p.loop.manual_optimization and _groups(p),
         lambda p: f"fault_tolerance={p.names['fault_tolerance']} with a task that steps its optimizers itself (a GAN): "
         "the replica groups vote on one optimizer step a step; use a task with one loss, or fault_tolerance=none.",
     ),

@@ -23,6 +23,8 @@ class LoopSettings:
     compile: bool = False  # torch.compile each unit (framework/construction/compile.py)
     on_nonfinite: str = "stop"  # trainer.on_nonfinite (framework/loop/nonfinite.py)
     position_ids: bool = False  # the batches carry position_ids (packed rows: several samples a row)
+    task: str = ""  # the task's class name, as messages say it
+    stage_split: bool = True  # the task says how a batch goes through pipeline stages (pipeline_split, summed_loss)
 
 
 def loop_settings(cfg: DictConfig) -> LoopSettings:
@@ -36,4 +38,6 @@ def loop_settings(cfg: DictConfig) -> LoopSettings:
                         activation_checkpointing=bool(cfg.trainer.get("activation_checkpointing", False)),
                         compile=bool(cfg.trainer.get("compile", False)),
                         on_nonfinite=str(cfg.trainer.get("on_nonfinite", "stop")), position_ids=packed,
+                        task=task.__name__, stage_split=getattr(task, "pipeline_split", None) is not None
+                        and getattr(task, "summed_loss", None) is not None,
                         adapter=cfg.adapter._target_.rsplit(".", 1)[-1].lower() if cfg.get("adapter") else None)

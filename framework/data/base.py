@@ -37,9 +37,9 @@ class DataModule(ABC):
         problem, naming the key and the fix."""
         return []
 
-    def run_problems(self, trainer, stage: str) -> list[str]:
+    def run_problems(self, trainer, mode: str) -> list[str]:
         """What this data cannot do with the run's loop settings (`trainer`: max_steps,
-        val_batches, test_batches, ...) at `stage` (fit, test, predict), said before launch."""
+        val_batches, test_batches, ...) in `mode` (fit, test, predict), said before launch."""
         return []
 
     def warnings(self) -> list[str]:

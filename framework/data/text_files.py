@@ -159,20 +159,20 @@ class TextFiles(StoredFiles):
         view = open_split(self._store, split)
         return PackedTokens(view, self.block_size) if self.packing else Documents(view, self.block_size)
 
-    def run_problems(self, trainer, stage: str) -> list[str]:
+    def run_problems(self, trainer, mode: str) -> list[str]:
         """A stream has no epochs and no end to score to: it needs trainer.max_steps, and a number
         of batches for each split it evaluates (their first samples)."""
         if not self.streaming:
             return []
         found = []
-        if stage == "fit" and trainer.get("max_steps") is None:
+        if mode == "fit" and trainer.get("max_steps") is None:
             found.append("data.streaming=true: a stream has no epochs (its passes follow each other), so "
                          "trainer.max_epochs cannot end the run; give trainer.max_steps.")
-        if stage == "fit" and trainer.get("val_batches") is None:
+        if mode == "fit" and trainer.get("val_batches") is None:
             found.append("data.streaming=true: validation scores the first trainer.val_batches batches of the streamed "
                          "validation split; trainer.val_batches=null would read all of it at every validation. Give "
                          "a number (e.g. trainer.val_batches=20), or prepare the data (data.streaming=false).")
-        if (stage == "test" or trainer.get("test_at_end")) and trainer.get("test_batches") is None:
+        if (mode == "test" or trainer.get("test_at_end")) and trainer.get("test_batches") is None:
             found.append("data.streaming=true: testing scores the first trainer.test_batches batches of the streamed "
                          "test split; give trainer.test_batches (e.g. 50), or prepare the data (data.streaming=false).")
         return found

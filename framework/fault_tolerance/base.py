@@ -38,8 +38,9 @@ class FaultTolerance:
     replica_groups = 1
     #: this process's group, 0 .. replica_groups - 1
     group = 0
-    #: the strategies a replica group can be (the compatibility table reads it); None: any
-    strategies: tuple[str, ...] | None = None
+    #: whether it runs replica groups (then a strategy's replica_groups_refusal applies: the
+    #: compatibility table reads both)
+    forms_groups = False
 
     @property
     def launches_groups(self) -> bool:

@@ -73,10 +73,11 @@ class TorchFT(FaultTolerance):
 
     name = "torchft"
     requires_packages = {"torchft": "'framework[torchft]'"}
-    #: what a replica group can be: ddp (torchft's DDP) or fsdp within the group (torchft's HSDP:
-    #: sharded within, replicated across); rank r's part of the state and gradients is rank r's of
-    #: every group (the same layout), so a heal copies rank to rank and the average is per shard
-    strategies = ("single_device", "ddp", "ddp_spawn", "fsdp")
+    #: a replica group is any layout whose rank r holds the same part of the state and gradients in
+    #: every group (ddp; any mesh of the FSDP2 family: fsdp, hsdp, tensor parallel, pipeline stages,
+    #: offloaded), so a heal copies rank to rank and the average is per part; a strategy that cannot
+    #: be one says why (its replica_groups_refusal)
+    forms_groups = True
 
     def __init__(self, replica_groups: PositiveInt = 2, replica_id: NonNegativeInt | None = None,
                  min_replicas: PositiveInt = 1, lighthouse: str = "auto", quorum_timeout_s: PositiveFloat = 60.0,

@@ -13,6 +13,7 @@ import multiprocessing.forkserver
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import time
 import traceback
@@ -28,7 +29,7 @@ from framework.config.trust import ENV_ALLOW, user_allowed
 from framework.errors import UserError
 from framework.launch.oom import OomWatch
 from framework.loop.preemption import Preempted
-from framework.loop.state import FitResult, Stage
+from framework.loop.state import FitResult, RunMode
 from framework.signals import signal_number
 from framework.trainer import train_worker
 
@@ -37,16 +38,65 @@ from framework.trainer import train_worker
 CORES_ENV = "FRAMEWORK_CORES"
 
 
-def worker_entry(config: dict, output_dir: str, threads: int, failure_dir: str, trusted: list[str], stage: Stage):
+#: the launching process's environment when it started its forkserver (the workers' environment
+#: is the forkserver's, plus what changed since: `environment_changes`); None: not started here
+_FORKSERVER_ENV: dict[str, str] | None = None
+#: variables a scheduler or launcher sets in each process it starts: then this process starts no workers
+_STARTED_BY_A_SCHEDULER = ("LOCAL_RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "JSM_NAMESPACE_RANK")
+
+
+def start_forkserver() -> None:
+    """Start the forkserver local workers are forked from (its imports: framework/launch/preload.py,
+    ~2-3 s of torch and the framework) unless it runs already. Called as soon as a run looks
+    multi-process, so those imports overlap the launching process's own preflight instead of
+    following it; what the environment gains or loses after this reaches the workers through
+    `environment_changes`."""
+    global _FORKSERVER_ENV
+    if getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None) is not None:
+        return  # running (started here earlier, or by the user's own code)
+    multiprocessing.set_forkserver_preload(["__main__", "framework.launch.preload"])
+    _FORKSERVER_ENV = dict(os.environ)
+    multiprocessing.forkserver.ensure_running()
+
+
+def may_start_local_workers(devices, num_nodes, strategy_target: str) -> bool:
+    """Whether a run of these settings is likely to fork local workers (a guess before preflight:
+    a wrong one costs a forkserver's imports in the background, nothing else)."""
+    try:
+        many = int(devices) * int(num_nodes) > 1
+    except (TypeError, ValueError):  # devices=auto: resolved by the accelerator later
+        return False
+    spawned = any(word in strategy_target.lower() for word in ("spawn", "xla"))
+    return many and not spawned and not any(name in os.environ for name in _STARTED_BY_A_SCHEDULER)
+
+
+def environment_changes() -> tuple[dict[str, str], list[str], list[str]]:
+    """(variables set or changed, variables removed, the import path) of this process now: the
+    workers forked from a server started earlier inherit its older environment and import path (a
+    recipe's folder, a user's package added during preflight)."""
+    before = _FORKSERVER_ENV or dict(os.environ)
+    changed = {key: value for key, value in os.environ.items() if before.get(key) != value}
+    return changed, [key for key in before if key not in os.environ], list(sys.path)
+
+
+def worker_entry(config: dict, output_dir: str, threads: int, failure_dir: str, trusted: list[str], mode: RunMode,
+                 environment: tuple[dict[str, str], list[str], list[str]] | None = None):
     """Module-level (picklable) entry of every worker process. `trusted`: the prefixes the user
-    allowed in the launching process (a forkserver started earlier has an older environment)."""
+    allowed in the launching process; `environment`: what its environment gained and lost since
+    the forkserver started, and its import path (a forkserver started earlier has older ones)."""
+    if environment is not None:
+        changed, removed, path = environment
+        os.environ.update(changed)
+        for key in removed:
+            os.environ.pop(key, None)
+        sys.path[:] = path
     os.environ[ENV_ALLOW] = ",".join(trusted)
 
     torch.set_num_threads(threads)
 
     (Path(failure_dir) / f"pid{os.environ.get('RANK', 0)}").write_text(str(os.getpid()))  # for SignalForwarder
     try:
-        return train_worker(config, output_dir, stage)
+        return train_worker(config, output_dir, mode)
     except UserError as err:  # returned (pickled) and re-raised by the launching process: exit code 2
         return err
     except BaseException as err:
@@ -112,7 +162,7 @@ def _continue(failure_dir: Path, rank: int) -> None:
         pass
 
 
-def launch_local_workers(config: dict, output_dir: Path, plugins, nproc: int, stage: Stage = Stage()) -> FitResult:
+def launch_local_workers(config: dict, output_dir: Path, plugins, nproc: int, mode: RunMode = RunMode()) -> FitResult:
     """Run `nproc` workers on this node and return rank zero's result (a user error any rank
     returned is raised here, as the user's error)."""
     # Worker failures are reported once, by WorkerFailed, not again by the agent's own logging.
@@ -125,8 +175,7 @@ def launch_local_workers(config: dict, output_dir: Path, plugins, nproc: int, st
         # (framework/launch/preload.py). Takes effect when the server starts: at the first launch
         # (a forkserver the user's own code started earlier keeps its own list: workers then
         # import torch themselves, correct but without the saving).
-        multiprocessing.set_forkserver_preload(["__main__", "framework.launch.preload"])
-        multiprocessing.forkserver.ensure_running()  # its imports overlap the agent's rendezvous
+        start_forkserver()  # where it was not started before preflight: its imports overlap the rendezvous
     logs_dir = Path(tempfile.mkdtemp(prefix="elastic-", dir=output_dir))
     failure_dir = logs_dir / "failures"
     failure_dir.mkdir()
@@ -141,7 +190,7 @@ def launch_local_workers(config: dict, output_dir: Path, plugins, nproc: int, st
     oom_watch = OomWatch()
     try:
         results = elastic_launch(launch_config, worker_entry)(config, str(output_dir), threads, str(failure_dir),
-                                                              user_allowed(), stage)
+                                                              user_allowed(), mode, environment_changes())
     except ChildFailedError as err:
         raise WorkerFailed(err, failure_dir, oom_watch.kills(), oom_watch.limit) from None
     except SignalException as err:

@@ -1,4 +1,4 @@
-"""The one loop over evaluation batches (validation, test; every stage that scores a data set):
+"""The one loop over evaluation batches (validation, test; every pass that scores a data set):
 each rank scores its share of the same samples, and the sums are added across ranks exactly, so a
 metric does not depend on how many processes computed it."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 from framework.data.splits import SPLIT_NAMES
 from framework.errors import ConfigError
 
-# The task method that scores a batch at each evaluation stage (the metric prefix).
+# The task method that scores a batch for each metric prefix.
 STEPS = {"val": "validation_step", "test": "test_step"}
 
 Step = Callable[[torch.nn.Module, object], dict]
@@ -84,11 +84,11 @@ def evaluate(strategy, model: torch.nn.Module, loader, step: Step) -> dict[str, 
     return totals
 
 
-def score(strategy, task, model: torch.nn.Module, loader, stage: str) -> dict[str, float]:
-    """Collective: the task's metrics over the whole loader at `stage` ("val" or "test"), named
-    `<stage>/<metric>`, the same on every rank."""
-    totals = evaluate(strategy, model, loader, getattr(task, STEPS[stage]))
+def score(strategy, task, model: torch.nn.Module, loader, prefix: str) -> dict[str, float]:
+    """Collective: the task's metrics over the whole loader at `prefix` ("val" or "test"), named
+    `<prefix>/<metric>`, the same on every rank."""
+    totals = evaluate(strategy, model, loader, getattr(task, STEPS[prefix]))
     if not totals:
-        raise ConfigError(f"data: the {SPLIT_NAMES[stage]} set gives no batches; give data a {SPLIT_NAMES[stage]} "
+        raise ConfigError(f"data: the {SPLIT_NAMES[prefix]} set gives no batches; give data a {SPLIT_NAMES[prefix]} "
                           "split with samples.")
-    return {f"{stage}/{name}": value for name, value in task.compute_metrics(totals).items()}
+    return {f"{prefix}/{name}": value for name, value in task.compute_metrics(totals).items()}

@@ -42,7 +42,7 @@ class FitLoop:
         self.scheduler, self.scheduler_interval, self.manual = (training.scheduler, training.scheduler_interval,
                                                                 training.manual)
         self.replicas = training.replicas or FaultTolerance()  # replica groups (fault_tolerance=torchft)
-        self._quorum_open = False  # this step's quorum was formed already (a heal restarts the epoch's batches)
+        self._quorum_formed = False  # the next step's quorum is formed already (a heal restarted the epoch's batches)
         self.train_loader, self.val_loader, self.test_loader = loaders.train, loaders.val, loaders.test
         # Read on every step: plain attributes, not OmegaConf nodes (each node access costs
         # tens of microseconds, which a tiny model's step notices).
@@ -107,10 +107,9 @@ class FitLoop:
             if self.trainer.val_at_start and self.state.step == 0:
                 self.validate()
             while not self._done():
-                try:
-                    self._run_epoch()
-                except _Healed:  # a live peer's state was copied: its data position, this step
-                    self._quorum_open = True
+                # healed: a live peer's state was copied (its step, its data position) in forming this
+                # step's quorum; the epoch's batches start again there
+                self._quorum_formed = self._run_epoch()
             if self.preempted_by is not None:
                 self.checkpointer.finalize(wait=True)
                 return FitResult(dict(self.state.metrics), Preemption(self.preempted_by, self.state.step))
@@ -132,7 +131,9 @@ class FitLoop:
         return (s.should_stop or self.preempted_by is not None or (t.max_steps is not None and s.step >= t.max_steps)
                 or (t.max_epochs is not None and s.epoch >= t.max_epochs))
 
-    def _run_epoch(self) -> None:
+    def _run_epoch(self) -> bool:
+        """One epoch's steps, or until the run ends; True where it stopped because the group healed
+        from a live peer (the epoch then goes on from the data position that state holds)."""
         strategy, k = self.strategy, self._accumulate
         self.train_loader.sampler.set_epoch(self.state.epoch, self._resume_sample)
         self._resume_sample = 0
@@ -140,13 +141,13 @@ class FitLoop:
         pending: list = []  # this step's micro-batches, when they are counted before any forward
         for batch in self.train_loader:
             if not pending and self.state.batch_in_epoch % k == 0 and self._begin_step():
-                raise _Healed
+                return True
             if self.trainer.compile and self._first_step_at is None:
                 self._first_step_at = time.perf_counter()
             if self.manual is not None:
                 self._manual_step(strategy.batch_to_device(batch))
                 if self._done():
-                    return
+                    return False
                 continue
             index = self.state.batch_in_epoch + len(pending)
             group = min(k, n - (index - index % k))  # the last group of an epoch may be short
@@ -160,12 +161,13 @@ class FitLoop:
             if self._ends_step(self.state.batch_in_epoch):
                 self._optimizer_step()
                 if self._done():
-                    return
+                    return False
         self.state.epoch += 1
         self.state.batch_in_epoch = 0
         if self.scheduler is not None and self.scheduler_interval == "epoch":
             self.scheduler.step()
         self.hook("on_epoch_end")
+        return False
 
     def _micro_batch(self, batch, group: int, scale: float | None) -> None:
         """Forward and backward of one micro-batch of a step of `group`. With `scale` (a task whose
@@ -186,8 +188,8 @@ class FitLoop:
     def _begin_step(self) -> bool:
         """Whether this group copied a live peer's state for the step about to start (the quorum of
         replica groups formed once a step)."""
-        if self._quorum_open:
-            self._quorum_open = False
+        if self._quorum_formed:
+            self._quorum_formed = False
             return False
         healed = self.replicas.begin_step()
         if healed:
@@ -424,11 +426,6 @@ class FitLoop:
         for logger in self.loggers:
             logger.finalize()
         return FitResult(dict(self.state.metrics), diverged=divergence)
-
-
-class _Healed(Exception):
-    """Raised out of an epoch's batches when the group copied a peer's state: its data continues
-    at the position that state holds."""
 
 
 def _plain(node):

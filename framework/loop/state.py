@@ -7,7 +7,7 @@ from framework.loop.nonfinite import Divergence
 
 
 @dataclass(frozen=True)
-class Stage:
+class RunMode:
     """What the processes of a run do: fit (train; test at the end with trainer.test_at_end), test
     (score ckpt_path on the test split) or predict (write one row per sample of `split`)."""
 

@@ -36,7 +36,7 @@ class ModelStats:
     largest_param: int = 0
     """Elements of the largest trainable parameter (NVMe offload swaps one parameter per buffer)."""
     held_params: int = 0
-    """Ψs: the parameters the most loaded pipeline rank holds (strategy=pipeline's held_parameters)."""
+    """Ψs: the parameters the most loaded pipeline rank holds (a pipeline's Layout.held_parameters)."""
 
 
 @dataclass(frozen=True)
@@ -152,16 +152,15 @@ def estimate(strategy, stats: ModelStats, world_size: int) -> MemoryEstimate:
     """Bytes per rank under `strategy`, by its `memory_layout` and the settings that layout reads
     (fsdp's cpu_offload; DeepSpeed's stage and offload devices). Under SPMD one process drives all
     of a node's devices, so states shard over every device of every process."""
-    shards = (strategy.state_shards(world_size) if hasattr(strategy, "state_shards")  # hsdp: one shard group
-              else world_size * (strategy.devices if strategy.spmd else 1))
+    shards = strategy.layout(world_size).state_shards
     layout = strategy.memory_layout
     if layout == "fully_sharded":
         return fully_sharded(stats, shards, offload=getattr(strategy, "cpu_offload", False))
     if layout == "optimizer_sharded":
         return optimizer_sharded(stats, shards)
     if layout == "pipelined":
-        _, data_parallel, tensor_parallel = strategy.mesh_shape(world_size)
-        return pipelined(stats, data_parallel, tensor_parallel)
+        dims = strategy.parallel_dims(world_size)
+        return pipelined(stats, dims.data_parallel, dims.tensor)
     if layout == "zero":
         return zero(stats, shards, strategy.stage, strategy.offload_optimizer, strategy.offload_parameters)
     if layout != "replicated":
@@ -195,7 +194,7 @@ def model_stats(cfg: DictConfig, plugins, model):
     frozen_bytes = quantized_bytes + frozen * param_bytes
     mixed_half = precision.param_dtype == torch.float32 and precision.compute_dtype in (torch.float16, torch.bfloat16)
     largest = max((p.numel() for p in model.parameters() if p.requires_grad), default=0)
-    held = plugins.strategy.held_parameters(model) if hasattr(plugins.strategy, "held_parameters") else 0
+    held = plugins.strategy.layout(plugins.strategy.devices * plugins.strategy.num_nodes, model).held_parameters
     stats = ModelStats(params, units.largest or params, param_bytes, mixed_half, optimizer_states(cfg), frozen_bytes,
                        largest, held)
     return stats, units

@@ -30,16 +30,16 @@ PANELS = [
 ]
 ITEM_COUNTS = ("train/tokens", "train/samples")  # cumulative counts, for loss against tokens
 NOT_DRAWN = (*ITEM_COUNTS, "train/skipped_step", "train/loss_scale")
-STAGE_STYLES = {"train": "-", "val": "--", "test": "*"}  # a test is one point, at the step it scored
+PREFIX_STYLES = {"train": "-", "val": "--", "test": "*"}  # a test is one point, at the step it scored
 
 
 def _base_name(key: str) -> str:
-    stage, _, rest = key.partition("/")
-    return rest if stage in STAGE_STYLES and rest else key
+    prefix, _, rest = key.partition("/")
+    return rest if prefix in PREFIX_STYLES and rest else key
 
 
 def _group(key: str) -> str:
-    """The panel a metric goes to: its name without stage prefix and per-class suffix (recall/3)."""
+    """The panel a metric goes to: its name without its train/val/test prefix and per-class suffix (recall/3)."""
     return re.sub(r"/\d+$", "", _base_name(key))
 
 
@@ -47,17 +47,17 @@ def metric_panels(runs: list[Run]) -> list[tuple]:
     """A panel for every logged metric the fixed panels do not draw: train/x, val/x and test/x in one."""
     drawn = {key for _, _, keys, _ in PANELS for key, _ in keys} | set(NOT_DRAWN)
     groups: dict[str, list[str]] = {}
-    stages = list(STAGE_STYLES)
+    prefixes = list(PREFIX_STYLES)
     for key in sorted({k for run in runs for k in run.series} - drawn,  # train, val, test; classes in order
-                      key=lambda k: (_group(k), stages.index(k.split("/")[0]) if k.split("/")[0] in stages else -1,
+                      key=lambda k: (_group(k), prefixes.index(k.split("/")[0]) if k.split("/")[0] in prefixes else -1,
                                      int(k.rsplit("/", 1)[1]) if k.rsplit("/", 1)[-1].isdigit() else 0, k)):
         groups.setdefault(_group(key), []).append(key)
-    return [(name, name, [(key, STAGE_STYLES.get(key.split("/")[0], "-")) for key in keys], False)
+    return [(name, name, [(key, PREFIX_STYLES.get(key.split("/")[0], "-")) for key in keys], False)
             for name, keys in groups.items()]
 
 
 def chosen(panels: list[tuple], patterns: list[str] | None) -> list[tuple]:
-    """The panels one of whose metrics (by full name or without its stage prefix) matches a pattern."""
+    """The panels one of whose metrics (by full name or without its train/val/test prefix) matches a pattern."""
     if not patterns:
         return panels
     return [p for p in panels if any(fnmatch(name, pattern) for key, _ in p[2] for name in (key, _base_name(key))

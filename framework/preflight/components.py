@@ -11,7 +11,7 @@ from framework.construction.activation_checkpointing import checkpoint_units
 from framework.construction.meta_build import meta_device
 from framework.data.tokenizer import tokenizer_mismatch
 from framework.errors import ConfigError
-from framework.loop.state import Stage
+from framework.loop.state import RunMode
 from framework.models.build import build_model
 from framework.paths import check_creatable_dir
 from framework.plugins import Plugins
@@ -19,7 +19,7 @@ from framework.tasks.fit_check import check_compilable, check_fit, validation_me
 
 
 def build_components(cfg: DictConfig, plugins: Plugins | None = None,
-                     stage: Stage = Stage(), warnings: list | None = None) -> tuple[object, int, set[str] | None]:
+                     mode: RunMode = RunMode(), warnings: list | None = None) -> tuple[object, int, set[str] | None]:
     """Build the model (on the meta device: no memory, no init cost), data module and task once,
     so an argument their constructors refuse is reported before anything is written, and pass one
     batch through them (framework/tasks/fit_check.py); returns the meta model (its size is what
@@ -33,7 +33,7 @@ def build_components(cfg: DictConfig, plugins: Plugins | None = None,
     data = build(cfg.data, "data")
     for key, (path, fix) in data.written_paths().items():
         check_creatable_dir(path, key, fix)
-    sources = data.problems() + test_split_problems(cfg, data, stage) + data.run_problems(cfg.trainer, stage.name)
+    sources = data.problems() + test_split_problems(cfg, data, mode) + data.run_problems(cfg.trainer, mode.name)
     if sources:
         raise ConfigError("\n".join(sources))
     if warnings is not None:
@@ -42,7 +42,7 @@ def build_components(cfg: DictConfig, plugins: Plugins | None = None,
     if mismatch:
         raise ConfigError(mismatch)
     task = build(cfg.task, "task")
-    if stage.name == "predict" and not task.can_predict:
+    if mode.name == "predict" and not task.can_predict:
         raise ConfigError(f"framework predict: the task ({type(task).__name__}) defines no predict_step; give it one "
                           "(what it predicts for each sample: framework/tasks/base.py), or use a built-in task.")
     batch_size = int(cfg.data.get("batch_size", 2) or 2)
@@ -62,12 +62,12 @@ def device_type(plugins: Plugins | None) -> str:
     return plugins.accelerator.name if plugins is not None else "cpu"
 
 
-def test_split_problems(cfg: DictConfig, data, stage: Stage) -> list[str]:
+def test_split_problems(cfg: DictConfig, data, mode: RunMode) -> list[str]:
     """Testing (`framework test`, trainer.test_at_end, predictions of the test split) needs data
     with a test split."""
-    if stage.name == "test":
+    if mode.name == "test":
         asked = "framework test"
-    elif stage.name == "predict" and stage.split == "test":
+    elif mode.name == "predict" and mode.split == "test":
         asked = "framework predict --split test"
     elif cfg.trainer.get("test_at_end"):
         asked = "trainer.test_at_end=true"
@@ -76,4 +76,4 @@ def test_split_problems(cfg: DictConfig, data, stage: Stage) -> list[str]:
     if data.has_test_split:
         return []
     return [f"{asked}: the data ({type(data).__name__}) has no test split. "
-            f"{data.test_split_hint(trained=stage.name != 'fit')}"]
+            f"{data.test_split_hint(trained=mode.name != 'fit')}"]

@@ -13,7 +13,7 @@ from framework.config.loop_settings import loop_settings
 from framework.config.targets import check_targets
 from framework.config.validate import check_values
 from framework.errors import ConfigError, UserError
-from framework.loop.state import Stage
+from framework.loop.state import RunMode
 from framework.paths import with_absolute_paths
 from framework.plugins import Plugins, build_plugins
 from framework.preflight.components import build_components
@@ -52,13 +52,13 @@ class Prepared:
         return self
 
 
-def prepare(cfg: DictConfig, strict: bool = True, stage: Stage = Stage(), device_memory: int | None = None,
+def prepare(cfg: DictConfig, strict: bool = True, mode: RunMode = RunMode(), device_memory: int | None = None,
             elsewhere: bool = False) -> Prepared:
     """Steps 1 and 2 of a run, and all of `framework validate` and `framework plan`: resolve the
     config, check values and every `_target_` (trust, imports, signatures), build the plugins,
     build model (on the meta device), data and task, and judge the combination. Touches no device
     and starts no process. Every problem is collected; `strict` raises them as one ConfigError.
-    `stage`: fit, test (`framework test`: the data must have a test split) or predict (the task
+    `mode`: fit, test (`framework test`: the data must have a test split) or predict (the task
     must predict, the data have the split). `elsewhere` (`framework plan --device`): judged for a
     machine that has the configured accelerator, with `device_memory` bytes per device."""
     prepared = Prepared()
@@ -91,7 +91,7 @@ def prepare(cfg: DictConfig, strict: bool = True, stage: Stage = Stage(), device
             plugins = prepared.plugins
             plugins.accelerator = plugins.strategy.accelerator = planned(plugins.accelerator, device_memory)
         prepared.model, prepared.activation_bytes, prepared.logged = attempt(
-            lambda: build_components(resolved, prepared.plugins, stage, prepared.warnings)) or (None, 0, None)
+            lambda: build_components(resolved, prepared.plugins, mode, prepared.warnings)) or (None, 0, None)
     if prepared.plugins is not None:
         plugins = prepared.plugins
         prepared.devices = attempt(lambda: plugins.fault_tolerance.resolve_devices(plugins.accelerator, resolved.devices))
@@ -100,7 +100,7 @@ def prepare(cfg: DictConfig, strict: bool = True, stage: Stage = Stage(), device
         prepared.refusals, judged = judge(plan)
         prepared.warnings.extend(judged)
         problems.extend(prepared.refusals)
-        wrong, untouched = monitor_problems(resolved, prepared.logged if stage.name == "fit" else None)
+        wrong, untouched = monitor_problems(resolved, prepared.logged if mode.name == "fit" else None)
         problems.extend(wrong)
         prepared.warnings.extend(untouched)
         if not prepared.refusals:  # the engine behind the strategy judges its own settings last
@@ -110,9 +110,10 @@ def prepare(cfg: DictConfig, strict: bool = True, stage: Stage = Stage(), device
             problems.extend(prepared.plugins.strategy.problems(prepared.model))
             problems.extend(prepared.plugins.fault_tolerance.problems())
             strategy = prepared.plugins.strategy
-            if prepared.model is not None and not problems and hasattr(strategy, "activation_share"):
+            if prepared.model is not None and not problems:
                 # a pipeline rank keeps its stages' layers' activations of the microbatches in flight
-                prepared.activation_bytes = int(prepared.activation_bytes * strategy.activation_share(prepared.model))
+                share = strategy.layout(strategy.devices * strategy.num_nodes, prepared.model).activation_share
+                prepared.activation_bytes = int(prepared.activation_bytes * share)
             too_large = memory_refusal(prepared) if prepared.model is not None and not problems else None
             if too_large:
                 prepared.refusals.append(too_large)

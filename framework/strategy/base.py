@@ -1,9 +1,7 @@
 """The Strategy base class: the only object the training loop talks to."""
 from __future__ import annotations
 
-import dataclasses
 from contextlib import nullcontext
-from dataclasses import dataclass
 from typing import Any, Callable, ContextManager
 
 import torch
@@ -18,20 +16,25 @@ from framework.cluster.base import ClusterEnvironment
 from framework.cluster.local import LocalEnvironment
 from framework.config.loop_settings import LoopSettings
 from framework.construction.compile import compile_model
-from framework.construction.named_state import strict_load
 from framework.construction.prepare import checkpoint_activations, convert_precision, place_model
 from framework.construction.quantized_build import build_quantized
 from framework.construction.units import Units, choose_units
 from framework.precision.base import Precision
 from framework.precision.fp32 import FP32Precision
-from framework.tensors import map_tensors, write_part
-
-_REDUCE_OPS = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}
+from framework.strategy import collectives
+from framework.strategy.layout import DataParallel, Layout
+from framework.strategy.state_dicts import (
+    copy_structure,
+    full_state_options,
+    live_sharded,
+    load_sharded,
+    set_model_state,
+)
+from framework.tensors import map_tensors
 
 
 def move_to_device(data: Any, device: torch.device) -> Any:
     return map_tensors(data, lambda t: t.to(device, non_blocking=True))
-
 
 
 def with_adapter(model: torch.nn.Module, adapter) -> torch.nn.Module:
@@ -45,7 +48,8 @@ class Strategy:
     framework/planning/, a rank's share of the data in framework/data/sampler.py.
 
     Method surface, in the order the runner and loop call it:
-    - before launch: `problems(meta_model)`; `framework plan` reads `memory_layout`.
+    - before launch: `problems(meta_model)`; `framework plan` and the preflight read
+      `memory_layout` and `layout(world, meta_model)`.
     - `configure_loop(settings)`: micro-batch size, accumulation and clipping, in advance.
     - `setup_environment()`: in each worker, before anything else: device, process group.
     - `build_model(factory)`: the model, built so that a sharding strategy's ranks never hold all
@@ -89,6 +93,13 @@ class Strategy:
     #: whether a precision's loss scaling (precision=16's GradScaler) can scale its backward (False
     #: where a schedule runs the backward inside its own step: pipeline stages)
     supports_loss_scaling: bool = True
+    #: whether it runs the model in pipeline stages (the task must say how a batch is split:
+    #: pipeline_split, summed_loss; the compatibility table reads it)
+    pipelined: bool = False
+    #: why it cannot run inside replica groups (fault_tolerance=torchft), as the refusal says it;
+    #: "": it can (rank r of every group holds the same part of the state, whatever the layout, so
+    #: the gradients are averaged and a heal copied rank to rank)
+    replica_groups_refusal: str = ""
     #: whether a batch's position_ids (packed rows: several samples a row) reach the model (False
     #: where stages pass one tensor between them: pipeline stages)
     passes_position_ids: bool = True
@@ -112,8 +123,6 @@ class Strategy:
     #: an XLA strategy (accelerator=xla only), and one that needs CUDA (fairscale's FSDP)
     xla: bool = False
     requires_cuda: bool = False
-    # 2-D strategies also offer `state_shards(world)` and `describe_layout(world, model)` to
-    # `framework plan`.
     #: whether `sharded_state_dict` hands out each rank's own part (DTensor shards, or replicas
     #: that DCP writes once); strategies that keep state in their own layout hand out full state
     supports_sharded_state: bool = True
@@ -158,15 +167,15 @@ class Strategy:
 
     @property
     def world_size(self) -> int:
-        return dist.get_world_size() if _distributed() else 1
+        return dist.get_world_size() if collectives.distributed() else 1
 
     @property
     def global_rank(self) -> int:
-        return dist.get_rank() if _distributed() else 0
+        return dist.get_rank() if collectives.distributed() else 0
 
     @property
     def local_rank(self) -> int:
-        return self.cluster.local_rank() if _distributed() else 0
+        return self.cluster.local_rank() if collectives.distributed() else 0
 
     @property
     def is_global_zero(self) -> bool:
@@ -191,6 +200,12 @@ class Strategy:
         if getattr(self.precision, "quantizes_while_building", False):
             return with_adapter(build_quantized(factory, self.precision), adapter)
         return with_adapter(factory(), adapter)
+
+    def layout(self, world_size: int, model: torch.nn.Module | None = None) -> "Layout":
+        """How `world_size` ranks hold the model (`framework plan` and the preflight read it; the
+        model built on the meta device, or None). The base: states replicated or sharded over every
+        rank (SPMD: every device of every process), nothing more to say."""
+        return Layout(world_size * (self.devices if self.spmd else 1))
 
     def units(self, model: torch.nn.Module) -> Units:
         """The model's units (framework/construction/units.py): what sharding strategies gather
@@ -231,7 +246,7 @@ class Strategy:
         its summed loss times scale is backpropagated, else its loss (`loss_of` reads it from what
         training_step returned) over the group. Returns (the loss the non-finite guard watches, the
         micro-batch's share of the step's mean loss, for logging). A pipeline runs both passes of
-        every stage in its schedule instead (framework/strategy/pipeline.py)."""
+        every stage in its schedule instead (framework/strategy/mesh/pipeline/run.py)."""
         with self.forward_context():
             if scale is None:
                 loss = logged = loss_of(task.training_step(model, batch))
@@ -257,35 +272,20 @@ class Strategy:
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
         optimizer.zero_grad(set_to_none=True)
 
-    # ---- collectives --------------------------------------------------------------------
+    # ---- collectives (framework/strategy/collectives.py): identities with no process group ------
     def barrier(self) -> None:
-        if _distributed():
-            dist.barrier()
+        collectives.barrier()
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
-        if not _distributed():
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=src)
-        return box[0]
+        return collectives.broadcast(obj, src)
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """Stack every rank's `tensor` (same shape on each) into shape (world_size, *shape)."""
-        if not _distributed():
-            return tensor.unsqueeze(0)
-        out = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        dist.all_gather(out, tensor.contiguous())
-        return torch.stack(out)
+        return collectives.all_gather(tensor)
 
     def reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
         """Reduce `tensor` over all ranks with op in {sum, mean, max, min}; every rank gets it."""
-        if op not in _REDUCE_OPS:
-            raise ValueError(f"reduce op must be one of {sorted(_REDUCE_OPS)}, not {op!r}")
-        if not _distributed():
-            return tensor
-        out = tensor.clone()
-        dist.all_reduce(out, op=getattr(dist.ReduceOp, _REDUCE_OPS[op]))
-        return out / self.world_size if op == "mean" else out
+        return collectives.reduce(tensor, op)
 
     def any_rank(self, flag: bool) -> bool:
         """Collective in a multi-process run: True on every rank when `flag` is True on any (how
@@ -303,20 +303,20 @@ class Strategy:
     def model_state_dict(self, model: torch.nn.Module) -> dict:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-        return get_model_state_dict(model, options=_full_state_options())
+        return get_model_state_dict(model, options=full_state_options())
 
     def load_model_state_dict(self, model: torch.nn.Module, state: dict) -> None:
-        _set_model_state(self, model, state, _full_state_options(loading=True))
+        set_model_state(self, model, state, full_state_options(loading=True))
 
     def optimizer_state_dict(self, model, optimizer: torch.optim.Optimizer) -> dict:
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-        return get_optimizer_state_dict(model, optimizer, options=_full_state_options())
+        return get_optimizer_state_dict(model, optimizer, options=full_state_options())
 
     def load_optimizer_state_dict(self, model, optimizer: torch.optim.Optimizer, state: dict) -> None:
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-        set_optimizer_state_dict(model, optimizer, copy_structure(state), options=_full_state_options(loading=True))
+        set_optimizer_state_dict(model, optimizer, copy_structure(state), options=full_state_options(loading=True))
 
     # ---- sharded checkpoint state (checkpoint_io=dcp) -------------------------------------
     def sharded_state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
@@ -328,7 +328,7 @@ class Strategy:
             if optimizer is not None:
                 state["optimizer"] = self.optimizer_state_dict(model, optimizer)
             return state
-        return _live_sharded(model, optimizer)
+        return live_sharded(model, optimizer)
 
     def load_sharded_state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
                                 state_dir) -> None:
@@ -340,92 +340,10 @@ class Strategy:
             if optimizer is not None:
                 self.load_optimizer_state_dict(model, optimizer, full["optimizer"])
             return
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-        options = StateDictOptions(full_state_dict=False)
-        live = _live_sharded(model, optimizer)  # this rank's own tensors
-        # laid out as they were written: the live tensors themselves, or copies where the strategy
-        # writes another layout (model_parallel's fused layers), placed back after the read
-        template = self.sharded_state_dict(model, optimizer)
-        sharded.load_into(template, state_dir)
-        state = _into_live(live, template)
-        _set_model_state(self, model, state["model"], options)
-        if optimizer is not None:
-            set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
+        load_sharded(self, model, optimizer, state_dir)
 
     def teardown(self) -> None:
         self.checkpoint_io.close()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
-
-
-@dataclass(frozen=True)
-class DataParallel:
-    """The data dealt in `size` shares, this rank computing share `rank`; `reports`: whether its
-    scored samples and predictions count (one rank of each group that computes the same batch)."""
-
-    size: int
-    rank: int
-    reports: bool = True
-
-
-def _live_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
-    """This rank's parts: the model's and optimizer's own tensors (DCP loads into them in place)."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
-
-    options = StateDictOptions(full_state_dict=False)
-    state = {"model": get_model_state_dict(model, options=options)}
-    if optimizer is not None:
-        state["optimizer"] = get_optimizer_state_dict(model, optimizer, options=options)
-    return state
-
-
-def _into_live(live: Any, loaded: Any) -> Any:
-    """`loaded` (read by DCP into `template`) with each tensor that is not the live one written into
-    the live one, this rank's part of it; other values (settings, step counts) as loaded."""
-    if isinstance(live, dict) and isinstance(loaded, dict):
-        return {key: _into_live(live[key], value) if key in live else value for key, value in loaded.items()}
-    if isinstance(live, list) and isinstance(loaded, list) and len(live) == len(loaded):
-        return [_into_live(a, b) for a, b in zip(live, loaded)]
-    if isinstance(live, torch.Tensor) and isinstance(loaded, torch.Tensor) and loaded is not live:
-        write_part(loaded.full_tensor() if hasattr(loaded, "full_tensor") else loaded, live)
-        return live
-    return loaded
-
-
-def _full_state_options(loading: bool = False):
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-    return StateDictOptions(full_state_dict=True, cpu_offload=_distributed() and not loading)
-
-
-def _set_model_state(strategy: Strategy, model: torch.nn.Module, state: dict, options) -> None:
-    """A whole replica per rank (ddp) loads through the module's own loader, which also takes the
-    state a module keeps beside its parameters (a quantized layer's statistics: DCP maps only
-    parameter and buffer names through the wrapper); sharded models through DCP."""
-    strict = strict_load(strategy.unwrap(model), state)  # an adapter checkpoint: the trainable weights alone
-    if not strategy.shards_states:
-        strategy.unwrap(model).load_state_dict(state, strict=strict)
-        return
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict
-
-    # DCP rewrites the dict it is given (key prefixes, DTensors): hand it a copy of the structure
-    set_model_state_dict(model, copy_structure(state), options=dataclasses.replace(options, strict=strict))
-
-
-def copy_structure(data: Any) -> Any:
-    """Nested dicts and lists copied, tensors and other leaves shared (no memory cost)."""
-    if isinstance(data, dict):
-        return {k: copy_structure(v) for k, v in data.items()}
-    if isinstance(data, list):
-        return [copy_structure(v) for v in data]
-    return data
-
-
-def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized()

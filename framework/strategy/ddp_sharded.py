@@ -24,6 +24,9 @@ class DDPShardedStrategy(ParallelStrategy):
     step on. This strategy is tested to match ddp bit for bit."""
 
     name = "ddp_sharded"
+    replica_groups_refusal = ("fairscale's sharded optimizer (OSS) keeps each rank's optimizer state in its own "
+                              "layout and broadcasts the weights itself after each step: torchft's heal works on "
+                              "torch's own layouts")
     supports_compile = False  # trainer.compile: see the flag in framework/strategy/base.py
     shards_states = True
     memory_layout = "optimizer_sharded"

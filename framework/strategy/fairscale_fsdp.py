@@ -18,6 +18,8 @@ class FairscaleFSDPStrategy(ParallelStrategy):
     one unit unless `auto_wrap_modules` names classes to wrap separately."""
 
     name = "fairscale_fsdp"
+    replica_groups_refusal = ("fairscale keeps the parameters flattened in buffers of its own and reduces the "
+                              "gradients in its own hooks: torchft's average and heal work on torch's own layouts")
     supports_compile = False  # trainer.compile: see the flag in framework/strategy/base.py
     shards_states = True
     memory_layout = "fully_sharded"

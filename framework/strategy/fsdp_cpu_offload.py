@@ -1,4 +1,5 @@
-"""`strategy=fsdp_cpu_offload`: FSDP2 with sharded state kept in CPU memory."""
+"""`strategy=fsdp_cpu_offload`: FSDP2 with sharded state kept in CPU memory (a preset of the mesh
+strategy, framework/strategy/mesh/, with fsdp's keys)."""
 from __future__ import annotations
 
 from framework.strategy.fsdp import FSDPStrategy

@@ -21,6 +21,8 @@ class SingleXLAStrategy(Strategy):
     multi_process = False
     #: an XLA strategy: the compatibility table pairs it with the XLA accelerators only
     xla = True
+    replica_groups_refusal = ("XLA compiles the step, its collectives inside the graph: torchft's average between "
+                              "the groups cannot sit in it")
     #: checkpoints are gathered whole on the CPU (DCP writes them as one process)
     supports_sharded_state = False
     setup_note = "XLA compiles the step's graph the first time it runs"

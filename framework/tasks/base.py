@@ -64,12 +64,15 @@ class Task(ABC):
     training_sums: Callable | None = None
     scored_count: Callable | None = None
 
-    #: optional, for strategy=pipeline (framework/strategy/pipeline.py), whose stages run the model
+    #: optional, for pipeline stages (strategy=pipeline, or model_parallel with
+    #: pipeline_parallel_size > 1: framework/strategy/mesh/pipeline/run.py), which run the model
     #: piece by piece: `pipeline_split(batch) -> (the first stage's input, the targets)`, both cut
     #: along their first dimension into microbatches, and `summed_loss(outputs, targets)` -> the
     #: loss of the last stage's outputs summed over the items it scores (the pipeline weights it as
     #: the loop would: by the step's scale for a task with training_sums, else as a mean over the
-    #: micro-batch's samples)
+    #: micro-batch's samples), or a dict holding that `loss` and other values to log as
+    #: train/<key> (each a mean over the microbatches, as training_step's dict is logged). A task
+    #: without them is refused before launch under a pipelined strategy.
     pipeline_split: Callable | None = None
     summed_loss: Callable | None = None
 

@@ -109,3 +109,30 @@ def test_a_strategy_on_a_torch_too_old_for_it_is_refused_with_the_version(monkey
     plan = Plan(strategy.accelerator, strategy, strategy.precision, strategy.checkpoint_io, strategy.cluster, 2, 1)
     refusals, _ = judge(plan)
     assert any("strategy=fsdp needs torch 2.6 or newer (this is torch 2.5)" in r for r in refusals)
+
+
+@pytest.mark.parametrize("strategy_options", [("pipeline", {}), ("model_parallel", {"pipeline_parallel_size": 2})])
+def test_a_task_that_cannot_be_pipelined_is_refused_before_launch(strategy_options):
+    """A task without pipeline_split/summed_loss under pipeline stages: refused by the table, naming
+    the option the user chose and the task (not found at step 1 in the workers); the built-in tasks
+    that train with one loss say how they are split."""
+    from framework.config.compatibility import Plan, judge
+    from framework.config.loop_settings import LoopSettings
+    from framework.strategy.model_parallel import ModelParallelStrategy
+    from framework.strategy.pipeline import PipelineStrategy
+    from framework.tasks.classification import Classification
+    from framework.tasks.language_modeling import LanguageModeling
+
+    name, settings = strategy_options
+    strategy = (PipelineStrategy if name == "pipeline" else ModelParallelStrategy)(**settings)
+    plan = Plan(strategy.accelerator, strategy, strategy.precision, strategy.checkpoint_io, strategy.cluster, 2, 1,
+                loop=LoopSettings(micro_batch_size=8, task="Regression", stage_split=False))
+    refusals, _ = judge(plan)
+    assert [r for r in refusals if "pipeline stages" in r] == [
+        f"strategy={name} runs the model in pipeline stages, but task Regression does not say how a batch goes "
+        "through stages; give it pipeline_split(batch) -> (the first stage's input, the targets) and "
+        "summed_loss(outputs, targets) (framework/tasks/base.py), or use strategy=fsdp."]
+    plan.loop.stage_split = True
+    assert not any("pipeline stages" in r for r in judge(plan)[0])
+    assert all(task.pipeline_split is not None and task.summed_loss is not None
+               for task in (LanguageModeling, Classification))

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from framework.strategy.pipelining.schedules import SCHEDULES
+from framework.strategy.mesh.pipeline.schedules import SCHEDULES
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow

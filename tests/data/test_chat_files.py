@@ -300,12 +300,12 @@ def test_the_chat_shapes_people_have_give_the_same_conversation(tmp_path):
 def test_testing_chat_data_without_a_test_split_names_its_own_keys():
     """The hint names this data's keys (not other datasets'), and for a trained run it does not send
     the user to data.test_percent, which would then be refused as an overlap."""
-    from framework.loop.state import Stage
+    from framework.loop.state import RunMode
     from framework.preflight import prepare
     from tests.conftest import compose_cfg
 
     with pytest.raises(ConfigError) as refused:
-        prepare(compose_cfg(["data=chat_files"]), stage=Stage("test"))
+        prepare(compose_cfg(["data=chat_files"]), mode=RunMode("test"))
     text = " ".join(str(refused.value).split())
     assert "framework test: the data (ChatFiles) has no test split" in text and "data.test_files=PATH" in text
     assert "digits" not in text and "stdlib_text" not in text

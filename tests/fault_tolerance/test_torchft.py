@@ -57,9 +57,11 @@ def test_its_own_settings_are_judged_before_launch(settings, fragment):
 
 
 @pytest.mark.parametrize("overrides,fragment", [
-    ([*TINY_GPT, "strategy=model_parallel", "devices=2"], "fault_tolerance=torchft with strategy=model_parallel: a "
-                                                            "replica group here is one of single_device, ddp, ddp_spawn, fsdp"),
-    ([*TINY_GPT, "strategy=deepspeed_stage_2", "devices=2"], "fault_tolerance=torchft with strategy=deepspeed_stage_2"),
+    ([*TINY_GPT, "strategy=deepspeed_stage_2", "devices=2"], "fault_tolerance=torchft with strategy=deepspeed_stage_2: "
+     "DeepSpeed's engine reduces the gradients and steps the optimizer in one call"),
+    ([*TINY_GPT, "strategy=ddp_sharded", "devices=2"], "with strategy=ddp_sharded: fairscale's sharded optimizer (OSS)"),
+    ([*TINY_GPT, "strategy=fsdp_cpu_offload", "devices=2", "fault_tolerance.process_group=nccl"],
+     "offloading to the CPU: the gradients the groups average live in host memory"),
     (["model=gan", "data=gaussian_ring", "task=gan"], "with a task that steps its optimizers itself"),
 ])
 def test_what_a_replica_group_cannot_be_is_refused_by_the_table(overrides, fragment):
@@ -67,6 +69,33 @@ def test_what_a_replica_group_cannot_be_is_refused_by_the_table(overrides, fragm
 
     with pytest.raises(ConfigError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
         prepare(compose_cfg(["fault_tolerance=torchft", *overrides]))
+
+
+@pytest.mark.parametrize("strategy", ["fairscale_fsdp", "single_xla", "xla_spmd", "xla_fsdp"])
+def test_strategies_that_cannot_be_replica_groups_say_why(strategy):
+    """The refusal's reason is the strategy's own (the table adds the option names and the fix)."""
+    from omegaconf import OmegaConf
+
+    from framework.config.compatibility import Plan, judge
+    from framework.config.targets import import_target
+    from framework.fault_tolerance.torchft import TorchFT
+
+    target = OmegaConf.load(ROOT / "conf" / "strategy" / f"{strategy}.yaml")._target_
+    chosen = import_target(target, "strategy")()
+    plan = Plan(chosen.accelerator, chosen, chosen.precision, chosen.checkpoint_io, chosen.cluster, 2, 1,
+                fault_tolerance=TorchFT())
+    reason = {"fairscale_fsdp": "fairscale keeps the parameters flattened", "single_xla": "XLA compiles the step",
+              "xla_spmd": "XLA compiles the step", "xla_fsdp": "XLA compiles the step"}[strategy]
+    assert any(r.startswith(f"fault_tolerance=torchft with strategy={strategy}: {reason}") for r in judge(plan)[0])
+
+
+@pytest.mark.parametrize("strategy", ["hsdp", "model_parallel", "pipeline", "fsdp_cpu_offload"])
+def test_every_layout_of_the_mesh_can_be_a_replica_group(strategy):
+    from framework.preflight import prepare
+
+    prepared = prepare(compose_cfg(["fault_tolerance=torchft", *TINY_GPT, "model.n_layer=2", f"strategy={strategy}",
+                                    "devices=2"]), strict=False)
+    assert not [r for r in prepared.refusals if "fault_tolerance" in r], prepared.refusals
 
 
 def test_a_checkpoint_of_other_replica_groups_is_refused_naming_them():
@@ -97,12 +126,19 @@ def _losses(run_dir) -> list[float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("devices,killed", [(1, 1), (2, 0)],
-                         ids=["2_groups_x_1_process_group_1_killed", "2_groups_x_2_fsdp_processes_group_0_killed"])
-def test_a_killed_group_is_restarted_heals_from_its_peer_and_ends_with_its_weights(tmp_path, devices, killed):
+@pytest.mark.parametrize("devices,killed,layout,shares", [
+    (1, 1, [], 1), (2, 0, ["strategy=fsdp"], 2),
+    (2, 1, ["strategy=model_parallel", "strategy.tensor_parallel_size=2"], 1),
+    (2, 1, ["strategy=pipeline", "model.n_layer=2"], 1)],
+    ids=["2_groups_x_1_process_group_1_killed", "2_groups_x_2_fsdp_processes_group_0_killed",
+         "2_groups_x_tensor_parallel_2", "2_groups_x_2_pipeline_stages"])
+def test_a_killed_group_is_restarted_heals_from_its_peer_and_ends_with_its_weights(tmp_path, devices, killed, layout,
+                                                                                    shares):
     """At 2 x 2, FSDP2 shards within each group and the groups replicate (torchft's HSDP): the
-    average and the heal go shard by shard, rank r to rank r. Group 0 is the one that writes the
-    checkpoints while it lives: killed, the survivor writes them while it steps alone."""
+    average and the heal go shard by shard, rank r to rank r; so do a tensor-parallel group's split
+    layers and a pipeline's stages (both ranks of such a group read one data share: `shares`). Group
+    0 is the one that writes the checkpoints while it lives: killed, the survivor writes them while
+    it steps alone."""
     steps, killed_at = 40, 10
     args = [*TINY_GPT, *FAST, f"devices={devices}", f"trainer.max_steps={steps}", "trainer.log_every=5",
             "trainer.val_every=1000", "name=ft", "scheduler.total_steps=40", "callbacks.checkpoint.every_n_steps=1",
@@ -111,8 +147,7 @@ def test_a_killed_group_is_restarted_heals_from_its_peer_and_ends_with_its_weigh
             f"+callbacks.killer.step={killed_at}", "+callbacks.pace._target_=tests.helpers.killer.PaceWhileAlone",
             "+callbacks.pace.seconds=1.5",  # the survivor waits for the restart (slower on a loaded machine)
             "+callbacks.samples._target_=tests.helpers.killer.RecordSamples"]
-    if devices > 1:
-        args.append("strategy=fsdp")
+    args += layout
     result = run_train(args, tmp_path, timeout=600, env=ENV)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     run = tmp_path / "outputs" / "ft"
@@ -141,7 +176,8 @@ def test_a_killed_group_is_restarted_heals_from_its_peer_and_ends_with_its_weigh
     for rank in range(devices):
         records = run / f"replica_{killed}" / "samples"
         dealt = json.loads((records / "sampler.json").read_text())
-        order = EpochSampler(dealt["length"], dealt["replicas"], killed * devices + rank, shuffle=dealt["shuffle"],
+        share = killed * shares + rank % shares  # a tensor-parallel group's or a pipeline's ranks read one share
+        order = EpochSampler(dealt["length"], dealt["replicas"], share, shuffle=dealt["shuffle"],
                              seed=dealt["seed"])
         order.set_epoch(0)
         undisturbed = list(order)

@@ -17,7 +17,7 @@ from torch.nn import functional as F
 from framework.construction.stage_modules import model_stages
 from framework.construction.stages import balanced_split
 from framework.models.gpt import GPT
-from framework.strategy.pipelining.schedules import SCHEDULES, stage_ids, stages_per_rank
+from framework.strategy.mesh.pipeline.schedules import SCHEDULES, stage_ids, stages_per_rank
 
 MICROBATCHES = 8  # at least every row's minimum at 4 processes (DualPipeV: 8 stages)
 

@@ -1,12 +1,12 @@
 """A resumed DeepSpeed run puts the saved step count where the live optimizer keeps its own
-(framework/strategy/deepspeed/base.py `_as_live_step`): fused AdamW on CUDA refused a CPU step
+(framework/strategy/deepspeed/state.py `_as_live_step`): fused AdamW on CUDA refused a CPU step
 after a ZeRO-3 resume ("state_steps is on cpu, different from other tensors on cuda:0", found on
 an H100). A CPU has one device, so the rule is checked by dtype, the other half of the form."""
 from __future__ import annotations
 
 import torch
 
-from framework.strategy.deepspeed.base import _as_live_step
+from framework.strategy.deepspeed.state import _as_live_step
 
 
 def test_the_saved_step_takes_the_live_steps_device_and_dtype():

@@ -32,15 +32,20 @@ def _strategy(devices=4, **kwargs) -> ModelParallelStrategy:
     return strategy
 
 
+def _shape(strategy, world: int) -> tuple[int, int]:
+    dims = strategy.parallel_dims(world)
+    return dims.data_parallel, dims.tensor
+
+
 def test_mesh_shape_resolves_auto_like_lightning():
-    assert _strategy(4).mesh_shape(4) == (1, 4)  # auto: tensor parallel within a node
-    assert _strategy(4).mesh_shape(8) == (2, 4)  # two nodes: data parallel across them
-    assert _strategy(4, tensor_parallel_size=2).mesh_shape(4) == (2, 2)
-    assert _strategy(4, data_parallel_size=4).mesh_shape(4) == (4, 1)
+    assert _shape(_strategy(4), 4) == (1, 4)  # auto: tensor parallel within a node
+    assert _shape(_strategy(4), 8) == (2, 4)  # two nodes: data parallel across them
+    assert _shape(_strategy(4, tensor_parallel_size=2), 4) == (2, 2)
+    assert _shape(_strategy(4, data_parallel_size=4), 4) == (4, 1)
     with pytest.raises(ConfigError, match=r"tensor_parallel_size=3 does not divide the 4 ranks"):
-        _strategy(4, tensor_parallel_size=3).mesh_shape(4)
+        _shape(_strategy(4, tensor_parallel_size=3), 4)
     with pytest.raises(ConfigError, match=r"data_parallel_size=3 x strategy.tensor_parallel_size=2 is 6 ranks"):
-        _strategy(4, tensor_parallel_size=2, data_parallel_size=3).mesh_shape(4)
+        _shape(_strategy(4, tensor_parallel_size=2, data_parallel_size=3), 4)
 
 
 def test_gpt_plan_splits_every_projection_and_sequence_parallel_adds_the_norms():
@@ -89,14 +94,17 @@ def test_plan_problems_name_the_module_and_the_fix(model, plan, size, sequence_p
 
 
 def test_hsdp_shard_groups_stay_within_a_node():
-    strategy = HSDPStrategy()
-    strategy.devices = 4
-    assert strategy.mesh_shape(8) == (2, 4) and strategy.state_shards(8) == 4
-    strategy.shard_size = 2
-    assert strategy.mesh_shape(8) == (4, 2)
-    strategy.shard_size = 3
+    def hsdp(**settings) -> HSDPStrategy:
+        strategy = HSDPStrategy(**settings)
+        strategy.devices = 4
+        return strategy
+
+    dims = hsdp().parallel_dims(8)
+    assert (dims.replicate, dims.shard) == (2, 4) and hsdp().layout(8).state_shards == 4
+    dims = hsdp(shard_size=2).parallel_dims(8)
+    assert (dims.replicate, dims.shard) == (4, 2)
     with pytest.raises(ConfigError, match="shard_size=3 does not divide the 4 ranks of a node"):
-        strategy.mesh_shape(8)
+        hsdp(shard_size=3).parallel_dims(8)
 
 
 # ---- 4 processes: a 2x2 mesh against ddp ---------------------------------------------------------

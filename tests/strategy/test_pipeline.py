@@ -39,20 +39,26 @@ def _strategy(devices: int = 2, batch: int = 8, **kwargs) -> PipelineStrategy:
     return strategy
 
 
+def _shape(strategy, world: int) -> tuple[int, int, int]:
+    """(pipeline, data-parallel, tensor-parallel sizes) of the strategy's layout at `world` ranks."""
+    dims = strategy.parallel_dims(world)
+    return dims.pipeline, dims.data_parallel, dims.tensor
+
+
 def test_mesh_and_microbatches_resolve_auto():
-    assert _strategy().mesh_shape(4) == (4, 1, 1)  # auto: every rank a pipeline rank
-    assert _strategy(pipeline_parallel_size=2).mesh_shape(4) == (2, 2, 1)
-    assert _strategy(tensor_parallel_size=2).mesh_shape(8) == (4, 1, 2)  # auto: the ranks over the tensor-parallel size
-    assert _strategy(pipeline_parallel_size=2, tensor_parallel_size=2).mesh_shape(8) == (2, 2, 2)
-    assert _strategy(pipeline_parallel_size=2).microbatches(4) == 2  # auto: the stage count
-    assert _strategy(schedule="interleaved_1f1b", stages_per_rank=3).microbatches(2) == 6
-    assert _strategy(schedule="zbv_zero_bubble").stage_count(2) == 4  # a V: two stages a rank
+    assert _shape(_strategy(), 4) == (4, 1, 1)  # auto: every rank a pipeline rank
+    assert _shape(_strategy(pipeline_parallel_size=2), 4) == (2, 2, 1)
+    assert _shape(_strategy(tensor_parallel_size=2), 8) == (4, 1, 2)  # auto: the ranks over the tensor-parallel size
+    assert _shape(_strategy(pipeline_parallel_size=2, tensor_parallel_size=2), 8) == (2, 2, 2)
+    assert _strategy(pipeline_parallel_size=2).pipeline.microbatch_count(2) == 2  # auto: the stage count (2 pipeline ranks)
+    assert _strategy(schedule="interleaved_1f1b", stages_per_rank=3).pipeline.microbatch_count(2) == 6
+    assert _strategy(schedule="zbv_zero_bubble").pipeline.stage_count(2) == 4  # a V: two stages a rank
     with pytest.raises(ConfigError, match=r"pipeline_parallel_size=3 does not divide the 4 ranks"):
-        _strategy(pipeline_parallel_size=3).mesh_shape(4)
+        _shape(_strategy(pipeline_parallel_size=3), 4)
     with pytest.raises(ConfigError, match=r"pipeline_parallel_size=2 x strategy.tensor_parallel_size=2 does not divide the 6"):
-        _strategy(pipeline_parallel_size=2, tensor_parallel_size=2).mesh_shape(6)
+        _shape(_strategy(pipeline_parallel_size=2, tensor_parallel_size=2), 6)
     with pytest.raises(ConfigError, match=r"2 x strategy.data_parallel_size=3 x strategy.tensor_parallel_size=1 is 6 ranks"):
-        _strategy(pipeline_parallel_size=2, data_parallel_size=3).mesh_shape(4)
+        _shape(_strategy(pipeline_parallel_size=2, data_parallel_size=3), 4)
 
 
 @pytest.mark.parametrize("settings,devices,world,shape", [
@@ -63,13 +69,16 @@ def test_mesh_and_microbatches_resolve_auto():
     ({"pipeline_parallel_size": 4}, 8, 8, (4, 1, 2)),
 ])
 def test_model_parallel_with_stages_is_the_pipeline_on_a_3d_mesh(settings, devices, world, shape):
-    """strategy=model_parallel strategy.pipeline_parallel_size=N builds strategy=pipeline's strategy
-    from model_parallel's keys; without stages it stays the 2-D mesh."""
+    """strategy=model_parallel strategy.pipeline_parallel_size=N lays the pipeline out on a 3-D
+    mesh from model_parallel's own keys, and stays the option the user chose (its name in every
+    message); without stages it is the 2-D mesh."""
     strategy = ModelParallelStrategy(**settings)
-    assert type(strategy) is PipelineStrategy
+    assert type(strategy) is ModelParallelStrategy and strategy.name == "model_parallel" and strategy.pipelined
     strategy.devices = devices
-    assert strategy.mesh_shape(world) == shape and strategy.splits_layers == (shape[2] > 1)
-    assert type(ModelParallelStrategy(tensor_parallel_size=2)) is ModelParallelStrategy
+    assert _shape(strategy, world) == shape
+    strategy.num_nodes = world // devices
+    assert strategy.splits_layers == (shape[2] > 1)
+    assert not ModelParallelStrategy(tensor_parallel_size=2).pipelined
 
 
 @pytest.mark.parametrize("settings,fragment", [
@@ -148,7 +157,7 @@ def test_a_model_of_its_own_is_cut_where_its_pipeline_layers_say():
 
 def test_plan_shows_each_stage_and_the_schedules_bubble():
     gpt = GPT(vocab_size=256, n_layer=4, n_embd=32, n_head=2)
-    lines = _strategy(schedule="gpipe", microbatches=4).describe_layout(2, gpt)
+    lines = _strategy(schedule="gpipe", microbatches=4).layout(2, gpt).lines
     assert "2 pipeline x 1 data-parallel ranks, 2 stages" in lines[0] and "4 microbatches of 2" in lines[0]
     assert lines[1] == "stages: 0: layers 0-1, 37,696 parameters; 1: layers 2-3, 33,664 parameters"
     assert "37,696 parameters (60% of the model's 63,168" in lines[2]
@@ -168,10 +177,11 @@ def test_plan_estimates_the_most_loaded_ranks_states_and_first_stage_activations
 
     gpt = GPT(vocab_size=256, n_layer=4, n_embd=32, n_head=2)
     strategy = _strategy(devices, **settings)
-    assert strategy.held_parameters(gpt) == 37_696
-    stats = ModelStats(params=63_168, largest_unit=0, held_params=strategy.held_parameters(gpt))
+    layout = strategy.layout(devices, gpt)
+    assert layout.held_parameters == 37_696
+    stats = ModelStats(params=63_168, largest_unit=0, held_params=layout.held_parameters)
     assert estimate(strategy, stats, devices).device == pytest.approx(states)
-    assert strategy.activation_share(gpt) == pytest.approx(activations)
+    assert layout.activation_share == pytest.approx(activations)
 
 
 # ---- 2 and 4 processes ---------------------------------------------------------------------------
@@ -424,3 +434,21 @@ def test_hugging_face_families_pipelined_give_one_processs_numbers(tmp_path, fam
         torch.testing.assert_close(torch.tensor(metric_values(tmp_path / "pp", key)),
                                    torch.tensor(metric_values(tmp_path / "one", key)), rtol=1e-5, atol=1e-5, msg=key)
     _assert_same_weights(checkpoints(tmp_path / "one")[-1], checkpoints(tmp_path / "pp")[-1])
+
+
+@pytest.mark.slow
+def test_values_a_task_logs_beside_its_loss_are_logged_under_pipeline(tmp_path, monkeypatch):
+    """A task whose training_step returns {"loss", "accuracy"} (and whose summed_loss does the same
+    for the stages) logs train/accuracy under pipeline stages as on one process, step by step; its
+    mean loss (a training_step of its own: not normalised by the step's tokens) is the one process's."""
+    monkeypatch.setenv("FRAMEWORK_TRUST_ALLOW", "tests.helpers.")
+    task = ["task._target_=tests.helpers.lm_tasks.LanguageModelingWithAccuracy", "trainer.max_steps=2",
+            "trainer.log_every=1", "model.dropout=0.0", "trainer.val_at_start=false", "model.n_layer=2"]
+    run_inprocess([*TINY_GPT, *task, "strategy=single_device"], tmp_path / "one")
+    run_inprocess([*TINY_GPT, *task, "strategy=pipeline", "devices=2"], tmp_path / "pp")
+    accuracy = metric_values(tmp_path / "pp", "train/accuracy")
+    assert len(accuracy) == 2 and all(0.0 < a < 1.0 for a in accuracy)
+    torch.testing.assert_close(torch.tensor(accuracy), torch.tensor(metric_values(tmp_path / "one", "train/accuracy")),
+                               rtol=0, atol=0.01)  # an argmax tie may flip one token of the 256
+    torch.testing.assert_close(torch.tensor(metric_values(tmp_path / "pp")), torch.tensor(metric_values(tmp_path / "one")),
+                               rtol=1e-5, atol=1e-5)

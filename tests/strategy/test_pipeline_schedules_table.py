@@ -1,4 +1,4 @@
-"""The schedule table of strategy=pipeline (framework/strategy/pipelining/schedules.py): which
+"""The schedule table of strategy=pipeline (framework/strategy/mesh/pipeline/schedules.py): which
 stages a rank holds, the microbatch rules torch enforces, the bubble's theory, and the refusals'
 keys. The microbatch rules are checked against torch's own schedule classes: for every schedule, at
 2 and 4 pipeline ranks and 1 to 12 microbatches, the table refuses exactly what torch refuses when
@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.pipelining as pipelining
 
-from framework.strategy.pipelining.schedules import (
+from framework.strategy.mesh.pipeline.schedules import (
     SCHEDULES,
     bubble_fraction,
     schedule_problems,

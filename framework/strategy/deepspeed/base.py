@@ -16,10 +16,9 @@ from typing import Any, Literal
 import torch
 
 from framework.construction.meta_build import meta_device, sharded_build
-from framework.construction.named_state import may_be_missing
 from framework.construction.prepare import checkpoint_activations
-from framework.errors import ConfigError
 from framework.strategy.base import with_adapter
+from framework.strategy.deepspeed import state as ds_state
 from framework.strategy.deepspeed.arch_list import readable_arch_list
 from framework.strategy.deepspeed.cpu_init import initialise_from_cpu
 from framework.strategy.deepspeed.grad_buffer import release_gradient_buffer, zeros_on_demand
@@ -66,6 +65,9 @@ class DeepSpeedStrategy(ParallelStrategy):
     accumulation mode (backward accumulates locally, `step` reduces and updates)."""
 
     name = "deepspeed"
+    replica_groups_refusal = ("DeepSpeed's engine reduces the gradients and steps the optimizer in one call, its "
+                              "partitioned states in buffers of its own: nothing between the backward and the step "
+                              "where torchft could average the groups' gradients, no per-rank state to copy in a heal")
     supports_compile = False  # trainer.compile: see the flag in framework/strategy/base.py
     shards_states = True
     memory_layout = "zero"
@@ -296,137 +298,18 @@ class DeepSpeedStrategy(ParallelStrategy):
         """DeepSpeed's step() already zeroed the gradients."""
 
     # ---- checkpoint state: full fp32 tensors by parameter name, like every other strategy -------
-    def _named_params(self):
-        module = self.unwrap(self.engine)
-        params = dict(module.named_parameters(remove_duplicate=False))
-        return module, params
-
+    # (framework/strategy/deepspeed/state.py)
     def model_state_dict(self, model) -> dict:
-        from deepspeed.utils import safe_get_full_fp32_param
-
-        module, params = self._named_params()
-        state = {}
-        for key, value in module.state_dict(keep_vars=True).items():
-            if key in params:
-                full = safe_get_full_fp32_param(params[key])
-                value = full if full is not None else params[key].detach()
-            state[key] = value.detach().to("cpu", copy=True)
+        state = ds_state.full_model_state(self.unwrap(self.engine))
         return state if self.is_global_zero else {}
 
     def optimizer_state_dict(self, model, optimizer) -> dict:
-        from deepspeed.utils import safe_get_full_optimizer_state
-
-        module, params = self._named_params()
-        inner_state = next(iter(optimizer.state.values()), {}) if optimizer.state else {}
-        tensor_keys = [k for k, v in inner_state.items() if torch.is_tensor(v) and v.dim() > 0]
-        step = inner_state.get("step")
-        state = {}
-        seen = set()
-        for name, param in params.items():
-            if id(param) in seen or not param.requires_grad:  # frozen (an adapter's base): no optimizer state
-                continue
-            seen.add(id(param))
-            entry = {key: safe_get_full_optimizer_state(param, key).detach().cpu() for key in tensor_keys}
-            if step is not None:
-                entry["step"] = step.detach().cpu().clone() if torch.is_tensor(step) else torch.tensor(float(step))
-            state[name] = entry
-        groups = [{k: v for k, v in g.items() if k != "params"} | {"params": list(state)}
-                  for g in optimizer.param_groups[:1]]
-        return {"state": state, "param_groups": groups} if self.is_global_zero else {}
+        state = ds_state.full_optimizer_state(self.unwrap(self.engine), optimizer)
+        return state if self.is_global_zero else {}
 
     def load_model_state_dict(self, model, state: dict) -> None:
-        from deepspeed.utils import safe_set_full_fp32_param
-
-        module, params = self._named_params()
-        seen = set()
-        for name, param in params.items():
-            if id(param) in seen:
-                continue
-            seen.add(id(param))
-            if name not in state:
-                if may_be_missing(name, param):  # frozen, or an adapter's own weight (framework/adapter/)
-                    continue
-                raise ConfigError(f"the checkpoint has no weights for parameter '{name}'.")
-            value = state[name].to(self.root_device, torch.float32)
-            if hasattr(param, "ds_id") or hasattr(param, "_hp_mapping"):
-                safe_set_full_fp32_param(param, value)
-                self._refresh_low_precision(param, value)
-            else:
-                with torch.no_grad():
-                    param.copy_(value)
-        buffers = dict(module.named_buffers())
-        with torch.no_grad():
-            for name, buffer in buffers.items():
-                if name in state:
-                    buffer.copy_(state[name])
-
-    def _refresh_low_precision(self, param, value) -> None:
-        """The module's own (bf16/fp16, possibly partitioned) copy of a parameter follows the
-        fp32 master weights."""
-        deepspeed = deepspeed_package()
-
-        if hasattr(param, "ds_id"):
-            with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
-                with torch.no_grad():
-                    param.copy_(value.to(param.dtype))
-        else:
-            with torch.no_grad():
-                param.copy_(value.to(param.dtype))
-
-    def _ensure_optimizer_state(self, optimizer, saved: dict) -> None:
-        """Torch optimizers create their state at the first step; a fresh engine has none to load
-        into. Create it (zeros, shaped like DeepSpeed's flat fp32 partitions) and let ZeRO link it
-        to the parameters, as its first step would."""
-        example = next(iter(saved.values()), {})
-        keys = [k for k, v in example.items() if torch.is_tensor(v) and v.dim() > 0]
-        zero = self.engine.optimizer
-        # ZeRO-1/2 put their flat partitions in the torch optimizer's groups; ZeRO-3 keeps them aside
-        flats = [p for g in optimizer.param_groups for p in g["params"]]
-        flats += list(getattr(zero, "fp32_partitioned_groups_flat", []))
-        created = False
-        # a fused or capturable torch optimizer keeps its step counts on the parameters' device (a
-        # CPU step stopped fused AdamW's first step after a resume: "state_steps is on cpu", found
-        # on an H100 under deepspeed_stage_3); others keep them on the CPU, as torch does
-        on_device = any(group.get("fused") or group.get("capturable") for group in optimizer.param_groups)
-        for flat in flats:
-            if not optimizer.state.get(flat):
-                step = torch.tensor(0.0, device=flat.device if on_device else "cpu")
-                optimizer.state[flat] = {"step": step, **{k: torch.zeros_like(flat) for k in keys}}
-                created = True
-        if created and hasattr(zero, "_lazy_init_hp_params_optimizer_state"):  # ZeRO 1/2 link lazily
-            zero._hp_optimizer_states_linked = False
-            zero._lazy_init_hp_params_optimizer_state()
+        ds_state.load_full_model_state(self.unwrap(self.engine), state, self.root_device)
 
     def load_optimizer_state_dict(self, model, optimizer, state: dict) -> None:
-        from deepspeed.utils import safe_set_full_optimizer_state
-
-        module, params = self._named_params()
-        saved = state["state"]
-        self._ensure_optimizer_state(optimizer, saved)
-        step = None
-        seen = set()
-        for name, param in params.items():
-            if id(param) in seen or name not in saved:
-                continue
-            seen.add(id(param))
-            for key, value in saved[name].items():
-                if key == "step":
-                    step = value
-                    continue
-                safe_set_full_optimizer_state(param, value.to(self.root_device, torch.float32), key)
-        if step is not None:
-            for inner in optimizer.state.values():
-                if "step" in inner:
-                    inner["step"] = _as_live_step(step, inner["step"])
-        for group, saved_group in zip(optimizer.param_groups, state.get("param_groups", [])):
-            for key, value in saved_group.items():
-                if key != "params":
-                    group[key] = value
-
-
-def _as_live_step(saved, live):
-    """The saved step count in the form the live optimizer keeps it: a tensor on the live one's
-    device and in its dtype (a fused optimizer refuses steps elsewhere), or a number."""
-    if torch.is_tensor(live):
-        return torch.as_tensor(saved).detach().clone().to(device=live.device, dtype=live.dtype)
-    return float(saved)
+        ds_state.load_full_optimizer_state(self.unwrap(self.engine), self.engine.optimizer, optimizer, state,
+                                           self.root_device)

@@ -1,7 +1,7 @@
 """A pipeline's checkpoint state, as the unsplit model's: each pipeline rank's part merged into
 one state dict on rank zero, and a full state dict cut back to one rank's stages (its tied head's
 copy given the embedding's entries). Pure functions over state dicts; the strategy gathers and
-places (framework/strategy/pipeline.py)."""
+places (framework/strategy/mesh/pipeline/run.py, framework/strategy/mesh/state.py)."""
 from __future__ import annotations
 
 import torch

@@ -1,5 +1,5 @@
-"""The stages a run directory goes through after preflight: fit (framework/runner.py), test and
-predict. They share one launcher: preflight at the stage, the warnings said, the run directory and
+"""The modes a run directory goes through after preflight: fit (framework/runner.py), test and
+predict. They share one launcher: preflight in the mode, the warnings said, the run directory and
 the cluster checked, the processes started (or joined) and the loop's result returned; and one
 way of leaving on failure (framework/exits.py)."""
 from __future__ import annotations
@@ -17,9 +17,9 @@ from framework.config.build import build
 from framework.console import warn
 from framework.errors import UserError
 from framework.exits import leave_on_failure
-from framework.launch.elastic import WorkerFailed
+from framework.launch.elastic import WorkerFailed, may_start_local_workers, start_forkserver
 from framework.launch.launcher import launch
-from framework.loop.state import Stage
+from framework.loop.state import RunMode
 from framework.preflight import Prepared, prepare
 from framework.preflight.memory import memory_advice
 from framework.results import TEST_METRICS_FILE, merge_predictions, metrics_table, test_record, write_json
@@ -34,13 +34,15 @@ class Launched:
     started_at: float
 
 
-def launch_stage(cfg: DictConfig, stage: Stage, output_dir: Path, restarted: bool = False,
+def launch_mode(cfg: DictConfig, mode: RunMode, output_dir: Path, restarted: bool = False,
                  before: Callable[[Prepared, bool], None] | None = None) -> Launched:
-    """Prepare `cfg` at `stage` and launch it. `before(prepared, writer)` runs after every check
-    and before any process starts (what the stage writes first: a fit's config.yaml). `restarted`:
+    """Prepare `cfg` in `mode` and launch it. `before(prepared, writer)` runs after every check
+    and before any process starts (what the mode writes first: a fit's config.yaml). `restarted`:
     a job its scheduler restarted continues from its checkpoints. A worker killed for memory is
     told what `framework plan` estimated."""
-    prepared = prepare(cfg, stage=stage)
+    if may_start_local_workers(cfg.get("devices", 1), cfg.get("num_nodes", 1), str(cfg.strategy.get("_target_", ""))):
+        start_forkserver()  # its imports overlap the preflight below (framework/launch/elastic.py)
+    prepared = prepare(cfg, mode=mode)
     for warning in prepared.warnings:
         warn(warning)
     cluster = prepared.plugins.cluster
@@ -52,7 +54,7 @@ def launch_stage(cfg: DictConfig, stage: Stage, output_dir: Path, restarted: boo
         before(prepared, writer)
     started_at = time.time()
     try:
-        result = launch(prepared.config, output_dir, prepared.plugins, prepared.world_size, stage)
+        result = launch(prepared.config, output_dir, prepared.plugins, prepared.world_size, mode)
     except WorkerFailed as err:
         if getattr(err, "out_of_memory", False):
             err.args = (f"{err}\n{memory_advice(prepared)}",)
@@ -76,7 +78,7 @@ def run_test(cfg: DictConfig, output_dir: Path, chosen: str, log: bool = False) 
     `output_dir`. `chosen`: why that checkpoint (recorded); `log`: also send the scores to the
     run's loggers, at the checkpoint's step."""
     with leave_on_failure(bool(cfg.get("debug", False)), output_dir):
-        launched = launch_stage(cfg, Stage("test"), output_dir)
+        launched = launch_mode(cfg, RunMode("test"), output_dir)
     tested = launched.result.tested
     if not launched.writer:
         return tested
@@ -117,7 +119,7 @@ def run_predict(cfg: DictConfig, out: Path, split: str) -> int:
 
     try:
         with leave_on_failure(bool(cfg.get("debug", False)), parts):
-            launch_stage(cfg, Stage("predict", split), parts, before=clear)
+            launch_mode(cfg, RunMode("predict", split), parts, before=clear)
         return merge_predictions(sorted(parts.glob("predictions-rank*.jsonl")), out) if state["writer"] else 0
     finally:
         if state["writer"]:

@@ -3,7 +3,7 @@ predict): each stage runs in order on the rank that holds it, its output sent to
 rank, and the last stage's output handed to every rank of the pipeline, so a task's scoring code
 runs unchanged on each of them (one rank of each pipeline reports: framework/loop/evaluation.py).
 
-Training goes through torch's schedules instead (framework/strategy/pipeline.py); a forward-only
+Training goes through torch's schedules instead (framework/strategy/mesh/pipeline/run.py); a forward-only
 pass has no backward to overlap, so stage after stage is all a schedule would do, and this pass
 also takes batches of any shape (a short last batch, another sequence length) where a schedule is
 built for one.

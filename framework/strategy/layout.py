@@ -1,0 +1,33 @@
+"""What a strategy reports about how its ranks hold the model and read the data: a rank's share of
+the data (the sampler and the loop read it) and the layout `framework plan` and the memory preflight
+read."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    """The data dealt in `size` shares, this rank computing share `rank`; `reports`: whether its
+    scored samples and predictions count (one rank of each group that computes the same batch)."""
+
+    size: int
+    rank: int
+    reports: bool = True
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a strategy says of how its ranks hold the model, for `framework plan` and the memory
+    preflight (framework/planning/memory.py)."""
+
+    state_shards: int
+    """Ranks the sharded model states are divided over (hsdp: one shard group)."""
+    lines: tuple[str, ...] = ()
+    """What `framework plan` prints about the layout (a mesh, stages)."""
+    held_parameters: int = 0
+    """The parameters the most loaded rank holds where layers are divided among ranks (pipeline
+    stages); 0: the memory formula's own share."""
+    activation_share: float = 1.0
+    """The share of one micro-batch's activations through the whole model a rank keeps at once
+    (a pipeline's first stage: its layers, its microbatches in flight)."""

@@ -1,0 +1,147 @@
+"""The one parallel-dims spec: how a run's ranks are laid out on a device mesh.
+
+Every layout of the FSDP2 family is a point of this spec: fsdp is (shard=N), hsdp (replicate x
+shard), model_parallel (shard x tensor), pipeline (pipeline x shard x tensor). The sizes are
+resolved once from the option's settings ('auto' included), every divisibility rule is checked here
+and nowhere else, and the device mesh is built from the result. The mesh's dimensions, outermost
+first: pipeline, replicate, shard, tensor (a rank's neighbours on the innermost dimension are the
+closest: one node's devices for the tensor-parallel group). `expert` and `context` are reserved:
+always 1 until a layout uses them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, Union
+
+from torch.distributed.device_mesh import init_device_mesh
+
+from framework.errors import ConfigError
+from framework.strategy.base import DataParallel
+
+Size = Union[int, Literal["auto"]]
+
+#: the mesh's dimensions, outermost first
+DIMS = ("pipeline", "replicate", "shard", "tensor")
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """Resolved sizes; their product is the world size."""
+
+    pipeline: int = 1
+    replicate: int = 1
+    shard: int = 1
+    tensor: int = 1
+    expert: int = 1
+    context: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.pipeline * self.replicate * self.shard * self.tensor
+
+    @property
+    def data_parallel(self) -> int:
+        """Groups that read different batches: the replicas times the shards of each."""
+        return self.replicate * self.shard
+
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """`rank`'s place on each dimension (row-major over DIMS)."""
+        place = {}
+        for name in reversed(DIMS):
+            size = getattr(self, name)
+            place[name] = rank % size
+            rank //= size
+        return place
+
+    def data_share(self, rank: int) -> DataParallel:
+        """`rank`'s share of the data: the ranks of one pipeline and of one tensor-parallel group
+        compute the same batches; the first of them (first stage, first tensor rank) reports."""
+        at = self.coordinates(rank)
+        return DataParallel(self.data_parallel, at["replicate"] * self.shard + at["shard"],
+                         at["pipeline"] == 0 and at["tensor"] == 0)
+
+    def mesh_dims(self, always: tuple[str, ...] = ("shard",)) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """The device mesh's dimension names and sizes: those in `always` (shard: FSDP2 shards over
+        it, one rank included; a pipeline's, one stage group included), the others where they are
+        larger than 1."""
+        names = tuple(name for name in DIMS if name in always or getattr(self, name) > 1)
+        return names, tuple(getattr(self, name) for name in names)
+
+    def build_mesh(self, device_type: str, always: tuple[str, ...] = ("shard",)):
+        names, sizes = self.mesh_dims(always)
+        return init_device_mesh(device_type, sizes, mesh_dim_names=names)
+
+    def describe(self) -> str:
+        parts = [f"{self.pipeline} pipeline"] if self.pipeline > 1 else []
+        if self.replicate > 1:
+            parts.append(f"{self.replicate} replica(s) x {self.shard} shard(s)")
+        else:
+            parts.append(f"{self.shard} data-parallel")
+        if self.tensor > 1:
+            parts.append(f"{self.tensor} tensor-parallel")
+        return " x ".join(parts) + " ranks"
+
+
+@dataclass(frozen=True)
+class DimsSettings:
+    """The sizes as an option's keys give them (each an int or 'auto'), before resolving.
+
+    pipeline: strategy.pipeline_parallel_size ('auto': the ranks the others leave); data_parallel:
+    strategy.data_parallel_size ('auto': the ranks the others leave); tensor:
+    strategy.tensor_parallel_size ('auto': the devices of one node the others allow, 1 when the
+    pipeline is 'auto'); shard: strategy.shard_size (None: the data-parallel ranks all shard, no
+    replicas; 'auto': one node's devices)."""
+
+    pipeline: Size = 1
+    data_parallel: Size = "auto"
+    tensor: Size = 1
+    shard: Size | None = None
+
+    def resolve(self, world_size: int, devices: int) -> ParallelDims:
+        """The sizes for `world_size` ranks of `devices` per node; ConfigError naming the keys."""
+        pp, dp, tp = _pipeline_data_tensor(world_size, devices, self.pipeline, self.data_parallel, self.tensor)
+        if self.shard is None:
+            return ParallelDims(pipeline=pp, shard=dp, tensor=tp)
+        shard = devices if self.shard == "auto" else int(self.shard)
+        if devices % shard or dp % shard:
+            given = f"auto ({shard})" if self.shard == "auto" else shard
+            raise ConfigError(f"strategy.shard_size={given} does not divide the {devices} ranks of a node (devices): "
+                              "a shard group must not span two nodes. Choose a size that divides devices, or "
+                              "shard_size=auto (one node).")
+        if dp // shard > 1 and (pp > 1 or tp > 1):
+            raise ConfigError("replicas of a sharded group (strategy.shard_size) with pipeline stages or tensor "
+                              "parallelism: not supported yet; use strategy=hsdp without them, or drop shard_size.")
+        return ParallelDims(pipeline=pp, replicate=dp // shard, shard=shard, tensor=tp)
+
+
+def _pipeline_data_tensor(world_size: int, devices: int, pipeline: Size, data_parallel: Size,
+                          tensor: Size) -> tuple[int, int, int]:
+    """(pipeline, data-parallel, tensor-parallel sizes), 'auto' resolved: tensor 'auto' the devices
+    of one node that the ranks over the other two allow (1 when the pipeline itself is 'auto', every
+    rank a stage); pipeline 'auto' the ranks the other two leave; data parallel 'auto' the rest."""
+    if tensor != "auto":
+        tp = int(tensor)
+    elif pipeline == "auto":
+        tp = 1
+    elif data_parallel != "auto":
+        tp = world_size // max(int(pipeline) * int(data_parallel), 1)
+    else:  # within a node, so the layers' frequent collectives stay on the fast link
+        tp = math.gcd(devices, world_size // max(int(pipeline), 1)) or 1
+    dp = None if data_parallel == "auto" else int(data_parallel)
+    pp = world_size // max(tp * (dp or 1), 1) if pipeline == "auto" else int(pipeline)
+    tp_label = f"auto ({tp})" if tensor == "auto" else str(tp)
+    if tp < 1 or world_size % tp:
+        raise ConfigError(f"strategy.tensor_parallel_size={tp_label} does not divide the {world_size} ranks (devices "
+                          "x num_nodes); choose a size that divides them.")
+    if pp < 1 or world_size % (pp * tp):
+        raise ConfigError(f"strategy.pipeline_parallel_size={pipeline}"
+                          + (f" x strategy.tensor_parallel_size={tp_label}" if tp > 1 else "")
+                          + f" does not divide the {world_size} ranks (devices x num_nodes); choose a size that "
+                          "divides them (the rest become data-parallel groups).")
+    if dp is not None and pp * dp * tp != world_size:
+        raise ConfigError((f"strategy.pipeline_parallel_size={pipeline} x " if pipeline != 1 else "")
+                          + f"strategy.data_parallel_size={dp} x strategy.tensor_parallel_size={tp_label} is "
+                          f"{pp * dp * tp} ranks, but the run has {world_size} (devices x num_nodes); make their "
+                          "product the number of ranks, or set one of them to 'auto'.")
+    return pp, world_size // (pp * tp), tp

@@ -1,1 +1,0 @@
-"""Helpers of the pipeline strategy (strategy=pipeline): torch's schedules and their rules."""
