@@ -66,6 +66,7 @@ def may_start_local_workers(devices, num_nodes, strategy_target: str) -> bool:
         many = int(devices) * int(num_nodes) > 1
     except (TypeError, ValueError):  # devices=auto: resolved by the accelerator later
         return False
+    # read from the target's name, not its class: nothing is imported before preflight's trust check
     spawned = any(word in strategy_target.lower() for word in ("spawn", "xla"))
     return many and not spawned and not any(name in os.environ for name in _STARTED_BY_A_SCHEDULER)
 

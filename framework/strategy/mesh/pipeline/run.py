@@ -49,6 +49,7 @@ class PipelineRun:
         self.group = None  # the pipeline's process group, from the mesh
         self.model_names: set[str] = set()  # the whole model's state-dict names (a checkpoint's, loaded)
         self.tied_names: tuple[str, str] | None = None  # (embedding, head) where the head is on another stage
+        self.layers = ""  # each stage's layers, as `split` said them ("0-3, 4-7")
         self._tied_group = None
         self._schedules: dict = {}
         self._task = None
