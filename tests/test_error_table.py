@@ -150,6 +150,23 @@ CASES = [
      "MLP has no tensor-parallel plan (the built-in GPT and Hugging Face models whose config has a base_model_tp_plan"),
     (TRAIN + ["strategy=hsdp", "devices=4", "strategy.shard_size=3"],
      "strategy.shard_size=3 does not divide the 4 ranks of a node (devices)"),
+    # mixtures of experts: routing settings, expert parallelism's sizes, losses a pipeline cannot add
+    (TRAIN + ["model.moe.num_experts=4", "model.moe.top_k=5"], "model.moe.top_k=5 is more than model.moe.num_experts=4"),
+    (TRAIN + ["model.moe.num_experts=4", "model.moe.layers=[3]"], "model.moe.layers=[3]: [3] not among the model's "
+                                                                 "Blocks 0..1"),
+    (TRAIN + ["model.moe.num_experts=4", "model.moe.scor=x"], "model.moe.scor: no such key. Did you mean score?"),
+    (TRAIN + ["strategy=fsdp", "devices=2", "strategy.expert_parallel_size=2"],
+     "strategy.expert_parallel_size=2: GPT has no mixture-of-experts layers to spread; set model.moe.num_experts"),
+    (TRAIN + ["strategy=fsdp", "devices=2", "strategy.expert_parallel_size=2", "model.moe.num_experts=3",
+              "model.moe.top_k=1"], "strategy.expert_parallel_size=2 does not divide the model's 3 experts per layer"),
+    (TRAIN + ["strategy=fsdp", "devices=2", "strategy.expert_parallel_size=4", "model.moe.num_experts=4"],
+     "strategy.expert_parallel_size=4 does not divide the 2 ranks that shard the model"),
+    (TRAIN + ["strategy=model_parallel", "devices=4", "strategy.tensor_parallel_size=2", "strategy.expert_parallel_size=2",
+              "model.moe.num_experts=4"], "strategy.expert_parallel_size=2 with pipeline stages or tensor parallelism: "
+                                          "not supported yet"),
+    (TRAIN + ["strategy=pipeline", "devices=2", "model.moe.num_experts=4"],
+     "model.moe adds a balancing loss (balance=loss) or a z-loss (z_loss_coef > 0) to the task's, but under "
+     "strategy=pipeline only the last pipeline stage computes the loss"),
     # trainer.compile where it cannot work
     (TRAIN + ["trainer.compile=true", "strategy=deepspeed_stage_2", "devices=2"],
      "trainer.compile=true with strategy=deepspeed_stage_2: its engine wraps and drives the model's modules itself"),

@@ -22,6 +22,7 @@ from framework.config.compose import compose
 from framework.config.groups import PLUGIN_GROUPS
 from framework.console import human_bytes, parse_size
 from framework.errors import ConfigError, ExitCode, UserError, report
+from framework.models.moe import describe_experts
 from framework.paths import conf_dir, find_recipe
 from framework.planning.memory import estimate, model_stats
 from framework.preflight import prepare
@@ -70,6 +71,9 @@ def plan(cfg: DictConfig, out=None, device_memory: int | None = None, elsewhere:
     print(f"  {type(model).__name__}: {stats.params:,} trainable parameters; largest unit gathered at once: "
           f"{stats.largest_unit:,}", file=out)
     print(f"  units: {units.describe()}", file=out)
+    experts = describe_experts(model)
+    if experts:
+        print(f"  {experts}", file=out)
     if resolved.get("adapter"):
         trainable, frozen = count_parameters(model)
         print(f"  adapter={resolved.adapter._target_.rsplit('.', 1)[-1].lower()}: {trainable:,} trainable parameters "

@@ -299,6 +299,13 @@ RULES: list[Rule] = [
         "summed_loss(outputs, targets) (framework/tasks/base.py), or use strategy=fsdp.",
     ),
     Rule(
+        lambda p: p.strategy.pipelined and p.loop.model_losses,
+        lambda p: f"model.moe adds a balancing loss (balance=loss) or a z-loss (z_loss_coef > 0) to the task's, but "
+        f"under strategy={_strat(p)} only the last pipeline stage computes the loss, not the earlier stages' "
+        "experts'; set model.moe.balance=bias (DeepSeek-V3's balancing, no loss) and model.moe.z_loss_coef=0, or use "
+        "strategy=fsdp.",
+    ),
+    Rule(
         lambda p: p.loop.position_ids and not p.strategy.passes_position_ids,
         lambda p: f"data packs several samples in a row, kept apart by position_ids, but strategy={_strat(p)} passes "
         "only activations between its stages; set data.packing=false (one sample a row, padded), or use "

@@ -25,6 +25,7 @@ class LoopSettings:
     position_ids: bool = False  # the batches carry position_ids (packed rows: several samples a row)
     task: str = ""  # the task's class name, as messages say it
     stage_split: bool = True  # the task says how a batch goes through pipeline stages (pipeline_split, summed_loss)
+    model_losses: bool = False  # the model adds losses of its own (model.moe's balancing or z-loss)
 
 
 def loop_settings(cfg: DictConfig) -> LoopSettings:
@@ -40,4 +41,15 @@ def loop_settings(cfg: DictConfig) -> LoopSettings:
                         on_nonfinite=str(cfg.trainer.get("on_nonfinite", "stop")), position_ids=packed,
                         task=task.__name__, stage_split=getattr(task, "pipeline_split", None) is not None
                         and getattr(task, "summed_loss", None) is not None,
-                        adapter=cfg.adapter._target_.rsplit(".", 1)[-1].lower() if cfg.get("adapter") else None)
+                        adapter=cfg.adapter._target_.rsplit(".", 1)[-1].lower() if cfg.get("adapter") else None,
+                        model_losses=router_losses(cfg))
+
+
+def router_losses(cfg: DictConfig) -> bool:
+    """Whether model.moe (the built-in GPT's experts: framework/models/moe.py) adds a balancing
+    loss or a z-loss to the task's."""
+    moe = cfg.get("model", {}).get("moe") if isinstance(cfg.get("model"), DictConfig) else None
+    if not isinstance(moe, DictConfig) or not moe.get("num_experts", 0):
+        return False
+    return bool((moe.get("balance", "loss") == "loss" and moe.get("balance_coef", 0.01) > 0)
+                or moe.get("z_loss_coef", 0.0) > 0)

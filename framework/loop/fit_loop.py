@@ -257,12 +257,14 @@ class FitLoop:
         left_out = guard.skips_step(grad_norm)
         if not self.replicas.commit():  # every group votes, even one whose guard left the step out
             strategy.zero_grad(self.optimizer)  # not a step: its batches untrained, the groups' step unchanged
+            self.task.after_optimizer_step(self.model, False)
             self._step.clear()
             self.warn(f"replicas: step {self.state.step + 1} was not committed (a group failed during it); its "
                       "batches are not trained, and the step is taken again with the next ones")
             return
         stepped = False if left_out else strategy.optimizer_step(self.optimizer)
         strategy.zero_grad(self.optimizer)
+        self.task.after_optimizer_step(self.model, stepped)
         if not left_out:
             self._window.add_step(self._step)
         self._step.clear()

@@ -27,7 +27,8 @@ def _weight_elements(weight) -> int:
 
 def matmul_weights(model: nn.Module) -> tuple[int, int] | None:
     """(trainable, frozen) elements of the weights that multiply activations (nn.Linear and its
-    quantized and LoRA kinds, transformers' Conv1D; a tied head counts as the head), or None where
+    quantized and LoRA kinds, transformers' Conv1D; a tied head counts as the head; a mixture of
+    experts' stacked expert weights by the share a token goes through), or None where
     some other layer holds parameters the count cannot price."""
     trainable = frozen = 0
     for module in model.modules():
@@ -35,6 +36,13 @@ def matmul_weights(model: nn.Module) -> tuple[int, int] | None:
         if not own:
             continue
         kind = type(module).__name__
+        fraction = getattr(module, "active_fraction", None)
+        if fraction is not None:  # a mixture of experts' stacked experts: a token goes through `fraction` of them
+            for p in own:
+                if p.dim() >= 3:
+                    count = int(_weight_elements(p) * fraction)
+                    trainable, frozen = (trainable + count, frozen) if p.requires_grad else (trainable, frozen + count)
+            continue
         if isinstance(module, nn.Linear) or kind == "Conv1D":
             for p in own:
                 if p.dim() < 2 and p is not getattr(module, "weight", None):

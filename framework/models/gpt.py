@@ -8,6 +8,7 @@ from torch.nn import functional as F
 from framework.config.types import NonNegativeFloat, PositiveInt
 from framework.construction.stage_modules import GPTStage
 from framework.errors import ConfigError
+from framework.models.moe import MoE, MoESettings
 
 
 class KVCache:
@@ -72,20 +73,24 @@ class CausalSelfAttention(nn.Module):
 
 
 class Block(nn.Module):
-    """One transformer layer (the unit that sharding strategies wrap)."""
+    """One transformer layer (the unit that sharding strategies wrap): attention, then an MLP, or
+    with `moe` a mixture of experts in its place (framework/models/moe.py)."""
 
-    def __init__(self, n_embd: int, n_head: int, dropout: float):
+    def __init__(self, n_embd: int, n_head: int, dropout: float, moe: MoESettings | None = None, layer: int = 0):
         super().__init__()
         self.ln1 = nn.LayerNorm(n_embd)
         self.attn = CausalSelfAttention(n_embd, n_head, dropout)
         self.ln2 = nn.LayerNorm(n_embd)
-        self.mlp = nn.Sequential(nn.Linear(n_embd, 4 * n_embd), nn.GELU(), nn.Linear(4 * n_embd, n_embd),
-                                 nn.Dropout(dropout))
+        if moe is None:
+            self.mlp = nn.Sequential(nn.Linear(n_embd, 4 * n_embd), nn.GELU(), nn.Linear(4 * n_embd, n_embd),
+                                     nn.Dropout(dropout))
+        else:
+            self.moe = MoE(n_embd, moe, dropout, layer)
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
         x = x + self.attn(self.ln1(x), cache, layer, mask)
-        return x + self.mlp(self.ln2(x))
+        return x + (self.moe if hasattr(self, "moe") else self.mlp)(self.ln2(x))
 
 
 class GPT(nn.Module):
@@ -107,9 +112,11 @@ class GPT(nn.Module):
     pipeline_layers = "blocks"
 
     def __init__(self, vocab_size: PositiveInt = 256, block_size: PositiveInt = 128, n_layer: PositiveInt = 4,
-                 n_head: PositiveInt = 4, n_embd: PositiveInt = 128, dropout: NonNegativeFloat = 0.0):
+                 n_head: PositiveInt = 4, n_embd: PositiveInt = 128, dropout: NonNegativeFloat = 0.0,
+                 moe: MoESettings | None = None):
         """vocab_size: tokens (256 for bytes); block_size: the longest context; n_layer: Blocks;
-        n_head: attention heads (must divide n_embd); n_embd: width; dropout: probability."""
+        n_head: attention heads (must divide n_embd); n_embd: width; dropout: probability; moe: the
+        mixture-of-experts Blocks (framework/models/moe.py; null or num_experts 0: all dense)."""
         super().__init__()
         if n_embd % n_head:
             raise ConfigError(f"model.n_head={n_head} must divide model.n_embd={n_embd}.")
@@ -117,7 +124,17 @@ class GPT(nn.Module):
         self.tok_emb = nn.Embedding(vocab_size, n_embd)
         self.pos_emb = nn.Embedding(block_size, n_embd)
         self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(Block(n_embd, n_head, dropout) for _ in range(n_layer))
+        moe = moe if moe is not None and moe.enabled else None
+        self.moe_settings = moe
+        self.blocks = nn.ModuleList(Block(n_embd, n_head, dropout, moe if moe and moe.is_moe(i, n_layer) else None, i)
+                                    for i in range(n_layer))
+        if moe is not None:  # the split MLPs where there are any, the shared experts like them; the routed
+            # experts whole on every tensor-parallel rank (expert parallelism spreads them instead)
+            dense = any(hasattr(b, "mlp") for b in self.blocks)
+            self.tensor_parallel_plan = {k: v for k, v in type(self).tensor_parallel_plan.items()
+                                         if dense or ".mlp." not in k}
+            if moe.shared_experts:
+                self.tensor_parallel_plan.update({"blocks.*.moe.shared.0": "colwise", "blocks.*.moe.shared.2": "rowwise"})
         self.ln_f = nn.LayerNorm(n_embd)
         self.head = nn.Linear(n_embd, vocab_size, bias=False)
         self.head.weight = self.tok_emb.weight

@@ -244,8 +244,10 @@ class Strategy:
         """Forward and backward of one loop micro-batch (on the device) of a step of `group`. With
         `scale` (a task whose loss is normalised by the step's scored items: framework/tasks/base.py)
         its summed loss times scale is backpropagated, else its loss (`loss_of` reads it from what
-        training_step returned) over the group. Returns (the loss the non-finite guard watches, the
-        micro-batch's share of the step's mean loss, for logging). A pipeline runs both passes of
+        training_step returned) over the group; the model's own losses (a mixture of experts'
+        balancing: `task.model_losses`) are added to it, weighted alike, and logged apart. Returns
+        (the loss the non-finite guard watches, the micro-batch's share of the step's mean loss, for
+        logging). A pipeline runs both passes of
         every stage in its schedule instead (framework/strategy/mesh/pipeline/run.py)."""
         with self.forward_context():
             if scale is None:
@@ -253,7 +255,11 @@ class Strategy:
             else:
                 loss = task.training_sums(model, batch)[0] * scale
                 logged = loss * group  # a micro-batch's share, as a mean over the step (logging)
-        self.backward(loss / group if scale is None else loss)
+            extra, values = task.model_losses(model, summed=scale is not None)
+        if values:
+            loss_of({"loss": logged, **values})  # logged beside the loss, as a training_step's dict is
+        total = loss if extra is None else loss + (extra if scale is None else extra * scale)
+        self.backward(total / group if scale is None else total)
         return loss, logged
 
     def no_backward_sync(self, model: torch.nn.Module, skip: bool) -> ContextManager:

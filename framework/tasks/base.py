@@ -6,6 +6,8 @@ from typing import Callable
 
 import torch
 
+from framework.models import moe
+
 
 class Task(ABC):
     """Turns a batch into a loss (training) and into summable statistics (validation).
@@ -87,6 +89,18 @@ class Task(ABC):
     @abstractmethod
     def compute_metrics(self, sums: dict[str, torch.Tensor]) -> dict[str, float]:
         """Metrics from the totals of every validation (or test) batch on every rank."""
+
+    def model_losses(self, model: torch.nn.Module, summed: bool) -> tuple[torch.Tensor | None, dict]:
+        """The model's own losses from the forward just run, added to the task's (a mixture of
+        experts' balancing and z-losses: framework/models/moe.py): summed over the micro-batch's
+        tokens (`summed=True`: weighted as training_sums' sum is) or as a mean, None where the
+        model adds none; and the values to log beside the loss (train/<key>)."""
+        return moe.router_losses(model, summed), moe.router_values(model)
+
+    def after_optimizer_step(self, model: torch.nn.Module, stepped: bool) -> None:
+        """After each step's optimizer step (`stepped`: False where the step was left out): a mixture
+        of experts' bias balancing moves by the step's counts (framework/models/moe.py)."""
+        moe.update_expert_biases(model, stepped)
 
     def batch_size(self, batch) -> int:
         first = batch[0] if isinstance(batch, (list, tuple)) else next(iter(batch.values()))

@@ -5,13 +5,15 @@ shard), model_parallel (shard x tensor), pipeline (pipeline x shard x tensor). T
 resolved once from the option's settings ('auto' included), every divisibility rule is checked here
 and nowhere else, and the device mesh is built from the result. The mesh's dimensions, outermost
 first: pipeline, replicate, shard, tensor (a rank's neighbours on the innermost dimension are the
-closest: one node's devices for the tensor-parallel group). `expert` and `context` are reserved:
-always 1 until a layout uses them.
+closest: one node's devices for the tensor-parallel group). `expert` ranks are borrowed from the
+shard dimension (torchtitan's way): consecutive shard ranks spread a mixture of experts' experts
+among them (framework/strategy/mesh/experts.py), on a mesh of their own. `context` is reserved:
+always 1 until a layout uses it.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Union
 
 from torch.distributed.device_mesh import init_device_mesh
@@ -72,6 +74,12 @@ class ParallelDims:
         names, sizes = self.mesh_dims(always)
         return init_device_mesh(device_type, sizes, mesh_dim_names=names)
 
+    def build_expert_mesh(self, device_type: str):
+        """The experts' mesh: (expert_replica, expert), the expert groups consecutive ranks of the
+        shard dimension (pipeline and tensor are 1 under expert parallelism)."""
+        return init_device_mesh(device_type, (self.world_size // self.expert, self.expert),
+                                mesh_dim_names=("expert_replica", "expert"))
+
     def describe(self) -> str:
         parts = [f"{self.pipeline} pipeline"] if self.pipeline > 1 else []
         if self.replicate > 1:
@@ -80,7 +88,8 @@ class ParallelDims:
             parts.append(f"{self.shard} data-parallel")
         if self.tensor > 1:
             parts.append(f"{self.tensor} tensor-parallel")
-        return " x ".join(parts) + " ranks"
+        experts = f", experts spread over groups of {self.expert}" if self.expert > 1 else ""
+        return " x ".join(parts) + " ranks" + experts
 
 
 @dataclass(frozen=True)
@@ -91,18 +100,25 @@ class DimsSettings:
     strategy.data_parallel_size ('auto': the ranks the others leave); tensor:
     strategy.tensor_parallel_size ('auto': the devices of one node the others allow, 1 when the
     pipeline is 'auto'); shard: strategy.shard_size (None: the data-parallel ranks all shard, no
-    replicas; 'auto': one node's devices)."""
+    replicas; 'auto': one node's devices); expert: strategy.expert_parallel_size (ranks of the
+    shard dimension that spread a mixture of experts' experts; 'auto' tensor is then 1)."""
 
     pipeline: Size = 1
     data_parallel: Size = "auto"
     tensor: Size = 1
     shard: Size | None = None
+    expert: int = 1
 
     def resolve(self, world_size: int, devices: int) -> ParallelDims:
         """The sizes for `world_size` ranks of `devices` per node; ConfigError naming the keys."""
-        pp, dp, tp = _pipeline_data_tensor(world_size, devices, self.pipeline, self.data_parallel, self.tensor)
+        tensor = 1 if self.expert > 1 and self.tensor == "auto" else self.tensor
+        pp, dp, tp = _pipeline_data_tensor(world_size, devices, self.pipeline, self.data_parallel, tensor)
+        if self.expert > 1 and (pp > 1 or tp > 1):
+            raise ConfigError(f"strategy.expert_parallel_size={self.expert} with pipeline stages or tensor parallelism: "
+                              "not supported yet; set strategy.pipeline_parallel_size=1 and "
+                              "strategy.tensor_parallel_size=1, or expert_parallel_size=1.")
         if self.shard is None:
-            return ParallelDims(pipeline=pp, shard=dp, tensor=tp)
+            return _with_experts(ParallelDims(pipeline=pp, shard=dp, tensor=tp), self.expert)
         shard = devices if self.shard == "auto" else int(self.shard)
         if devices % shard or dp % shard:
             given = f"auto ({shard})" if self.shard == "auto" else shard
@@ -112,7 +128,18 @@ class DimsSettings:
         if dp // shard > 1 and (pp > 1 or tp > 1):
             raise ConfigError("replicas of a sharded group (strategy.shard_size) with pipeline stages or tensor "
                               "parallelism: not supported yet; use strategy=hsdp without them, or drop shard_size.")
-        return ParallelDims(pipeline=pp, replicate=dp // shard, shard=shard, tensor=tp)
+        return _with_experts(ParallelDims(pipeline=pp, replicate=dp // shard, shard=shard, tensor=tp), self.expert)
+
+
+def _with_experts(dims: ParallelDims, expert: int) -> ParallelDims:
+    """`dims` with `expert` ranks borrowed from its shard dimension, which they must divide."""
+    if expert == 1:
+        return dims
+    if dims.shard % expert:
+        raise ConfigError(f"strategy.expert_parallel_size={expert} does not divide the {dims.shard} ranks that shard "
+                          "the model (the data-parallel ranks, or strategy.shard_size under hsdp); choose a size that "
+                          "divides them.")
+    return replace(dims, expert=expert)
 
 
 def _pipeline_data_tensor(world_size: int, devices: int, pipeline: Size, data_parallel: Size,

@@ -11,15 +11,18 @@ from framework.construction.units import Units
 from framework.tensors import write_part
 
 
-def shard_kwargs(mesh, precision, reshard_after_forward: bool, cpu_offload: bool, device: torch.device) -> dict:
-    """fully_shard's arguments: the mesh, when to free gathered parameters, where shards live, and
-    the precision plugin's compute dtype as FSDP's MixedPrecisionPolicy (gathered in that dtype,
-    gradients reduced in float32)."""
+def shard_kwargs(mesh, precision, reshard_after_forward: bool, cpu_offload: bool, device: torch.device,
+                 ignored: set | None = None) -> dict:
+    """fully_shard's arguments: the mesh, when to free gathered parameters, where shards live, the
+    precision plugin's compute dtype as FSDP's MixedPrecisionPolicy (gathered in that dtype,
+    gradients reduced in float32), and the parameters it leaves alone (spread experts)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
     kwargs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward,
               "offload_policy": (CPUOffloadPolicy(pin_memory=device.type == "cuda")  # pinning needs a GPU
                                  if cpu_offload else OffloadPolicy())}
+    if ignored:
+        kwargs["ignored_params"] = set(ignored)
     dtypes = precision.sharded_param_dtypes()
     if dtypes is not None:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtypes[0], reduce_dtype=dtypes[1])

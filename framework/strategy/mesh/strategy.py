@@ -15,7 +15,7 @@ from framework.construction.meta_init import InitLog, build_on_meta
 from framework.construction.units import DEFAULT_MIN_UNIT_PARAMS, Units, choose_units
 from framework.errors import ConfigError
 from framework.strategy.base import DataParallel, Layout, with_adapter
-from framework.strategy.mesh import state
+from framework.strategy.mesh import experts, state
 from framework.strategy.mesh.dims import DimsSettings, ParallelDims
 from framework.strategy.mesh.fully_shard import apply_fully_shard, materialise, shard_kwargs
 from framework.strategy.mesh.gradients import clip_gradients
@@ -60,6 +60,7 @@ class MeshStrategy(ParallelStrategy):
         self._run: PipelineRun | None = None
         self._plan: tuple[dict[str, str], str] = ({}, "")  # the tensor-parallel plan, from the whole model
         self._resolved: dict[tuple[int, int], ParallelDims] = {}
+        self._experts: experts.ExpertParallel | None = None
 
     # ---- the layout ---------------------------------------------------------------------------
     def parallel_dims(self, world_size: int) -> ParallelDims:
@@ -147,6 +148,11 @@ class MeshStrategy(ParallelStrategy):
             self.units(model)  # a wrap_modules name the model does not have
         except ConfigError as err:
             return [str(err)]
+        if dims.expert > 1:
+            if self.cpu_offload:
+                return [f"strategy={self.name} with cpu_offload and expert_parallel_size={dims.expert}: the experts are "
+                        "spread, not sharded by FSDP, and would stay on the device; drop one of them."]
+            return experts.expert_problems(model, dims.expert)
         if dims.tensor == 1:
             return []
         label = f"auto ({dims.tensor})" if self.dims_settings.tensor == "auto" else str(dims.tensor)
@@ -168,6 +174,12 @@ class MeshStrategy(ParallelStrategy):
         if dims.replicate > 1:
             return [f"mesh: {dims.replicate} replica(s) x {dims.shard} shard(s): the states are sharded over "
                     f"{dims.shard} rank(s) and replicated {dims.replicate} time(s)"]
+        if dims.expert > 1:
+            if model is None:
+                return [f"mesh: {dims.describe()}"]
+            loop = self.loop_settings
+            tokens = loop.micro_batch_size * loop.accumulate * getattr(model, "block_size", 0)
+            return [f"mesh: {dims.describe()}", experts.describe(model, dims.expert, tokens)]
         if dims.tensor == 1:
             return []
         lines = [f"mesh: {dims.describe()}: each batch computed by {dims.tensor} rank(s) together, the states of the "
@@ -207,6 +219,14 @@ class MeshStrategy(ParallelStrategy):
             plan = self._plan if self.pipelined else self.tensor.plan(model)
             done = apply_tensor_parallel(model, self.mesh["tensor"], plan, self.tensor.sequence_parallel)
             self._say(f"{self.name}: {dims.describe()}; {done}")
+        ignored = set()
+        if dims.expert > 1:
+            self._experts = experts.apply_expert_parallel(model, dims.build_expert_mesh(self.root_device.type),
+                                                          "default", dims.data_parallel)
+            ignored = experts.expert_parameters(model)
+            self._say(f"{self.name}: {experts.describe(model, dims.expert)}")
+        elif self.pipelined or dims.tensor > 1:  # the routing statistics counted over the data-parallel ranks only
+            experts.token_groups(model, self.mesh["shard"].get_group() if dims.data_parallel > 1 else None)
         if not self.pipelined or dims.data_parallel > 1:
             units = self.units(model)
             roots = list(model.stages.values()) if self.pipelined else [model]
@@ -214,7 +234,7 @@ class MeshStrategy(ParallelStrategy):
                 self._say(f"{self.name}: sharding units: {units.describe()}")
             dp_mesh = self.mesh["replicate", "shard"] if dims.replicate > 1 else self.mesh["shard"]
             apply_fully_shard(roots, units, shard_kwargs(dp_mesh, self.precision, self.reshard_after_forward,
-                                                         self.cpu_offload, self.root_device))
+                                                         self.cpu_offload, self.root_device, ignored))
         if self._init_log is not None:
             log, self._init_log = self._init_log, None
             device = torch.device("cpu") if self.cpu_offload else self.root_device
@@ -249,13 +269,26 @@ class MeshStrategy(ParallelStrategy):
     def clip_gradients(self, model, optimizer, max_norm=None, max_value=None, parameters=None):
         """Over every mesh the parameters live on and every stage (a tied head's gradient summed
         with its embedding's first, and counted once)."""
+        if self._experts is not None:
+            self._experts.finish_gradients()
         counted, across = None, None
         if self.pipelined:
             self._run.tie_gradients(model)
             counted, across = self._run.counted(model), self._run.group
         params = list(model.parameters() if parameters is None else parameters)
         return clip_gradients(params, optimizer, self.precision, max_norm, max_value, self.root_device,
-                              by_hand=self.pipelined or self.dims.tensor > 1, counted=counted, across=across)
+                              by_hand=self.pipelined or self.dims.tensor > 1 or self.dims.expert > 1, counted=counted,
+                              across=across)
+
+    def optimizer_step(self, optimizer) -> bool:
+        if self._experts is not None:
+            self._experts.finish_gradients()
+        return super().optimizer_step(optimizer)
+
+    def zero_grad(self, optimizer) -> None:
+        super().zero_grad(optimizer)
+        if self._experts is not None:
+            self._experts.finished = False
 
     # ---- checkpoints (mesh/state.py) -----------------------------------------------------------------
     @property

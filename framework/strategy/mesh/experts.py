@@ -1,0 +1,121 @@
+"""The expert-parallel applier: a mixture of experts' experts spread over `expert` ranks.
+
+A model's mixture-of-experts layer (the built-in GPT's, framework/models/moe.py) is found by what
+it holds: an `experts` module with `num_experts`, its weights stacked on a first dimension of
+experts, and a `group` it dispatches over; and a `token_group`, the ranks its routing statistics
+are counted over. The expert-parallel ranks are borrowed from the data-parallel shard dimension,
+as torchtitan does: they read different batches, and each token goes to the rank holding its
+expert and comes back (all-to-all). Each expert weight becomes a DTensor on an (expert_replica,
+expert) mesh, split along its experts over `expert` and replicated over the rest, so a checkpoint
+holds every expert under the model's own names and loads at any expert-parallel size.
+
+FSDP2 leaves the experts alone (they are split already): their gradient, which each rank's
+experts collect from the tokens of every rank of its expert group, is summed over the expert's
+replicas and divided by the data-parallel ranks once a step (`finish_gradients`), as FSDP's
+reduce-scatter averages the other parameters'.
+"""
+from __future__ import annotations
+
+import torch.distributed as dist
+from torch import nn
+
+from framework.console import human_bytes
+from framework.errors import ConfigError
+
+EXPERT_WEIGHTS = ("w1", "b1", "w2", "b2")
+
+
+def expert_layers(model: nn.Module) -> list[nn.Module]:
+    """The model's mixture-of-experts layers (see the module docstring for what marks one)."""
+    return [m for m in model.modules()
+            if hasattr(m, "token_group") and hasattr(getattr(m, "experts", None), "num_experts")]
+
+
+def expert_problems(model: nn.Module | None, expert: int) -> list[str]:
+    """Why `expert` ranks cannot spread `model`'s experts (before launch)."""
+    if expert == 1 or model is None:
+        return []
+    layers = expert_layers(model)
+    if not layers:
+        return [f"strategy.expert_parallel_size={expert}: {type(model).__name__} has no mixture-of-experts layers to "
+                "spread; set model.moe.num_experts (the built-in GPT), or expert_parallel_size=1."]
+    counts = sorted({layer.experts.num_experts for layer in layers})
+    if any(n % expert for n in counts):
+        return [f"strategy.expert_parallel_size={expert} does not divide the model's {counts[0]} experts per layer; "
+                "choose a size that divides model.moe.num_experts."]
+    return []
+
+
+class ExpertParallel:
+    """What the applier set up, for the step's gradient finish."""
+
+    def __init__(self, params: list[nn.Parameter], replica_group, data_parallel: int):
+        self.params, self.replica_group, self.data_parallel = params, replica_group, data_parallel
+        self.finished = False
+
+    def finish_gradients(self) -> None:
+        """Once a step, before clipping: each expert's gradient summed over its replicas and divided
+        by the data-parallel ranks (the step's mean, as for every other parameter)."""
+        if self.finished:
+            return
+        self.finished = True
+        for param in self.params:
+            if param.grad is None:
+                continue
+            local = param.grad.to_local()
+            if self.replica_group is not None:
+                dist.all_reduce(local, group=self.replica_group)
+            local.div_(self.data_parallel)
+
+
+def apply_expert_parallel(model: nn.Module, mesh, token_group, data_parallel: int) -> ExpertParallel:
+    """Spread every layer's experts over `mesh` (dims expert_replica, expert: placements Replicate,
+    Shard(0)); the layers dispatch over its expert dimension and count their tokens over
+    `token_group` (the data-parallel ranks)."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    params = []
+    group = mesh.get_group("expert")
+    for layer in expert_layers(model):
+        experts = layer.experts
+        for name in EXPERT_WEIGHTS:
+            weight = getattr(experts, name)
+            spread = nn.Parameter(distribute_tensor(weight.data, mesh, [Replicate(), Shard(0)], src_data_rank=None),
+                                  requires_grad=weight.requires_grad)
+            experts.register_parameter(name, spread)
+            params.append(spread)
+        experts.group = group
+        layer.token_group = token_group
+    if not params:
+        raise ConfigError("strategy.expert_parallel_size: the model has no mixture-of-experts layers to spread.")
+    replicas = mesh.size(0)
+    return ExpertParallel(params, mesh.get_group("expert_replica") if replicas > 1 else None, data_parallel)
+
+
+def expert_parameters(model: nn.Module) -> set[nn.Parameter]:
+    """The experts' weights (FSDP2 leaves them to the expert-parallel applier)."""
+    return {getattr(layer.experts, name) for layer in expert_layers(model) for name in EXPERT_WEIGHTS}
+
+
+def token_groups(model: nn.Module, group) -> None:
+    """Count every layer's routing statistics over `group` (the data-parallel ranks: under tensor
+    parallelism or pipeline stages the world is not)."""
+    for layer in expert_layers(model):
+        layer.token_group = group
+
+
+def describe(model: nn.Module, expert: int, tokens: int = 0, element_bytes: int = 4) -> str:
+    """`plan`'s line: each rank's experts, and with `tokens` (a rank's tokens per step) the bytes a
+    rank sends by all-to-all per step: each token's top-k copies to other ranks' experts and their
+    outputs back, forward, and the same again in backward."""
+    layers = expert_layers(model)
+    n = layers[0].experts.num_experts if layers else 0
+    line = (f"expert parallel: {expert} ranks, {n // max(expert, 1)} of {n} experts each in {len(layers)} "
+            "mixture-of-experts layer(s); tokens travel to their experts by all-to-all")
+    if not tokens or not layers:
+        return line
+    width = layers[0].experts.w1.shape[1]
+    copies = tokens * round(layers[0].experts.active_fraction * n)
+    sent = 4 * copies * width * element_bytes * len(layers) * (expert - 1) / expert
+    return line + f", about {human_bytes(sent)} sent per rank per step (even routing)"
+
