@@ -161,12 +161,12 @@ CASES = [
               "model.moe.top_k=1"], "strategy.expert_parallel_size=2 does not divide the model's 3 experts per layer"),
     (TRAIN + ["strategy=fsdp", "devices=2", "strategy.expert_parallel_size=4", "model.moe.num_experts=4"],
      "strategy.expert_parallel_size=4 does not divide the 2 ranks that shard the model"),
-    (TRAIN + ["strategy=model_parallel", "devices=4", "strategy.tensor_parallel_size=2", "strategy.expert_parallel_size=2",
-              "model.moe.num_experts=4"], "strategy.expert_parallel_size=2 with pipeline stages or tensor parallelism: "
-                                          "not supported yet"),
+    (TRAIN + ["strategy=model_parallel", "devices=4", "strategy.pipeline_parallel_size=2", "strategy.expert_parallel_size=2",
+              "model.moe.num_experts=4", "model.moe.balance=bias"],
+     "strategy.expert_parallel_size=2 with pipeline stages: not supported yet"),
     (TRAIN + ["strategy=pipeline", "devices=2", "model.moe.num_experts=4"],
-     "model.moe adds a balancing loss (balance=loss) or a z-loss (z_loss_coef > 0) to the task's, but under "
-     "strategy=pipeline only the last pipeline stage computes the loss"),
+     "the model's experts add a balancing loss (model.moe.balance=loss, or a Hugging Face config's "
+     "router_aux_loss_coef) or a z-loss (model.moe.z_loss_coef) to the task's, but under strategy=pipeline only"),
     # trainer.compile where it cannot work
     (TRAIN + ["trainer.compile=true", "strategy=deepspeed_stage_2", "devices=2"],
      "trainer.compile=true with strategy=deepspeed_stage_2: its engine wraps and drives the model's modules itself"),

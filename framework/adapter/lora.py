@@ -35,12 +35,17 @@ def peft_package():
     return importlib.import_module("peft")
 
 
-# Attention and MLP projections of each family (the last part of the module name).
+# Attention and MLP projections of each family (the last part of the module name); a default that
+# matches nothing in a given model is left out (the built-in GPT's dense MLPs where every Block is
+# a mixture of experts). The routed experts of a mixture are stacked weights, not linear layers:
+# they stay frozen; its shared experts, the attention and dense MLPs take adapters.
+ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 DEFAULT_TARGETS = {
-    "GPT": ["qkv", "proj", "mlp.0", "mlp.2"],  # framework/models/gpt.py
+    "GPT": ["qkv", "proj", "mlp.0", "mlp.2", "moe.shared.0", "moe.shared.2"],  # framework/models/gpt.py
     "gpt2": ["c_attn", "c_proj", "c_fc"],
-    "llama": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-    "qwen2": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "llama": [*ATTENTION, "gate_proj", "up_proj", "down_proj"],
+    "qwen2": [*ATTENTION, "gate_proj", "up_proj", "down_proj"],
+    "qwen3_moe": ATTENTION, "mixtral": ATTENTION, "olmoe": ATTENTION,
 }
 LINEAR_TYPES = ("Linear", "Conv1D", "Linear4bit", "Linear8bitLt")  # what peft's LoRA wraps (Conv1D: GPT-2's)
 
@@ -107,6 +112,14 @@ class LoRA:
             chosen += found
             if not found:
                 unmatched.append(pattern)
+        if self.target_modules is None:
+            unmatched = []  # a family's default the model does not have
+        experts = [p for p in unmatched if "expert" in p and "shared" not in p]
+        if experts:
+            raise ConfigError(f"adapter.target_modules: {', '.join(map(repr, experts))}: a mixture's routed experts "
+                              "are stacked weights (one tensor for all experts), not linear layers, and LoRA here "
+                              "adapts linear layers only; adapt the attention and shared experts (the default), or "
+                              "train the experts whole with adapter=null.")
         if unmatched:
             leaves = sorted({n.split(".")[-1] for n in linear} | {".".join(n.split(".")[-2:]) for n in linear})
             hints = " ".join(did_you_mean(p, leaves) for p in unmatched).strip()

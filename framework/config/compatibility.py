@@ -300,10 +300,11 @@ RULES: list[Rule] = [
     ),
     Rule(
         lambda p: p.strategy.pipelined and p.loop.model_losses,
-        lambda p: f"model.moe adds a balancing loss (balance=loss) or a z-loss (z_loss_coef > 0) to the task's, but "
-        f"under strategy={_strat(p)} only the last pipeline stage computes the loss, not the earlier stages' "
-        "experts'; set model.moe.balance=bias (DeepSeek-V3's balancing, no loss) and model.moe.z_loss_coef=0, or use "
-        "strategy=fsdp.",
+        lambda p: f"the model's experts add a balancing loss (model.moe.balance=loss, or a Hugging Face config's "
+        f"router_aux_loss_coef) or a z-loss (model.moe.z_loss_coef) to the task's, but under strategy={_strat(p)} only "
+        "the last pipeline stage computes the loss, not the earlier stages' experts'; set model.moe.balance=bias "
+        "(DeepSeek-V3's balancing, no loss) and model.moe.z_loss_coef=0 (a Hugging Face model: "
+        "model.config.router_aux_loss_coef=0), or use strategy=fsdp.",
     ),
     Rule(
         lambda p: p.loop.position_ids and not p.strategy.passes_position_ids,

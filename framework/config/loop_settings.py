@@ -46,10 +46,16 @@ def loop_settings(cfg: DictConfig) -> LoopSettings:
 
 
 def router_losses(cfg: DictConfig) -> bool:
-    """Whether model.moe (the built-in GPT's experts: framework/models/moe.py) adds a balancing
-    loss or a z-loss to the task's."""
-    moe = cfg.get("model", {}).get("moe") if isinstance(cfg.get("model"), DictConfig) else None
-    if not isinstance(moe, DictConfig) or not moe.get("num_experts", 0):
+    """Whether the model adds a balancing loss or a z-loss of its own to the task's: the built-in
+    GPT's model.moe (framework/models/moe.py), or a Hugging Face mixture of experts' config with a
+    router_aux_loss_coef (framework/models/hf_routers.py)."""
+    model = cfg.get("model")
+    if not isinstance(model, DictConfig):
         return False
-    return bool((moe.get("balance", "loss") == "loss" and moe.get("balance_coef", 0.01) > 0)
-                or moe.get("z_loss_coef", 0.0) > 0)
+    moe, config = model.get("moe"), model.get("config")
+    if isinstance(moe, DictConfig) and moe.get("num_experts", 0):
+        return bool((moe.get("balance", "loss") == "loss" and moe.get("balance_coef", 0.01) > 0)
+                    or moe.get("z_loss_coef", 0.0) > 0)
+    if isinstance(config, DictConfig) and config.get("num_experts_per_tok"):
+        return bool(config.get("router_aux_loss_coef", 0.0))
+    return False

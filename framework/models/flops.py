@@ -43,7 +43,7 @@ def matmul_weights(model: nn.Module) -> tuple[int, int] | None:
                     count = int(_weight_elements(p) * fraction)
                     trainable, frozen = (trainable + count, frozen) if p.requires_grad else (trainable, frozen + count)
             continue
-        if isinstance(module, nn.Linear) or kind == "Conv1D":
+        if isinstance(module, nn.Linear) or kind == "Conv1D" or kind.lower().endswith("router"):  # a router: a Linear
             for p in own:
                 if p.dim() < 2 and p is not getattr(module, "weight", None):
                     continue  # a bias: an addition, not a product

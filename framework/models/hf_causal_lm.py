@@ -29,6 +29,7 @@ from torch import nn
 from framework.checkpoint.storage import readable_by_others, stored_once
 from framework.construction.meta_build import in_sharded_build
 from framework.errors import ConfigError, did_you_mean
+from framework.models.hf_routers import watch_routers
 from framework.models.hf_stages import add_pipeline_stages
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -233,10 +234,11 @@ def for_training(model: nn.Module) -> nn.Module:
     """No key/value cache in training forwards: nothing reuses it, and transformers keeps packed
     rows' sequences apart (by their position_ids) only without one. Generation asks for a cache
     itself (framework/generation/decode.py). Its layers named for strategy=pipeline
-    (framework/models/hf_stages.py)."""
+    (framework/models/hf_stages.py); a mixture of experts' routers watched for its balancing loss
+    (framework/models/hf_routers.py)."""
     if getattr(model, "config", None) is not None and hasattr(model.config, "use_cache"):
         model.config.use_cache = False
-    return add_pipeline_stages(model)
+    return watch_routers(add_pipeline_stages(model))
 
 
 def from_pretrained(model_class: str, pretrained_model_name_or_path: str, **kwargs) -> nn.Module:

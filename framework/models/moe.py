@@ -112,7 +112,12 @@ class Experts(nn.Module):
         w1, b1, w2, b2 = (_local(p).to(tokens.dtype) for p in (self.w1, self.b1, self.w2, self.b2))
         outputs = [F.gelu(chunk @ w1[e] + b1[e]) @ w2[e] + b2[e]
                    for e, chunk in enumerate(tokens.split(counts)) if chunk.shape[0]]
-        return torch.cat(outputs) if outputs else tokens.new_zeros(tokens.shape)
+        if outputs:
+            return torch.cat(outputs)
+        # no token for any of this rank's experts: an (empty) output still joined to the tokens and
+        # to every weight, so that this rank's backward runs the same all-to-alls as its peers' and
+        # its experts get a (zero) gradient like every rank's
+        return tokens * 0 + sum(p.sum() for p in (w1, b1, w2, b2)) * 0
 
     def forward(self, tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """`tokens` sorted by expert, `counts` (num_experts,) of them per expert; the outputs in the
@@ -158,7 +163,24 @@ class RouterRecord:
     dropped: torch.Tensor  # the fraction of routed token-slots the capacity dropped, over the token group
 
 
-class MoE(nn.Module):
+class Routed(nn.Module):
+    """A module that routes tokens to experts and keeps, from its last training forward, what the
+    losses and the metrics read: the built-in GPT's MoE layer, or a Hugging Face model's routers
+    watched (framework/models/hf_routers.py)."""
+
+    record: RouterRecord | None = None
+
+    def losses(self, summed: bool) -> torch.Tensor | None:
+        """The weighted losses of the last training forward: summed over this rank's tokens (to be
+        divided as the task's summed loss is), or as means over them; None: none."""
+        raise NotImplementedError
+
+    def loads(self) -> list[tuple[int, torch.Tensor]]:
+        """(the layer's index, its tokens per expert over the token group) for each layer it routes."""
+        return [(self.layer, self.record.counts)] if self.record is not None else []
+
+
+class MoE(Routed):
     """The routed experts (and shared ones) in place of a Block's MLP."""
 
     def __init__(self, n_embd: int, settings: MoESettings, dropout: float, layer: int = 0):
@@ -176,6 +198,7 @@ class MoE(nn.Module):
                        if settings.shared_experts else None)
         self.drop = nn.Dropout(dropout)
         self.token_group = "default"  # the ranks tokens are counted over ("default": every rank, None: this one)
+        self.counting = True  # whether a training forward counts its tokens for the bias balancing
         self.record: RouterRecord | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -200,7 +223,7 @@ class MoE(nn.Module):
         y = torch.zeros_like(x).index_add(0, tokens, out)
         if self.shared is not None:
             y = y + self.shared(x)
-        if self.training:
+        if self.training and torch.is_grad_enabled():  # not a pipeline's shape inference (no_grad) either
             # an activation checkpoint's recompute (inside backward) repeats the differentiable part
             # (the checkpoint compares what forward saved) but counts nothing again
             recompute = torch._C._current_graph_task_id() != -1 and self.record is not None
@@ -221,7 +244,7 @@ class MoE(nn.Module):
             group = self._group()
             if group is not None:
                 dist.all_reduce(totals, group=group)
-            if s.balance == "bias":
+            if s.balance == "bias" and self.counting:
                 self.step_counts = totals[:-2] if self.step_counts is None else self.step_counts + totals[:-2]
         else:
             totals = torch.cat([counted, counted.new_tensor([counted.sum() / s.top_k, 0.0])])
@@ -238,8 +261,7 @@ class MoE(nn.Module):
         return dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
 
     def losses(self, summed: bool) -> torch.Tensor | None:
-        """This layer's weighted balancing and z-losses of its last training forward: summed over this
-        rank's tokens (to be divided as the task's summed loss is), or as means over them."""
+        """This layer's weighted balancing and z-losses."""
         s, record = self.settings, self.record
         if record is None or not s.adds_loss:
             return None
@@ -291,39 +313,49 @@ def parameter_counts(model: nn.Module) -> tuple[int, int]:
 
 def describe_experts(model: nn.Module) -> str | None:
     """`plan`'s line on a mixture of experts (None for a dense model)."""
-    layers = moe_layers(model)
-    if not layers:
-        return None
-    s = layers[0].settings
     total, active = parameter_counts(model)
+    if active == total:
+        return None
+    counts = f"{total:,} parameters, {active:,} active per token ({100 * active / max(total, 1):.0f}%)"
+    layers = moe_layers(model)
+    if not layers:  # a Hugging Face family's (framework/models/hf_routers.py)
+        return f"mixture of experts: {counts}"
+    s = layers[0].settings
     shared = f" + {s.shared_experts} shared" if s.shared_experts else ""
     blocks = len(getattr(model, "blocks", ())) or len(layers)
-    return (f"mixture of experts: {len(layers)} of {blocks} Blocks, {s.num_experts} experts{shared}, top-{s.top_k}; "
-            f"{total:,} parameters, {active:,} active per token ({100 * active / max(total, 1):.0f}%)")
+    return f"mixture of experts: {len(layers)} of {blocks} Blocks, {s.num_experts} experts{shared}, top-{s.top_k}; {counts}"
+
+
+def routed_modules(model: nn.Module) -> list[Routed]:
+    return [m for m in model.modules() if isinstance(m, Routed)]
 
 
 def router_losses(model: nn.Module, summed: bool) -> torch.Tensor | None:
-    """The sum of every MoE layer's losses of the last forward (None: no layer adds any)."""
-    found = [loss for layer in moe_layers(model) if (loss := layer.losses(summed)) is not None]
+    """The sum of every routing module's losses of the last forward (None: none adds any)."""
+    found = [loss for module in routed_modules(model) if (loss := module.losses(summed)) is not None]
     return sum(found[1:], found[0]) if found else None
 
 
 def router_values(model: nn.Module) -> dict[str, torch.Tensor]:
     """What MoE users look at, from the last training forward (tensors: no device sync): the
-    balancing and z-losses (means over the tokens, unweighted, over the layers), each layer's load
-    (its busiest and its idlest expert's tokens over the mean, named by its Block) and, with a capacity, the fraction of
-    routed tokens dropped."""
-    records = [(layer.layer, layer.record) for layer in moe_layers(model) if layer.record is not None]
-    if not records:
+    balancing loss (a mean over the tokens, unweighted, over the routing modules) and the built-in
+    layers' z-loss, each layer's load (its busiest and its idlest expert's tokens over the mean,
+    named by its layer) and, with a capacity, the fraction of routed tokens dropped."""
+    modules = [m for m in routed_modules(model) if m.record is not None]
+    if not modules:
         return {}
-    values = {"moe_balance_loss": sum(r.balance.detach() / max(r.tokens, 1) for _, r in records) / len(records),
-              "moe_z_loss": sum(r.z.detach() / max(r.tokens, 1) for _, r in records) / len(records)}
-    for i, record in records:
-        mean = record.counts.mean().clamp(min=1e-9)
-        values[f"moe_load_max_{i}"] = record.counts.max() / mean
-        values[f"moe_load_min_{i}"] = record.counts.min() / mean
-    if any(layer.settings.capacity_factor is not None for layer in moe_layers(model)):
-        values["moe_dropped"] = sum(r.dropped for _, r in records) / len(records)
+    values = {"moe_balance_loss": sum(m.record.balance.detach() / max(m.record.tokens, 1) for m in modules)
+              / len(modules)}
+    own = [m for m in modules if isinstance(m, MoE)]
+    if own:
+        values["moe_z_loss"] = sum(m.record.z.detach() / max(m.record.tokens, 1) for m in own) / len(own)
+    for module in modules:
+        for layer, counts in module.loads():
+            mean = counts.mean().clamp(min=1e-9)
+            values[f"moe_load_max/{layer}"] = counts.max() / mean
+            values[f"moe_load_min/{layer}"] = counts.min() / mean
+    if any(m.settings.capacity_factor is not None for m in own):
+        values["moe_dropped"] = sum(m.record.dropped for m in own) / len(own)
     return values
 
 

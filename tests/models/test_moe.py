@@ -25,6 +25,8 @@ from framework.models.moe import (
     router_values,
     update_expert_biases,
 )
+from framework.plotting.figures import metric_panels
+from framework.plotting.run_data import read_run
 from tests.conftest import TINY_GPT, metric_values, run_inprocess
 
 SMALL = {"vocab_size": 64, "block_size": 16, "n_layer": 2, "n_head": 2, "n_embd": 16, "dropout": 0.0}
@@ -116,7 +118,7 @@ def test_the_balancing_and_z_losses_are_the_switch_and_st_moe_formulas():
     values = router_values(layer)
     assert float(values["moe_balance_loss"]) == pytest.approx(float(balance.detach()), rel=1e-5)
     assert float(values["moe_z_loss"]) == pytest.approx(float(z.detach()), rel=1e-5)
-    assert float(values["moe_load_max_0"]) == pytest.approx(float(fraction.max() * 4), rel=1e-6)
+    assert float(values["moe_load_max/0"]) == pytest.approx(float(fraction.max() * 4), rel=1e-6)
     mean.backward()
     assert layer.router.weight.grad.abs().sum() > 0  # the balancing loss trains the router
     assert MoESettings(num_experts=4, balance="none").adds_loss is False
@@ -172,11 +174,39 @@ def test_a_moe_run_as_typed_then_test_and_generate_on_it(tmp_path):
     losses = metric_values(out)
     assert losses[-1] < losses[0]
     header = open(out / "metrics.csv").readline()
-    assert "train/moe_balance_loss" in header and "train/moe_load_max_1" in header and "moe_load_max_0" not in header
-    assert all(v >= 1.0 for v in metric_values(out, "train/moe_load_max_1"))
+    assert "train/moe_balance_loss" in header and "train/moe_load_max/1" in header and "moe_load_max/0" not in header
+    assert all(v >= 1.0 for v in metric_values(out, "train/moe_load_max/1"))
     assert all(0.9 <= v < 1.5 for v in metric_values(out, "train/moe_balance_loss"))  # 1 is perfect balance
+    panels = {name: [key for key, _ in keys] for name, _, keys, _ in metric_panels([read_run(out)])}
+    assert panels["moe_load_max"] == ["train/moe_load_max/1"]  # one panel, a line per MoE layer
     assert framework_main(["test", str(out), "trainer.test_batches=1"]) == 0
     assert json.loads((out / "test_metrics.json").read_text())["metrics"]["test/loss"] > 0
     assert framework_main(["generate", str(out), "--prompt", "import", "--greedy", "--max-new-tokens", "5",
                            "-o", str(tmp_path / "g.jsonl")]) == 0
     assert json.loads((tmp_path / "g.jsonl").read_text())["new_tokens"] == 5
+
+
+def test_lora_adapts_attention_and_shared_experts_and_refuses_the_routed_ones():
+    from framework.adapter.lora import LoRA
+    from framework.errors import ConfigError
+
+    model = GPT(**SMALL, moe=MoESettings(num_experts=4, shared_experts=1, layers=[1]))
+    targets = LoRA().targets(model)
+    assert targets == ["blocks.0.attn.qkv", "blocks.1.attn.qkv", "blocks.0.attn.proj", "blocks.1.attn.proj",
+                       "blocks.0.mlp.0", "blocks.0.mlp.2", "blocks.1.moe.shared.0", "blocks.1.moe.shared.2"]
+    with pytest.raises(ConfigError, match="'experts': a mixture's routed experts are stacked weights"):
+        LoRA(target_modules=["experts"]).targets(model)
+    with pytest.raises(ConfigError, match="'mlpp' match no linear layer"):  # a name given by hand must match
+        LoRA(target_modules=["qkv", "mlpp"]).targets(model)
+
+
+def test_a_rank_whose_experts_get_no_token_still_joins_the_backward():
+    """Under expert parallelism a rank may receive no token for any of its experts: its (empty)
+    output is still joined to the tokens and to every weight, so its backward runs the all-to-alls
+    its peers run (else they wait for it forever) and its experts' gradients are zeros, not None
+    (else the gradient norm's all-reduce waits)."""
+    experts = MoE(16, MoESettings(num_experts=4), dropout=0.0).experts
+    arrived = torch.zeros(0, 16, requires_grad=True)
+    experts.run_local(arrived, [0, 0, 0, 0]).sum().backward()
+    assert arrived.grad is not None and arrived.grad.shape == (0, 16)
+    assert all(p.grad is not None and not p.grad.any() for p in experts.parameters())

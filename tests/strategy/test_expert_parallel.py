@@ -5,9 +5,13 @@ checkpoint, which holds every expert under the model's names, resumes sample-exa
 layouts."""
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 import torch
 
+from framework.cli import main as framework_main
 from tests.conftest import checkpoint_at, load_model_state, metric_values, run_inprocess
 from tests.helpers.run_cache import trained_run
 from tests.helpers.two_ranks import BASE, STEPS
@@ -26,6 +30,12 @@ LAYOUTS = {
     "tp2": ["strategy=model_parallel", "devices=2", "data.batch_size=16"],
     # each expert on 2 of the 4 ranks: its gradient also summed over its replica
     "ep2xfsdp2": ["strategy=fsdp", "devices=4", "strategy.expert_parallel_size=2", "data.batch_size=4"],
+    # each tensor-parallel slice dispatches its (identical) tokens to its own expert group
+    "ep2xtp2": ["strategy=model_parallel", "devices=4", "strategy.tensor_parallel_size=2",
+                "strategy.expert_parallel_size=2"],
+    # 2 stages, each with its experts over 2 ranks
+    "pp2xep2": ["strategy=model_parallel", "devices=4", "strategy.pipeline_parallel_size=2",
+                "strategy.tensor_parallel_size=1", "strategy.expert_parallel_size=2"],
 }
 
 
@@ -33,12 +43,12 @@ def run_of(layout: str, extra=()) -> object:
     return trained_run([*BASE, *MOE, *LAYOUTS[layout], *extra])
 
 
-@pytest.mark.parametrize("layout", ["ddp", "ep2", "ep2xfsdp2", "tp2"])
+@pytest.mark.parametrize("layout", ["ddp", "ep2", "ep2xfsdp2", "tp2", "ep2xtp2"])
 def test_every_layout_gives_one_processs_numbers(layout):
     """Same global batch (16): each step's loss, clipped gradient norm and balancing loss as one
     process computes them: the tokens per expert are counted over the micro-batch of every rank."""
     one, other = run_of("one"), run_of(layout)
-    for key in ("train/loss", "train/grad_norm", "train/moe_balance_loss", "train/moe_z_loss", "train/moe_load_max_0"):
+    for key in ("train/loss", "train/grad_norm", "train/moe_balance_loss", "train/moe_z_loss", "train/moe_load_max/0"):
         values = metric_values(other, key)
         assert len(values) == STEPS, key
         torch.testing.assert_close(torch.tensor(values), torch.tensor(metric_values(one, key)), rtol=1e-5, atol=1e-5,
@@ -50,13 +60,17 @@ def test_every_layout_gives_one_processs_numbers(layout):
         torch.testing.assert_close(b[name], value, rtol=1e-5, atol=1e-6, msg=name)
 
 
-def test_the_checkpoint_holds_every_expert_under_the_models_names():
+def test_the_checkpoint_holds_every_expert_under_the_models_names(tmp_path):
     state = load_model_state(checkpoint_at(run_of("ep2"), STEPS))
     assert state["blocks.0.moe.experts.w1"].shape == (4, 32, 48)
     assert state["blocks.0.moe.experts.b2"].shape == (4, 32)
     assert state["blocks.0.moe.router.weight"].shape == (4, 32)
     # each rank trained its own two experts: all four moved away from their initial zeros
     assert (state["blocks.0.moe.experts.b1"].abs().sum(dim=1) > 0).all()
+    # `framework test` on the run (a copy: the shared run stays as trained), at its own layout
+    run = shutil.copytree(run_of("ep2"), tmp_path / "run")
+    assert framework_main(["test", str(run), "trainer.test_batches=2"]) == 0
+    assert json.loads((run / "test_metrics.json").read_text())["metrics"]["test/loss"] < 5.6
 
 
 @pytest.mark.parametrize("into", [
@@ -71,16 +85,21 @@ def test_an_expert_parallel_checkpoint_resumes_sample_exact_elsewhere(tmp_path, 
                                rtol=1e-5, atol=1e-5)
 
 
-def test_bias_balancing_moves_the_same_biases_at_every_layout():
+@pytest.mark.parametrize("layout", ["ep2", "pp2xep2"])
+def test_bias_balancing_moves_the_same_biases_at_every_layout(layout):
     """DeepSeek-V3's balancing without an auxiliary loss: after each step every expert's bias moves
-    by bias_rate towards the experts that got fewer of the step's tokens, counted over all ranks:
-    the biases at the end are one process's, and they moved."""
-    # one micro-batch a step (with two, this data's steps alternate and the biases come back to 0)
-    extra = ["model.moe.balance=bias", "model.moe.bias_rate=0.01", "trainer.accumulate=1"]
-    one, ep2 = run_of("one", extra), run_of("ep2", extra)
-    a, b = load_model_state(checkpoint_at(one, STEPS)), load_model_state(checkpoint_at(ep2, STEPS))
-    bias = a["blocks.0.moe.expert_bias"]
-    assert torch.equal(b["blocks.0.moe.expert_bias"], bias)
-    assert bias.abs().sum() > 0 and bias.abs().max() <= STEPS * 0.01 + 1e-6
-    assert "train/moe_balance_loss" in open(ep2 / "metrics.csv").readline()  # logged, though not trained on
-    torch.testing.assert_close(torch.tensor(metric_values(ep2)), torch.tensor(metric_values(one)), rtol=1e-5, atol=1e-5)
+    by bias_rate towards the experts that got fewer of the step's tokens, counted over all ranks
+    (under pipeline stages, not torch's metadata-inference forward): the biases at the end are one
+    process's, and they moved."""
+    # one micro-batch a step (with two, this data's steps alternate and the biases come back to 0);
+    # no z-loss: pipeline stages cannot add it
+    extra = ["model.n_layer=2", "model.moe.balance=bias", "model.moe.bias_rate=0.01", "trainer.accumulate=1",
+             "model.moe.z_loss_coef=0"]
+    one, other = run_of("one", extra), run_of(layout, extra)
+    a, b = load_model_state(checkpoint_at(one, STEPS)), load_model_state(checkpoint_at(other, STEPS))
+    for name in ("blocks.0.moe.expert_bias", "blocks.1.moe.expert_bias"):
+        assert torch.equal(b[name], a[name]), name
+        assert a[name].abs().sum() > 0 and a[name].abs().max() <= STEPS * 0.01 + 1e-6
+    torch.testing.assert_close(torch.tensor(metric_values(other)), torch.tensor(metric_values(one)), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.tensor(metric_values(other, "train/grad_norm")),
+                               torch.tensor(metric_values(one, "train/grad_norm")), rtol=1e-5, atol=1e-5)

@@ -6,8 +6,9 @@ resolved once from the option's settings ('auto' included), every divisibility r
 and nowhere else, and the device mesh is built from the result. The mesh's dimensions, outermost
 first: pipeline, replicate, shard, tensor (a rank's neighbours on the innermost dimension are the
 closest: one node's devices for the tensor-parallel group). `expert` ranks are borrowed from the
-shard dimension (torchtitan's way): consecutive shard ranks spread a mixture of experts' experts
-among them (framework/strategy/mesh/experts.py), on a mesh of their own. `context` is reserved:
+shard dimension (torchtitan's way): consecutive shard ranks of one stage group and one tensor place
+spread a mixture of experts' experts among them (framework/strategy/mesh/experts.py), on a mesh of
+their own. `context` is reserved:
 always 1 until a layout uses it.
 """
 from __future__ import annotations
@@ -75,10 +76,15 @@ class ParallelDims:
         return init_device_mesh(device_type, sizes, mesh_dim_names=names)
 
     def build_expert_mesh(self, device_type: str):
-        """The experts' mesh: (expert_replica, expert), the expert groups consecutive ranks of the
-        shard dimension (pipeline and tensor are 1 under expert parallelism)."""
-        return init_device_mesh(device_type, (self.world_size // self.expert, self.expert),
-                                mesh_dim_names=("expert_replica", "expert"))
+        """The experts' mesh: (expert_replica, expert[, expert_tensor]) within this rank's pipeline
+        stage group. The expert groups are consecutive ranks of the shard dimension with the same
+        tensor-parallel place (which compute the same tokens: each such slice dispatches on its
+        own)."""
+        names = ("pipeline", "expert_replica", "expert", "expert_tensor")
+        sizes = (self.pipeline, self.replicate * self.shard // self.expert, self.expert, self.tensor)
+        kept = [i for i, n in enumerate(names) if n in ("expert_replica", "expert") or sizes[i] > 1]
+        mesh = init_device_mesh(device_type, tuple(sizes[i] for i in kept), mesh_dim_names=tuple(names[i] for i in kept))
+        return mesh[tuple(n for n in names[1:] if n in mesh.mesh_dim_names)] if self.pipeline > 1 else mesh
 
     def describe(self) -> str:
         parts = [f"{self.pipeline} pipeline"] if self.pipeline > 1 else []
@@ -111,12 +117,8 @@ class DimsSettings:
 
     def resolve(self, world_size: int, devices: int) -> ParallelDims:
         """The sizes for `world_size` ranks of `devices` per node; ConfigError naming the keys."""
-        tensor = 1 if self.expert > 1 and self.tensor == "auto" else self.tensor
+        tensor = 1 if self.expert > 1 and self.tensor == "auto" else self.tensor  # the experts take the ranks
         pp, dp, tp = _pipeline_data_tensor(world_size, devices, self.pipeline, self.data_parallel, tensor)
-        if self.expert > 1 and (pp > 1 or tp > 1):
-            raise ConfigError(f"strategy.expert_parallel_size={self.expert} with pipeline stages or tensor parallelism: "
-                              "not supported yet; set strategy.pipeline_parallel_size=1 and "
-                              "strategy.tensor_parallel_size=1, or expert_parallel_size=1.")
         if self.shard is None:
             return _with_experts(ParallelDims(pipeline=pp, shard=dp, tensor=tp), self.expert)
         shard = devices if self.shard == "auto" else int(self.shard)

@@ -36,6 +36,10 @@ def expert_problems(model: nn.Module | None, expert: int) -> list[str]:
     if expert == 1 or model is None:
         return []
     layers = expert_layers(model)
+    if not layers and any(type(m).__name__.endswith("Experts") for m in model.modules()):
+        return [f"strategy.expert_parallel_size={expert}: {type(model).__name__}'s experts (a Hugging Face family) are "
+                "not spread by the framework yet: every rank holds them all; set expert_parallel_size=1 (fsdp still "
+                "shards them), or train the built-in GPT's experts (model.moe)."]
     if not layers:
         return [f"strategy.expert_parallel_size={expert}: {type(model).__name__} has no mixture-of-experts layers to "
                 "spread; set model.moe.num_experts (the built-in GPT), or expert_parallel_size=1."]
@@ -69,18 +73,19 @@ class ExpertParallel:
 
 
 def apply_expert_parallel(model: nn.Module, mesh, token_group, data_parallel: int) -> ExpertParallel:
-    """Spread every layer's experts over `mesh` (dims expert_replica, expert: placements Replicate,
-    Shard(0)); the layers dispatch over its expert dimension and count their tokens over
-    `token_group` (the data-parallel ranks)."""
+    """Spread every layer's experts over `mesh` (dims expert_replica, expert, and expert_tensor under
+    tensor parallelism: placements Replicate, Shard(0), Replicate); the layers dispatch over its
+    expert dimension and count their tokens over `token_group` (the data-parallel ranks)."""
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     params = []
     group = mesh.get_group("expert")
+    placements = [Replicate(), Shard(0)] + [Replicate()] * (mesh.ndim - 2)
     for layer in expert_layers(model):
         experts = layer.experts
         for name in EXPERT_WEIGHTS:
             weight = getattr(experts, name)
-            spread = nn.Parameter(distribute_tensor(weight.data, mesh, [Replicate(), Shard(0)], src_data_rank=None),
+            spread = nn.Parameter(distribute_tensor(weight.data, mesh, placements, src_data_rank=None),
                                   requires_grad=weight.requires_grad)
             experts.register_parameter(name, spread)
             params.append(spread)
@@ -95,6 +100,13 @@ def apply_expert_parallel(model: nn.Module, mesh, token_group, data_parallel: in
 def expert_parameters(model: nn.Module) -> set[nn.Parameter]:
     """The experts' weights (FSDP2 leaves them to the expert-parallel applier)."""
     return {getattr(layer.experts, name) for layer in expert_layers(model) for name in EXPERT_WEIGHTS}
+
+
+def routing_counted(model: nn.Module, counted: bool) -> None:
+    """Whether every layer's forwards count their tokens for the bias balancing (a pipeline's
+    metadata inference does not: framework/strategy/mesh/pipeline/run.py)."""
+    for layer in expert_layers(model):
+        layer.counting = counted
 
 
 def token_groups(model: nn.Module, group) -> None:

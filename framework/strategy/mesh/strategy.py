@@ -220,9 +220,10 @@ class MeshStrategy(ParallelStrategy):
             done = apply_tensor_parallel(model, self.mesh["tensor"], plan, self.tensor.sequence_parallel)
             self._say(f"{self.name}: {dims.describe()}; {done}")
         ignored = set()
-        if dims.expert > 1:
+        if dims.expert > 1:  # the tokens counted over the data-parallel ranks (not the tensor ranks or other stages)
+            tokens = "default" if dims.tensor == 1 and not self.pipelined else self.mesh["shard"].get_group()
             self._experts = experts.apply_expert_parallel(model, dims.build_expert_mesh(self.root_device.type),
-                                                          "default", dims.data_parallel)
+                                                          tokens, dims.data_parallel)
             ignored = experts.expert_parameters(model)
             self._say(f"{self.name}: {experts.describe(model, dims.expert)}")
         elif self.pipelined or dims.tensor > 1:  # the routing statistics counted over the data-parallel ranks only

@@ -22,6 +22,7 @@ from framework.construction.stage_modules import RankPart, model_stages
 from framework.construction.tied import retie, tied_parameters
 from framework.errors import ConfigError
 from framework.strategy.mesh.dims import ParallelDims
+from framework.strategy.mesh.experts import routing_counted
 from framework.strategy.mesh.pipeline import forward
 from framework.strategy.mesh.pipeline.schedules import SCHEDULES
 from framework.strategy.mesh.pipeline.settings import PipelineSettings
@@ -144,6 +145,8 @@ class PipelineRun:
 
             stages = [pipelining.PipelineStage(module, index, self.stage_count, self.device, group=self.group)
                       for index, module in sorted(part.stages.items())]
+            for module in part.stages.values():
+                counted_after_inference(module)
             schedule_class = getattr(pipelining, SCHEDULES[self.settings.schedule].torch_class)
             self._schedules[key] = schedule_class(stages[0] if len(stages) == 1 else stages,
                                                   n_microbatches=self.microbatches, loss_fn=self._loss,
@@ -232,3 +235,18 @@ class PipelineRun:
         if missing or unexpected:
             raise RuntimeError(loading_error(missing, unexpected))
         return {name: state[name] for name in own if name in state}, strict
+
+
+def counted_after_inference(stage: torch.nn.Module) -> None:
+    """A new schedule's first call of each stage is torch's metadata inference (one microbatch, or
+    placeholders, with gradients on): its routing is not counted (a mixture of experts' bias
+    balancing counts the step's real tokens only)."""
+    def pause(module, args):
+        routing_counted(module, False)
+
+    def resume(module, args, output):
+        routing_counted(module, True)
+        handles[0].remove()
+        handles[1].remove()
+
+    handles = [stage.register_forward_pre_hook(pause), stage.register_forward_hook(resume)]
