@@ -113,6 +113,7 @@ bench: $(BENCH_BIN)/.installed
 	$(BENCH_BIN)/python benchmarks/adapters.py "~100M"
 	$(BENCH_BIN)/python benchmarks/compile.py
 	$(BENCH_BIN)/python benchmarks/pipeline.py
+	$(BENCH_BIN)/python benchmarks/moe.py
 	$(BENCH_BIN)/python benchmarks/memory_per_rank.py largest --strategies fsdp,pipeline,pipeline_x_fsdp --devices 4
 	$(BENCH_BIN)/python benchmarks/fault_tolerance.py
 	$(BENCH_BIN)/python benchmarks/data_prep.py
