@@ -161,9 +161,9 @@ CASES = [
               "model.moe.top_k=1"], "strategy.expert_parallel_size=2 does not divide the model's 3 experts per layer"),
     (TRAIN + ["strategy=fsdp", "devices=2", "strategy.expert_parallel_size=4", "model.moe.num_experts=4"],
      "strategy.expert_parallel_size=4 does not divide the 2 ranks that shard the model"),
-    (TRAIN + ["strategy=model_parallel", "devices=4", "strategy.pipeline_parallel_size=2", "strategy.expert_parallel_size=2",
-              "model.moe.num_experts=4", "model.moe.balance=bias"],
-     "strategy.expert_parallel_size=2 with pipeline stages: not supported yet"),
+    (TRAIN + ["strategy=fsdp", "devices=2", "strategy.cpu_offload=true", "strategy.expert_parallel_size=2",
+              "model.moe.num_experts=4"], "strategy=fsdp with cpu_offload and expert_parallel_size=2: the experts are "
+                                          "spread, not sharded by FSDP, and would stay on the device"),
     (TRAIN + ["strategy=pipeline", "devices=2", "model.moe.num_experts=4"],
      "the model's experts add a balancing loss (model.moe.balance=loss, or a Hugging Face config's "
      "router_aux_loss_coef) or a z-loss (model.moe.z_loss_coef) to the task's, but under strategy=pipeline only"),

@@ -22,7 +22,7 @@ from framework.config.compose import compose
 from framework.config.groups import PLUGIN_GROUPS
 from framework.console import human_bytes, parse_size
 from framework.errors import ConfigError, ExitCode, UserError, report
-from framework.models.moe import describe_experts
+from framework.models.moe_stats import describe_experts
 from framework.paths import conf_dir, find_recipe
 from framework.planning.memory import estimate, model_stats
 from framework.preflight import prepare

@@ -6,7 +6,7 @@ from typing import Callable
 
 import torch
 
-from framework.models import moe
+from framework.models import moe_stats
 
 
 class Task(ABC):
@@ -92,15 +92,15 @@ class Task(ABC):
 
     def model_losses(self, model: torch.nn.Module, summed: bool) -> tuple[torch.Tensor | None, dict]:
         """The model's own losses from the forward just run, added to the task's (a mixture of
-        experts' balancing and z-losses: framework/models/moe.py): summed over the micro-batch's
+        experts' balancing and z-losses: framework/models/moe_stats.py): summed over the micro-batch's
         tokens (`summed=True`: weighted as training_sums' sum is) or as a mean, None where the
         model adds none; and the values to log beside the loss (train/<key>)."""
-        return moe.router_losses(model, summed), moe.router_values(model)
+        return moe_stats.router_losses(model, summed), moe_stats.router_values(model)
 
     def after_optimizer_step(self, model: torch.nn.Module, stepped: bool) -> None:
         """After each step's optimizer step (`stepped`: False where the step was left out): a mixture
-        of experts' bias balancing moves by the step's counts (framework/models/moe.py)."""
-        moe.update_expert_biases(model, stepped)
+        of experts' bias balancing moves by the step's counts (framework/models/moe_stats.py)."""
+        moe_stats.update_expert_biases(model, stepped)
 
     def batch_size(self, batch) -> int:
         first = batch[0] if isinstance(batch, (list, tuple)) else next(iter(batch.values()))

@@ -9,7 +9,7 @@ import torch
 
 from framework.models.flops import training_flops_per_item
 from framework.models.hf_causal_lm import causal_lm
-from framework.models.moe import describe_experts, parameter_counts, router_losses, router_values
+from framework.models.moe_stats import describe_experts, parameter_counts, router_losses, router_values
 from tests.conftest import TINY_GPT, metric_values
 from tests.helpers.run_cache import trained_run
 

@@ -15,9 +15,8 @@ from torch.utils.checkpoint import checkpoint
 from framework.cli import main as framework_main
 from framework.models.flops import training_flops_per_item
 from framework.models.gpt import GPT
-from framework.models.moe import (
-    MoE,
-    MoESettings,
+from framework.models.moe import MoE, MoESettings
+from framework.models.moe_stats import (
     describe_experts,
     moe_layers,
     parameter_counts,
@@ -210,3 +209,24 @@ def test_a_rank_whose_experts_get_no_token_still_joins_the_backward():
     experts.run_local(arrived, [0, 0, 0, 0]).sum().backward()
     assert arrived.grad is not None and arrived.grad.shape == (0, 16)
     assert all(p.grad is not None and not p.grad.any() for p in experts.parameters())
+
+
+def test_plan_says_each_ranks_experts_and_what_it_gathers(tmp_path):
+    """Under expert parallelism a Block's experts are spread, never gathered: the unit fsdp gathers
+    at once is the Block without them (the memory estimate's gathered term)."""
+    from framework.strategy.fsdp import FSDPStrategy
+    from tests.helpers.in_process import run_command
+
+    model = GPT(**SMALL, moe=MoESettings(num_experts=8))
+    gathered = {}
+    for ep in (1, 2):
+        strategy = FSDPStrategy(expert_parallel_size=ep, min_unit_params=1000)
+        strategy.devices = 2
+        gathered[ep] = strategy.units(model).gathered
+    experts = sum(p.numel() for p in model.blocks[0].moe.experts.parameters())
+    assert gathered[2] == [gathered[1][0] - experts, gathered[1][1] - experts, gathered[1][2]]
+    shown = run_command(["plan", "model.moe.num_experts=8", "strategy=fsdp", "devices=2",
+                         "strategy.expert_parallel_size=2"], tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert "expert parallel: 2 ranks, 4 of 8 experts each in 2 mixture-of-experts layer(s)" in shown.stdout
+    assert "sent per rank per step" in shown.stdout and "active per token" in shown.stdout

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import contextmanager, nullcontext
+from dataclasses import replace
 
 import torch
 
@@ -132,8 +133,18 @@ class MeshStrategy(ParallelStrategy):
 
     # ---- before launch --------------------------------------------------------------------------
     def units(self, model: torch.nn.Module) -> Units:
-        """The modules sharded as units (the same rule `framework plan` and `validate` use)."""
-        return choose_units(model, self.wrap_modules, self.min_unit_params)
+        """The modules sharded as units (the same rule `framework plan` and `validate` use); under
+        expert parallelism a unit gathers its parameters but its experts (spread, never gathered)."""
+        units = choose_units(model, self.wrap_modules, self.min_unit_params)
+        try:
+            spread = self._planned().expert > 1
+        except ConfigError:  # reported by problems()
+            spread = False
+        if not spread:
+            return units
+        owned = experts.expert_parameters(model)
+        inside = [sum(p.numel() for p in unit.parameters() if p in owned) for unit in units.modules]
+        return replace(units, gathered=[n - e for n, e in zip(units.gathered, inside + [0])])
 
     def problems(self, model: torch.nn.Module | None) -> list[str]:
         try:

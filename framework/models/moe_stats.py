@@ -1,0 +1,85 @@
+"""What the mixture-of-experts layers' records add up to (framework/models/moe.py, and a Hugging
+Face family's watched routers: framework/models/hf_routers.py): the losses added to the task's, the
+values logged beside the loss, the parameters a token goes through, `plan`'s line, and the bias
+balancing's step."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from framework.models.moe import MoE, Routed
+
+
+def moe_layers(model: nn.Module) -> list[MoE]:
+    """The model's MoE layers, in order (a wrapped model's too)."""
+    return [m for m in model.modules() if isinstance(m, MoE)]
+
+
+def parameter_counts(model: nn.Module) -> tuple[int, int]:
+    """(parameters, those one token goes through): the routed experts count by their active share."""
+    total = active = 0.0
+    seen: set[int] = set()
+    for module in model.modules():
+        fraction = getattr(module, "active_fraction", 1.0)
+        for p in module.parameters(recurse=False):
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            n = p.numel()
+            total, active = total + n, active + n * fraction
+    return int(total), int(round(active))
+
+
+def describe_experts(model: nn.Module) -> str | None:
+    """`plan`'s line on a mixture of experts (None for a dense model)."""
+    total, active = parameter_counts(model)
+    if active == total:
+        return None
+    counts = f"{total:,} parameters, {active:,} active per token ({100 * active / max(total, 1):.0f}%)"
+    layers = moe_layers(model)
+    if not layers:  # a Hugging Face family's (framework/models/hf_routers.py)
+        return f"mixture of experts: {counts}"
+    s = layers[0].settings
+    shared = f" + {s.shared_experts} shared" if s.shared_experts else ""
+    blocks = len(getattr(model, "blocks", ())) or len(layers)
+    return f"mixture of experts: {len(layers)} of {blocks} Blocks, {s.num_experts} experts{shared}, top-{s.top_k}; {counts}"
+
+
+def routed_modules(model: nn.Module) -> list[Routed]:
+    return [m for m in model.modules() if isinstance(m, Routed)]
+
+
+def router_losses(model: nn.Module, summed: bool) -> torch.Tensor | None:
+    """The sum of every routing module's losses of the last forward (None: none adds any)."""
+    found = [loss for module in routed_modules(model) if (loss := module.losses(summed)) is not None]
+    return sum(found[1:], found[0]) if found else None
+
+
+def router_values(model: nn.Module) -> dict[str, torch.Tensor]:
+    """What MoE users look at, from the last training forward (tensors: no device sync): the
+    balancing loss (a mean over the tokens, unweighted, over the routing modules) and the built-in
+    layers' z-loss, each layer's load (its busiest and its idlest expert's tokens over the mean,
+    named by its layer) and, with a capacity, the fraction of routed tokens dropped."""
+    modules = [m for m in routed_modules(model) if m.record is not None]
+    if not modules:
+        return {}
+    values = {"moe_balance_loss": sum(m.record.balance.detach() / max(m.record.tokens, 1) for m in modules)
+              / len(modules)}
+    own = [m for m in modules if isinstance(m, MoE)]
+    if own:
+        values["moe_z_loss"] = sum(m.record.z.detach() / max(m.record.tokens, 1) for m in own) / len(own)
+    for module in modules:
+        for layer, counts in module.loads():
+            mean = counts.mean().clamp(min=1e-9)
+            values[f"moe_load_max/{layer}"] = counts.max() / mean
+            values[f"moe_load_min/{layer}"] = counts.min() / mean
+    if any(m.settings.capacity_factor is not None for m in own):
+        values["moe_dropped"] = sum(m.record.dropped for m in own) / len(own)
+    return values
+
+
+def update_expert_biases(model: nn.Module, stepped: bool = True) -> None:
+    """After an optimizer step: every bias-balanced layer's bias moved by the step's counts (a step
+    left out: its counts forgotten, as its batches are)."""
+    for layer in moe_layers(model):
+        layer.update_bias(stepped)
