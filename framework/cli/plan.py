@@ -17,9 +17,9 @@ from omegaconf import DictConfig
 
 from framework.adapter.lora import count_parameters
 from framework.cli.options import split_options
-from framework.config.compatibility import processes_per_node
 from framework.config.compose import compose
 from framework.config.groups import PLUGIN_GROUPS
+from framework.config.plan_facts import processes_per_node
 from framework.console import human_bytes, parse_size
 from framework.errors import ConfigError, ExitCode, UserError, report
 from framework.models.moe_stats import describe_experts

@@ -172,8 +172,9 @@ class Routed(nn.Module):
 
     def losses(self, summed: bool) -> torch.Tensor | None:
         """The weighted losses of the last training forward: summed over this rank's tokens (to be
-        divided as the task's summed loss is), or as means over them; None: none."""
-        raise NotImplementedError
+        divided as the task's summed loss is), or as means over them; None (this default): the
+        module routes but adds no loss of its own."""
+        return None
 
     def loads(self) -> list[tuple[int, torch.Tensor]]:
         """(the layer's index, its tokens per expert over the token group) for each layer it routes."""

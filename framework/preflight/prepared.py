@@ -8,8 +8,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from framework.accelerator.planned import planned
-from framework.config.compatibility import Plan, judge, processes_per_node
+from framework.config.compatibility import judge
 from framework.config.loop_settings import loop_settings
+from framework.config.plan_facts import Plan, processes_per_node
 from framework.config.targets import check_targets
 from framework.config.validate import check_values
 from framework.errors import ConfigError, UserError

@@ -8,7 +8,8 @@ from framework.accelerator.cpu import CPUAccelerator
 from framework.accelerator.mps import MPSAccelerator
 from framework.checkpoint_io.torch import TorchCheckpointIO
 from framework.cluster.local import LocalEnvironment
-from framework.config.compatibility import RULES, Plan, check_compatibility
+from framework.config.compatibility import RULES, check_compatibility
+from framework.config.plan_facts import Plan
 from framework.errors import ConfigError
 from framework.precision.bf16_mixed import BF16MixedPrecision
 from framework.precision.fp16_mixed import FP16MixedPrecision
@@ -100,11 +101,12 @@ def test_nvme_offload_refused_without_libaio(monkeypatch):
 
 
 def test_a_strategy_on_a_torch_too_old_for_it_is_refused_with_the_version(monkeypatch):
-    from framework.config import compatibility
-    from framework.config.compatibility import Plan, judge
+    from framework.config import plan_facts
+    from framework.config.compatibility import judge
+    from framework.config.plan_facts import Plan
     from framework.strategy.fsdp import FSDPStrategy
 
-    monkeypatch.setattr(compatibility, "torch_version", lambda: (2, 5))
+    monkeypatch.setattr(plan_facts, "torch_version", lambda: (2, 5))
     strategy = FSDPStrategy()
     plan = Plan(strategy.accelerator, strategy, strategy.precision, strategy.checkpoint_io, strategy.cluster, 2, 1)
     refusals, _ = judge(plan)
@@ -116,8 +118,9 @@ def test_a_task_that_cannot_be_pipelined_is_refused_before_launch(strategy_optio
     """A task without pipeline_split/summed_loss under pipeline stages: refused by the table, naming
     the option the user chose and the task (not found at step 1 in the workers); the built-in tasks
     that train with one loss say how they are split."""
-    from framework.config.compatibility import Plan, judge
+    from framework.config.compatibility import judge
     from framework.config.loop_settings import LoopSettings
+    from framework.config.plan_facts import Plan
     from framework.strategy.model_parallel import ModelParallelStrategy
     from framework.strategy.pipeline import PipelineStrategy
     from framework.tasks.classification import Classification

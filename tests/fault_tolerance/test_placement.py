@@ -13,7 +13,8 @@ from framework.accelerator.cpu import CPUAccelerator
 from framework.accelerator.cuda import CUDAAccelerator
 from framework.checkpoint_io.torch import TorchCheckpointIO
 from framework.cluster.local import LocalEnvironment
-from framework.config.compatibility import Plan, check_compatibility
+from framework.config.compatibility import check_compatibility
+from framework.config.plan_facts import Plan
 from framework.errors import ConfigError
 from framework.fault_tolerance import torchft as torchft_plugin
 from framework.fault_tolerance.torchft import TorchFT

@@ -76,7 +76,8 @@ def test_strategies_that_cannot_be_replica_groups_say_why(strategy):
     """The refusal's reason is the strategy's own (the table adds the option names and the fix)."""
     from omegaconf import OmegaConf
 
-    from framework.config.compatibility import Plan, judge
+    from framework.config.compatibility import judge
+    from framework.config.plan_facts import Plan
     from framework.config.targets import import_target
     from framework.fault_tolerance.torchft import TorchFT
 
