@@ -4,6 +4,8 @@ values logged beside the loss, the parameters a token goes through, `plan`'s lin
 balancing's step."""
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
 
@@ -12,7 +14,7 @@ from framework.models.moe import MoE, Routed
 
 def moe_layers(model: nn.Module) -> list[MoE]:
     """The model's MoE layers, in order (a wrapped model's too)."""
-    return [m for m in model.modules() if isinstance(m, MoE)]
+    return [m for m in routed_modules(model) if isinstance(m, MoE)]
 
 
 def parameter_counts(model: nn.Module) -> tuple[int, int]:
@@ -45,8 +47,16 @@ def describe_experts(model: nn.Module) -> str | None:
     return f"mixture of experts: {len(layers)} of {blocks} Blocks, {s.num_experts} experts{shared}, top-{s.top_k}; {counts}"
 
 
+_ROUTED: "weakref.WeakKeyDictionary[nn.Module, list[Routed]]" = weakref.WeakKeyDictionary()
+
+
 def routed_modules(model: nn.Module) -> list[Routed]:
-    return [m for m in model.modules() if isinstance(m, Routed)]
+    """The model's routing modules, found once per model (asked every micro-batch, of dense models
+    too: a walk over every module each time would cost a large model's step)."""
+    found = _ROUTED.get(model)
+    if found is None:
+        found = _ROUTED[model] = [m for m in model.modules() if isinstance(m, Routed)]
+    return found
 
 
 def router_losses(model: nn.Module, summed: bool) -> torch.Tensor | None:

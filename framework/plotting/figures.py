@@ -107,10 +107,12 @@ def draw_runs(runs: list[Run], title: str | None = None, metrics: list[str] | No
     for index, (panel_title, ylabel, keys, log_y) in enumerate(panels):
         ax = axes[index // columns][index % columns]
         against_items = panel_title.startswith("loss against")
+        # one line per class or per layer (recall/3, moe_load_max/1), or many lines: a colour and a name each
+        per_item = len(keys) > 3 or any(k.rsplit("/", 1)[-1].isdigit() for k, _ in keys)
         for run_index, run in enumerate(runs):
             colour = colours[run_index % len(colours)]
             for key_index, (key, style) in enumerate(keys):
-                if len(runs) == 1 and len(keys) > 3:  # one run's many lines (per class): a colour each
+                if len(runs) == 1 and per_item:
                     colour = colours[key_index % len(colours)]
                 points = run.series.get(key)
                 if not points:
@@ -122,7 +124,7 @@ def draw_runs(runs: list[Run], title: str | None = None, metrics: list[str] | No
                         continue
                 marker = "*" if style == "*" else "o" if len(points) < 4 else None
                 ax.plot(xs, ys, style.replace("*", ""), color=colour, marker=marker, markersize=7 if style == "*" else 3,
-                        label=(key if len(keys) > 3 else key.split("/")[0]) if len(runs) == 1 else None)
+                        label=(key if per_item else key.split("/")[0]) if len(runs) == 1 else None)
         ax.set_title(panel_title)
         ax.set_xlabel(counts.split("/")[1] if against_items else "step")
         unit = next((k.split("/")[1].removesuffix("_per_s") for k, _ in keys if any(k in r.series for r in runs)), "")
