@@ -36,10 +36,23 @@ lint: setup
 # runs the suite in this process, one test at a time.
 TEST_WORKERS ?= 2
 
-test: setup
+# DeepSpeed's CPU ops (shared-memory comm, NVMe's async_io) compiled once per environment as part of
+# the set-up, into the environment's own folder: torch names its default cache by Python version only,
+# so .venv (torch 2.13) and .venv-xla (torch 2.9) sharing it rebuilt each other's ops, and a first
+# build inside the suite cost one worker minutes.
+OPS_DIR = $(abspath $(VENV))/torch_extensions
+XLA_OPS_DIR = $(abspath $(XLA_VENV))/torch_extensions
+
+$(OPS_DIR)/.built: $(BIN)/.installed
+	TORCH_EXTENSIONS_DIR=$(OPS_DIR) $(BIN)/python -m tests.helpers.deepspeed_ops
+	touch $@
+
+test: export TORCH_EXTENSIONS_DIR = $(OPS_DIR)
+test: setup $(OPS_DIR)/.built
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=15 $(PYTEST_ARGS)
 
 # The inner loop: the tests not marked slow (multi-process and end-to-end runs left out).
+test-fast: export TORCH_EXTENSIONS_DIR = $(OPS_DIR)
 test-fast: setup
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder -m "not slow" --durations=5 $(PYTEST_ARGS)
 
@@ -72,6 +85,7 @@ $(XLA_BIN)/.floor-installed: $(XLA_BIN)/.installed pyproject.toml
 	$(XLA_BIN)/pip install -q -e ".[floor-test]"
 	touch $@
 
+test-floor: export TORCH_EXTENSIONS_DIR = $(XLA_OPS_DIR)
 test-floor: $(XLA_BIN)/.floor-installed
 	FRAMEWORK_FLOOR_SMOKE=1 $(XLA_BIN)/python -m pytest tests/floor $(PYTEST_ARGS)
 

@@ -131,6 +131,9 @@ def test_the_after_training_commands_run_as_written(tmp_path):
     outputs = {}
     for command in commands:
         args = shlex.split(command)
+        if args[1] == "train":  # the page's GPT, its width and data cut: the generate below reads any run
+            args += ["model.n_embd=64", "model.n_head=2", "model.block_size=64", "data.max_bytes=300000",
+                     "trainer.max_steps=10", "trainer.val_batches=1", "trainer.plot=false"]
         result = run_command(args[1:], tmp_path)  # as typed, through the command's own entry, in this process
         assert result.returncode == 0, (command, result.stderr[-3000:])
         outputs[command] = result.stdout
@@ -151,8 +154,6 @@ def test_the_after_training_commands_run_as_written(tmp_path):
 def test_the_conversation_commands_run_as_written(tmp_path):
     """docs/adapters.md's LoRA-on-conversations pipeline, each run shortened to a few steps."""
     import json
-    import subprocess
-    import sys
 
     commands = section_commands("Fine-tune on conversations")
     assert [c.split()[1] for c in commands] == ["run", "convert", "run", "generate", "convert"]
@@ -161,8 +162,7 @@ def test_the_conversation_commands_run_as_written(tmp_path):
         args = shlex.split(command)[1:]
         if args[0] == "run":
             args += ["trainer.max_steps=4", "trainer.val_every=2", "trainer.val_batches=1", "trainer.plot=false"]
-        result = subprocess.run([sys.executable, "-m", "framework", *args], cwd=tmp_path, capture_output=True,
-                                text=True, timeout=600)
+        result = run_command(args, tmp_path)  # as typed, through the command's own entry, in this process
         assert result.returncode == 0, (command, result.stderr[-3000:])
         outputs[args[0] + args[1]] = result
     assert json.loads((tmp_path / "base_hf/config.json").read_text())["n_positions"] == 256

@@ -21,6 +21,18 @@ def batches_yielded(loader_state: dict) -> int:
 
 
 
+def release_workers(loader) -> None:
+    """Stop a loader's worker processes now (data.num_workers > 0). A StatefulDataLoader keeps its
+    last iterator (for state_dict), so an iteration left before its end (max_steps mid-epoch, an
+    evaluation that takes exactly len(loader) batches) keeps its workers until the loader is garbage;
+    freed in a reference cycle, the iterator's queues are closed before it asks its workers to stop,
+    and each worker was waited for 5 s, then killed (measured: 20 s of a 22 s run with 2 workers)."""
+    iterator = getattr(loader, "_iterator", None)
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+
+
 def split_dataset(datamodule: DataModule, split: str):
     """The DataModule's dataset of one split (`SPLITS`)."""
     return {"train": datamodule.train_dataset, "val": datamodule.val_dataset, "test": datamodule.test_dataset}[split]()

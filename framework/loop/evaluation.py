@@ -7,6 +7,7 @@ from typing import Callable
 
 import torch
 
+from framework.data.loaders import release_workers
 from framework.data.splits import SPLIT_NAMES
 from framework.errors import ConfigError
 
@@ -37,6 +38,7 @@ def _scored_outputs(strategy, model: torch.nn.Module, loader, step: Step):
                 if batch is not None:  # the filler keeps this rank in step; its outputs are not scored
                     yield out
     finally:
+        release_workers(loader)
         model.train()
 
 

@@ -18,6 +18,7 @@ from framework.adapter.lora import is_adapted, trainable_names
 from framework.checkpoint.format import newest_finite
 from framework.checkpoint.rng import rng_state, set_rng_state
 from framework.console import warn
+from framework.data.loaders import release_workers
 from framework.errors import ConfigError
 from framework.fault_tolerance.base import FaultTolerance
 from framework.loop.checkpointer import Checkpointer
@@ -95,6 +96,12 @@ class FitLoop:
 
     # ---- fit ----------------------------------------------------------------------------
     def fit(self, resume_from: Path | None = None) -> FitResult:
+        try:
+            return self._fit(resume_from)
+        finally:
+            release_workers(self.train_loader)  # its last iterator is kept by the loader (for state_dict)
+
+    def _fit(self, resume_from: Path | None) -> FitResult:
         if len(self.train_loader) == 0:
             raise ConfigError("data: the training set gives no batches at this batch size and world size; "
                               "lower data.batch_size or set data.drop_last=false.")

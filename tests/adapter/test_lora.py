@@ -14,7 +14,7 @@ from framework.adapter.lora import LoRA, count_parameters
 from framework.errors import ConfigError
 from framework.models.gpt import GPT
 from framework.models.mlp import MLP
-from tests.conftest import TINY_GPT, assert_resume_is_exact, checkpoints, load_model_state, run_inprocess, run_train
+from tests.conftest import TINY_GPT, assert_resume_is_exact, checkpoints, load_model_state, run_inprocess
 
 pytest.importorskip("peft")
 ADAPTED = [*TINY_GPT, "adapter=lora", "adapter.r=4", "model.dropout=0.0", "trainer.val_every=2"]
@@ -236,8 +236,7 @@ def test_adapters_on_a_pretrained_model_loaded_shard_wise_start_from_its_outputs
         runs["qlora"] = ["adapter=lora", "adapter.r=4", "precision=bnb_nf4", "precision.compute_dtype=fp32"]
     scores = {}
     for name, overrides in runs.items():
-        result = run_train([*common, *overrides, f"name={name}"], tmp_path, env={"DS_ACCELERATOR": "cpu"})
-        assert result.returncode == 0, result.stderr[-3000:]
+        run_inprocess([*common, *overrides], tmp_path / "outputs" / name)
         scores[name] = [float(r["val/loss"]) for r in csv.DictReader(open(tmp_path / "outputs" / name / "metrics.csv"))
                         if r.get("val/loss")]
     assert scores["one"][0] == pytest.approx(scores["plain"][0], abs=1e-6)  # the pretrained model's own outputs

@@ -15,7 +15,7 @@ from framework.data.stream import TokenStream
 from framework.data.text_files import TextFiles
 from framework.errors import ConfigError
 from tests.cli.helpers import framework_cmd
-from tests.conftest import TINY_GPT, assert_resume_is_exact, checkpoints, run_train
+from tests.conftest import TINY_GPT, assert_resume_is_exact, checkpoints, run_inprocess, run_train
 from tests.helpers.text_data import stdlib_documents, write_jsonl
 
 TINY = [*(a for a in TINY_GPT if not a.startswith("data.max_bytes")), "data.block_size=32"]
@@ -106,16 +106,17 @@ def _losses(run):
 
 
 @pytest.mark.slow
-def test_a_streamed_run_resumes_on_the_next_samples_at_another_world_size(corpus, tmp_path):
+def test_a_streamed_run_resumes_on_the_next_samples_at_another_world_size(corpus, tmp_path, monkeypatch):
     """ddp on 2 processes streams 6 steps; its checkpoint at step 3 resumed on one process at twice
     the per-rank batch (the same global batch) logs the straight run's losses at steps 4-6."""
     base = [*TINY, "data=text_files", f"data.files={corpus / '*.jsonl'}", "data.cache_dir=cache",
             "data.streaming=true", "data.stream_window=8", "model.dropout=0.0", "trainer.val_every=3", "trainer.log_every=1",
             "callbacks=[checkpoint]", "callbacks.checkpoint.every_n_steps=3", "trainer.max_steps=6"]
-    straight = run_train([*base, "strategy=ddp", "devices=2", "name=straight"], tmp_path)
-    assert straight.returncode == 0, straight.stderr[-3000:]
-    assert not list((tmp_path / "cache").glob("text-*"))  # nothing prepared
     run = tmp_path / "outputs" / "straight"
+    with monkeypatch.context() as patched:
+        patched.chdir(tmp_path)  # data.cache_dir=cache, relative as a user's
+        run_inprocess([*base, "strategy=ddp", "devices=2"], run)
+    assert not list((tmp_path / "cache").glob("text-*"))  # nothing prepared
     step3 = next(c for c in checkpoints(run) if c.name == "step_000003")
     resumed = run_train([*base, "data.batch_size=16", f"ckpt_path={step3}", "name=resumed"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

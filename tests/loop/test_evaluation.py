@@ -65,3 +65,24 @@ def test_every_sample_is_scored_once_and_tensor_valued_sums_keep_their_shape():
     totals = evaluate(strategy, _Counting(), loader, step)
     assert totals["sum"].item() == 45.0 and totals["count"].item() == 10.0
     assert totals["per_class"].tolist() == [5.0, 5.0] and totals["per_class"].dtype == torch.float64
+
+
+def test_loader_workers_are_stopped_when_an_evaluation_or_a_fit_leaves_its_loader():
+    """A StatefulDataLoader keeps its last iterator; an evaluation takes exactly len(loader) batches
+    and a fit stops at max_steps mid-epoch, so neither reaches the iterator's end, and its workers
+    lived until garbage collection, which waited 5 s for each before killing it (framework/data/
+    loaders.py release_workers). Here they have exited when evaluate returns."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from framework.data.loaders import release_workers
+
+    loader = StatefulDataLoader(torch.arange(16.0), batch_size=4, num_workers=2)
+    totals = evaluate(SingleDeviceStrategy(), _Counting(), loader, lambda model, batch: {"sum": model(batch).sum()})
+    assert totals["sum"].item() == 120.0
+    assert not any(worker.is_alive() for worker in loader._iterator._workers)
+    batches = iter(loader)  # a training pass left mid-epoch
+    next(batches)
+    assert all(worker.is_alive() for worker in batches._workers)
+    release_workers(loader)
+    assert not any(worker.is_alive() for worker in batches._workers)
+    release_workers(torch.utils.data.DataLoader(torch.arange(4.0)))  # a plain loader: nothing to stop

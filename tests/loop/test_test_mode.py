@@ -16,6 +16,7 @@ from framework.cli import main as framework_main
 from framework.data.digits import Digits
 from framework.models.mlp import MLP
 from tests.conftest import DIGITS, TINY_GPT, checkpoints, load_model_state, run_inprocess
+from tests.helpers.in_process import run_command
 from tests.tasks.test_manual_optimization import GAN
 
 # Checkpoints every 10 steps; "best" is the *highest* val/loss, so the tested checkpoint is an
@@ -106,8 +107,7 @@ def test_framework_test_under_other_strategies_and_world_sizes_gives_the_same_sc
     reference = json.loads((tmp_path / "outputs/r/test_metrics.json").read_text())
     assert set(reference["metrics"]) == {"test/loss", "test/accuracy", "test/f1_score"}
     for strategy in ("ddp", "fsdp", "ddp_sharded", "deepspeed_stage_3"):
-        tested = subprocess.run(run + ["test", "outputs/r", f"strategy={strategy}", "devices=2"], cwd=tmp_path,
-                                capture_output=True, text=True, timeout=300)
+        tested = run_command(["test", "outputs/r", f"strategy={strategy}", "devices=2"], tmp_path)  # as typed, in this process
         assert tested.returncode == 0, tested.stderr[-3000:]
         record = json.loads((tmp_path / "outputs/r/test_metrics.json").read_text())
         assert record["strategy"] == strategy and record["world_size"] == 2 and record["step"] == reference["step"]

@@ -15,6 +15,7 @@ import pytest
 from framework.paths import builtin_recipes
 from tests.cli.helpers import framework_cmd
 from tests.conftest import ROOT, TINY_GPT
+from tests.helpers.in_process import run_command
 
 SHORT = ["trainer.max_steps=2", "trainer.val_every=2", "trainer.val_batches=1", "trainer.progress_bar=false",
          "trainer.log_every=1"]
@@ -51,7 +52,9 @@ def test_at_least_six_recipes_cover_the_plugin_space():
 @pytest.mark.parametrize("name", sorted(builtin_recipes()))
 def test_every_builtin_recipe_runs_a_few_steps(name, tmp_path):
     extra = SHORT_BY_RECIPE.get(name, ["data.max_bytes=300000"] if name.startswith("gpt") else [])
-    result = framework_cmd("run", name, "name=ci", *SHORT, *extra, cwd=tmp_path, timeout=900)
+    # through the command's own entry in this process (its workers forked from this process's warm
+    # forkserver); the tests below run recipes as real command lines
+    result = run_command(["run", name, "name=ci", *SHORT, *extra], tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     if name in SWEEPS:
         with open(tmp_path / "multirun" / "ci" / "sweep_summary.csv") as f:
