@@ -11,6 +11,7 @@ import torch
 
 from tests.cli.helpers import framework_cmd
 from tests.conftest import TINY_GPT
+from tests.helpers.in_process import run_command
 
 pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
@@ -57,7 +58,7 @@ def test_a_fine_tune_reads_with_its_base_tokenizer_and_exports_what_transformers
     assert "tokens of data.tokenizer" in split.stderr and "not one" in split.stderr
 
     for to in ("hf", "peft"):
-        converted = framework_cmd("convert", "outputs/chat", f"export-{to}", "--to", to, cwd=tmp_path)
+        converted = run_command(["convert", "outputs/chat", f"export-{to}", "--to", to], tmp_path)
         assert converted.returncode == 0, converted.stderr
         assert "gemm_4bit" not in converted.stderr  # no bitsandbytes note on a plain LoRA export
     messages = [{"role": "user", "content": "What is os for?"}]
@@ -92,7 +93,7 @@ def test_a_merged_chat_export_stops_in_transformers_at_the_end_of_the_turn(tmp_p
                         "trainer.max_steps=40", "trainer.val_every=40", "trainer.progress_bar=false",
                         "trainer.plot=false", "name=ok", cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
-    converted = framework_cmd("convert", "outputs/ok", "merged", "--to", "hf", cwd=tmp_path)
+    converted = run_command(["convert", "outputs/ok", "merged", "--to", "hf"], tmp_path)
     assert converted.returncode == 0, converted.stderr
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "merged")
     end, eos = tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")

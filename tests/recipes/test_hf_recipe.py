@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.cli.helpers import framework_cmd
+from tests.helpers.in_process import run_command
 from tests.helpers.text_data import stdlib_documents, train_tokenizer, write_jsonl
 
 pytest.importorskip("transformers")
@@ -28,9 +29,10 @@ def test_the_hf_recipe_starts_from_the_same_weights_at_fsdp_and_zero3(tmp_path):
     """Both build the model without any rank holding all of it, from the same initialisation."""
     first = {}
     for strategy in ("fsdp", "deepspeed_stage_3"):
-        result = framework_cmd("run", "hf_gpt2_text", f"name={strategy}", f"strategy={strategy}", "devices=2",
-                               "model.config.n_layer=2", "model.config.n_embd=64", *FEW_STEPS, "trainer.val_batches=2",
-                               cwd=tmp_path, timeout=600, env={"DS_ACCELERATOR": "cpu"})
+        # through the command's own entry in this process (the strategy sets DS_ACCELERATOR for DeepSpeed)
+        result = run_command(["run", "hf_gpt2_text", f"name={strategy}", f"strategy={strategy}", "devices=2",
+                              "model.config.n_layer=2", "model.config.n_embd=64", *FEW_STEPS, "trainer.val_batches=2"],
+                             tmp_path)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         losses = val_losses(tmp_path / "outputs" / strategy)
         first[strategy] = losses["0"]
