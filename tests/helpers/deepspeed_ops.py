@@ -12,4 +12,6 @@ from tests.helpers.libaio import ensure_libaio
 if __name__ == "__main__":
     reason = ensure_libaio()
     print(f"libaio: {reason or 'installed'}", flush=True)
-    sys.exit(prebuild([]))
+    if prebuild([]):  # the DeepSpeed tests then build (and fail) on their own, showing the error
+        print("some DeepSpeed ops did not build; the tests that need them will say why", flush=True)
+    sys.exit(0)

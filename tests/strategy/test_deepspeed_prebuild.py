@@ -27,3 +27,20 @@ def test_an_op_that_cannot_be_built_is_left_out_with_the_reason(monkeypatch):
     assert prebuild.build(("AsyncIOBuilder", "NoSuchBuilder")) == [
         ("async_io", "left out: its system library is missing (libaio-dev for the NVMe ops)"),
         ("NoSuchBuilder", f"not an op of DeepSpeed's {get_accelerator().device_name()} accelerator")]
+
+
+def test_an_op_that_fails_to_compile_is_said_and_the_others_still_build(monkeypatch, capsys):
+    from deepspeed.accelerator import get_accelerator
+
+    def broken(self, verbose=False):
+        raise RuntimeError("Error building extension 'async_io'\nninja: build stopped: subcommand failed.")
+
+    builders = {name: type(get_accelerator().create_op_builder(name)) for name in ("AsyncIOBuilder", "PinMemoryBuilder")}
+    for builder in builders.values():
+        monkeypatch.setattr(builder, "is_compatible", lambda self, verbose=False: True)
+    monkeypatch.setattr(builders["AsyncIOBuilder"], "load", broken)
+    monkeypatch.setattr(builders["PinMemoryBuilder"], "load", lambda self, verbose=False: None)
+    monkeypatch.setattr(prebuild, "CPU_OPS", ("AsyncIOBuilder", "PinMemoryBuilder"))
+    assert prebuild.main([]) == 1
+    said = capsys.readouterr().out
+    assert "async_io: failed: ninja: build stopped: subcommand failed." in said and "pin_memory: ready" in said
