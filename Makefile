@@ -53,7 +53,7 @@ test: setup $(OPS_DIR)/.built
 
 # The inner loop: the tests not marked slow (multi-process and end-to-end runs left out).
 test-fast: export TORCH_EXTENSIONS_DIR = $(OPS_DIR)
-test-fast: setup
+test-fast: setup $(OPS_DIR)/.built
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder -m "not slow" --durations=5 $(PYTEST_ARGS)
 
 # The documentation site from docs/ (mkdocs.yml): strict, so a broken link or anchor, a page missing

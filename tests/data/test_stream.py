@@ -113,9 +113,8 @@ def test_a_streamed_run_resumes_on_the_next_samples_at_another_world_size(corpus
             "data.streaming=true", "data.stream_window=8", "model.dropout=0.0", "trainer.val_every=3", "trainer.log_every=1",
             "callbacks=[checkpoint]", "callbacks.checkpoint.every_n_steps=3", "trainer.max_steps=6"]
     run = tmp_path / "outputs" / "straight"
-    with monkeypatch.context() as patched:
-        patched.chdir(tmp_path)  # data.cache_dir=cache, relative as a user's
-        run_inprocess([*base, "strategy=ddp", "devices=2"], run)
+    monkeypatch.chdir(tmp_path)  # data.cache_dir=cache, relative as a user's
+    run_inprocess([*base, "strategy=ddp", "devices=2"], run)
     assert not list((tmp_path / "cache").glob("text-*"))  # nothing prepared
     step3 = next(c for c in checkpoints(run) if c.name == "step_000003")
     resumed = run_train([*base, "data.batch_size=16", f"ckpt_path={step3}", "name=resumed"], tmp_path)
