@@ -1,7 +1,7 @@
 """8x8 handwritten digits (1,797 images) that ship inside scikit-learn: no download."""
 from __future__ import annotations
 
-from functools import cached_property
+from functools import cache, cached_property
 
 import torch
 from torch.utils.data import Dataset, TensorDataset
@@ -52,18 +52,12 @@ class Digits(DataModule):
 
     @staticmethod
     def _labels():
-        from sklearn.datasets import load_digits  # bundled with scikit-learn, read from its package
-
-        return load_digits().target
+        return bundled_digits()[1]
 
     @cached_property
     def _tensors(self):
-        from sklearn.datasets import load_digits  # bundled with scikit-learn, read from its package
-
-        bunch = load_digits()
-        x = torch.tensor(bunch.data, dtype=torch.float32) / 16.0
-        y = torch.tensor(bunch.target, dtype=torch.long)
-        is_train, is_val, is_test = self._roles(torch.arange(len(y)))
+        x, y = bundled_digits()
+        is_train, is_val, is_test = self._roles(torch.arange(len(y), device="cpu"))
         return (x[is_train], y[is_train]), (x[is_val], y[is_val]), (x[is_test], y[is_test])
 
     def train_dataset(self) -> Dataset:
@@ -74,3 +68,15 @@ class Digits(DataModule):
 
     def test_dataset(self) -> Dataset | None:
         return TensorDataset(*self._tensors[2]) if self.has_test_split else None
+
+
+@cache
+def bundled_digits() -> tuple[torch.Tensor, torch.Tensor]:
+    """(features scaled to [0, 1], labels) of all 1,797 images, read once per process (a run's
+    preflight, its loaders and `framework list` build the data module again and again). Indexing
+    them copies, so no caller can change them."""
+    from sklearn.datasets import load_digits  # bundled with scikit-learn, read from its package
+
+    bunch = load_digits()  # on the CPU whatever device a caller's context sets (preflight's is meta)
+    return (torch.tensor(bunch.data, dtype=torch.float32, device="cpu") / 16.0,
+            torch.tensor(bunch.target, dtype=torch.long, device="cpu"))

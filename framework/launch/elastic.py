@@ -6,6 +6,7 @@ working (each job gets its own worker group, rendezvous port and run directory).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import multiprocessing
@@ -28,10 +29,12 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from framework.config.trust import ENV_ALLOW, user_allowed
 from framework.errors import UserError
 from framework.launch.oom import OomWatch
+from framework.launch.signal_forwarder import SignalForwarder
 from framework.loop.preemption import Preempted
 from framework.loop.state import FitResult, RunMode
-from framework.signals import signal_number
 from framework.trainer import train_worker
+
+LAUNCH_FIELDS = {f.name for f in dataclasses.fields(LaunchConfig)}
 
 #: the cores of this machine a run may use (set by the command that starts replica groups side by
 #: side: framework/launch/replica_groups.py); unset: all of them
@@ -180,24 +183,27 @@ def launch_local_workers(config: dict, output_dir: Path, plugins, nproc: int, mo
     logs_dir = Path(tempfile.mkdtemp(prefix="elastic-", dir=output_dir))
     failure_dir = logs_dir / "failures"
     failure_dir.mkdir()
+    preemption_signals = config["trainer"].get("preemption_signals", [])
+    taken = ({"signals_to_handle": SignalForwarder.left_to_agent(preemption_signals)}
+             if "signals_to_handle" in LAUNCH_FIELDS else {})
     launch_config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
         rdzv_backend="c10d", rdzv_endpoint=f"{plugins.cluster.main_address}:{plugins.cluster.main_port}",
         max_restarts=config["trainer"].get("max_restarts", 0), start_method=plugins.strategy.start_method,
         monitor_interval=0.1, logs_specs=DefaultLogsSpecs(log_dir=str(logs_dir)),
-        local_addr=plugins.cluster.main_address,
+        local_addr=plugins.cluster.main_address, **taken,
     )
-    forwarder = SignalForwarder(config["trainer"].get("preemption_signals", []), failure_dir)
     oom_watch = OomWatch()
+    forwarder = SignalForwarder(preemption_signals, failure_dir)
     try:
         results = elastic_launch(launch_config, worker_entry)(config, str(output_dir), threads, str(failure_dir),
                                                               user_allowed(), mode, environment_changes())
     except ChildFailedError as err:
         raise WorkerFailed(err, failure_dir, oom_watch.kills(), oom_watch.limit) from None
     except SignalException as err:
-        # The agent got the signal itself (SIGTERM): it passed it on to the workers and waited
-        # for them, and they saved a checkpoint at their next step boundary.
-
+        # The agent stopped the workers itself (a second preemption signal, one before any worker
+        # started, or one it handles: framework/launch/signal_forwarder.py); a worker that reached
+        # its next step boundary before that saved a checkpoint there.
         raise Preempted(signal.Signals(err.sigval).name, None) from None
     finally:
         forwarder.restore()
@@ -206,32 +212,6 @@ def launch_local_workers(config: dict, output_dir: Path, plugins, nproc: int, mo
         if isinstance(results[rank], UserError):
             raise results[rank]
     return results[0]
-
-
-class SignalForwarder:
-    """Passes the preemption signals the elastic agent does not handle itself (it handles SIGTERM,
-    SIGINT, SIGHUP, SIGQUIT by stopping the workers with SIGTERM) on to the worker processes."""
-
-    AGENT_HANDLES = {"SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"}
-
-    def __init__(self, names: list[str], pid_dir: Path):
-        self.pid_dir = pid_dir
-        self._previous = {}
-        for name in names:
-            number = signal_number(name)
-            if number.name not in self.AGENT_HANDLES:
-                self._previous[number] = signal.signal(number, self._forward)
-
-    def _forward(self, number, frame) -> None:
-        for pid_file in self.pid_dir.glob("pid*"):  # each worker wrote its pid when it started
-            try:
-                os.kill(int(pid_file.read_text()), number)
-            except (OSError, ValueError):
-                pass
-
-    def restore(self) -> None:
-        for number, handler in self._previous.items():
-            signal.signal(number, handler)
 
 
 def _exit_code(code: int | None) -> str:

@@ -157,18 +157,30 @@ def supervise(ft, argv: list[str], output_dir: Path, say, devices: list[dict] | 
                 say(f"fault_tolerance: group {group.index} died (exit {code}); the others go on without it")
                 start(group)
     finally:
-        for group in groups:
-            if group.process is not None:
-                group.process.send_signal(signal.SIGTERM)
-        for group in groups:
-            if group.process is not None:
-                try:
-                    group.process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    group.process.kill()
+        stop_groups(groups)
         server.shutdown()
         signal.signal(signal.SIGTERM, previous)
     return gathered(groups)
+
+
+def stop_groups(groups: list[Group], grace_s: float = 30.0) -> None:
+    """A SIGTERM to every group still running: each saves at its next step and stops (its launcher
+    passes the signal on to its workers). A group still running after `grace_s` (its workers stuck)
+    gets a second one, on which its launcher stops its workers itself, and SIGKILL last."""
+    for attempt in ("save", "stop"):
+        running = [g for g in groups if g.process is not None and g.process.poll() is None]
+        for group in running:
+            group.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s + (10 if attempt == "stop" else 0)  # the agent's own 30 s, then
+        for group in running:
+            try:
+                group.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+    for group in groups:
+        if group.process is not None and group.process.poll() is None:
+            group.process.kill()
+            group.process.wait()
 
 
 def gathered(groups: list[Group]) -> dict:

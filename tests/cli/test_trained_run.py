@@ -72,41 +72,42 @@ def test_a_run_directory_works_from_anywhere_and_refuses_to_test_on_what_it_trai
     from another directory finds its data; a test split that holds documents the run trained on
     (test_percent raised after training) is refused, unless --allow-overlap."""
     from tests.cli.helpers import framework_cmd
+    from tests.helpers.in_process import run_command
     from tests.helpers.text_data import stdlib_documents, write_jsonl
 
     project = tmp_path / "project"
     write_jsonl(project / "corpus" / "a.jsonl", stdlib_documents(30, max_chars=2000))
     tiny = [o for o in TINY_GPT if not o.startswith("data.")]
-    result = run_train([*tiny, "data=text_files", "data.files=corpus/a.jsonl", "data.test_percent=10",
-                        "data.cache_dir=cache", "trainer.max_steps=2", "trainer.val_every=2", "name=run"], project)
+    result = run_command(["train", *tiny, "data=text_files", "data.files=corpus/a.jsonl", "data.test_percent=10",
+                          "data.cache_dir=cache", "trainer.max_steps=2", "trainer.val_every=2", "name=run"], project)
     assert result.returncode == 0, result.stderr[-2000:]
     recorded = OmegaConf.load(project / "outputs" / "run" / "config.yaml").data
     assert recorded.files == str(project / "corpus" / "a.jsonl") and recorded.cache_dir == str(project / "cache")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    tested = framework_cmd("test", str(project / "outputs" / "run"), cwd=elsewhere)
+    tested = framework_cmd("test", str(project / "outputs" / "run"), cwd=elsewhere, in_process=True)
     assert tested.returncode == 0 and "test/loss" in tested.stdout, tested.stderr[-2000:]
-    refused = framework_cmd("test", str(project / "outputs" / "run"), "data.test_percent=30", cwd=elsewhere)
+    refused = framework_cmd("test", str(project / "outputs" / "run"), "data.test_percent=30", cwd=elsewhere, in_process=True)
     assert refused.returncode == 2 and "data.test_percent=30 holds out documents of" in refused.stderr
     assert "that the run trained on" in refused.stderr and "--allow-overlap" in refused.stderr
     allowed = framework_cmd("test", str(project / "outputs" / "run"), "data.test_percent=30", "--allow-overlap",
-                            cwd=elsewhere)
+                            cwd=elsewhere, in_process=True)
     assert allowed.returncode == 0 and "WARNING: data.test_percent=30" in allowed.stderr
     # the overlap is found by content, not by path: a copy of the training file, rows taken out of it
     trained = (project / "corpus" / "a.jsonl").read_text().splitlines(keepends=True)
     (project / "held.jsonl").write_text("".join(trained))
     copied = framework_cmd("test", str(project / "outputs" / "run"), f"data.test_files={project / 'held.jsonl'}",
-                           cwd=elsewhere)
+                           cwd=elsewhere, in_process=True)
     assert copied.returncode == 2, copied.stderr[-2000:]
     assert f"data.test_files holds copies of files the run trained on ({project / 'held.jsonl'} = " in copied.stderr
     fresh = stdlib_documents(40, max_chars=2000)[30:]
     write_jsonl(project / "mixed.jsonl", fresh)
     (project / "mixed.jsonl").write_text((project / "mixed.jsonl").read_text() + "".join(trained[:12]))
     taken = framework_cmd("test", str(project / "outputs" / "run"), f"data.test_files={project / 'mixed.jsonl'}",
-                          cwd=elsewhere)
+                          cwd=elsewhere, in_process=True)
     assert taken.returncode == 2 and "of its 22 document(s) with the tokens of documents the run trained on" in \
         " ".join(taken.stderr.split()), taken.stderr[-2000:]
     write_jsonl(project / "fresh.jsonl", fresh)
     unseen = framework_cmd("test", str(project / "outputs" / "run"), f"data.test_files={project / 'fresh.jsonl'}",
-                           cwd=elsewhere)
+                           cwd=elsewhere, in_process=True)
     assert unseen.returncode == 0 and "test/loss" in unseen.stdout, unseen.stderr[-2000:]

@@ -12,7 +12,8 @@ from framework.cluster.xla import XLAEnvironment
 from framework.errors import ConfigError
 from framework.plugins import build_plugins
 from framework.preflight import prepare
-from tests.conftest import TINY_GPT, compose_cfg, run_train
+from tests.conftest import TINY_GPT, compose_cfg
+from tests.helpers.in_process import run_command
 
 
 def test_host_ranks_from_the_tpu_vm_variables(monkeypatch):
@@ -61,6 +62,6 @@ def test_xla_plugins_are_refused_without_an_xla_accelerator(tmp_path, overrides,
     problems = prepare(compose_cfg([*TINY_GPT, *overrides]), strict=False).problems
     assert len(problems) == 1 and problems[0].startswith(named), problems
     assert "use checkpoint_io=torch" in problems[0]
-    result = run_train([*TINY_GPT, *overrides, "name=refused"], tmp_path)
+    result = run_command(["train", *TINY_GPT, *overrides, "name=refused"], tmp_path)
     assert result.returncode == 2 and named in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "outputs" / "refused").exists()

@@ -107,7 +107,7 @@ def test_hostile_recipe_is_refused_before_anything_runs(name, tmp_path):
     recipe = tmp_path / f"{name}.yaml"
     recipe.write_text("defaults:\n  - train\n  - _self_\n" + HOSTILE[name].format(marker=marker))
     for command in (["run", str(recipe), "trainer.max_steps=1"], ["run", str(recipe), "-m", "seed=1,2"]):
-        result = framework_cmd(*command, cwd=tmp_path)
+        result = framework_cmd(*command, cwd=tmp_path, in_process=True)
         assert result.returncode == 2, (command, result.stdout, result.stderr)
         assert EXPECTED[name] in result.stderr and "Traceback" not in result.stderr
         assert not marker.exists()
@@ -135,16 +135,16 @@ def test_the_user_allows_a_package_from_the_command_line_the_environment_or_a_fi
     args = ["run", str(recipe), "~model", "data=digits", "task=classification", "trainer.max_steps=2",
             "trainer.val_every=2", "trainer.progress_bar=false"]
     env = {"PYTHONPATH": str(tmp_path)}
-    refused = framework_cmd(*args, "name=a", cwd=tmp_path, env=env)
+    refused = framework_cmd(*args, "name=a", cwd=tmp_path, env=env, in_process=True)
     assert refused.returncode == 2 and "trust.allow=[mypkg.nets.]" in refused.stderr
-    by_command_line = framework_cmd(*args, "name=b", "trust.allow=[mypkg.]", cwd=tmp_path, env=env)
+    by_command_line = framework_cmd(*args, "name=b", "trust.allow=[mypkg.]", cwd=tmp_path, env=env, in_process=True)
     assert by_command_line.returncode == 0, by_command_line.stderr[-2000:]
-    by_environment = framework_cmd(*args, "name=c", cwd=tmp_path, env={**env, "FRAMEWORK_TRUST_ALLOW": "mypkg."})
+    by_environment = framework_cmd(*args, "name=c", cwd=tmp_path, env={**env, "FRAMEWORK_TRUST_ALLOW": "mypkg."}, in_process=True)
     assert by_environment.returncode == 0, by_environment.stderr[-2000:]
     trust_file = tmp_path / "trust.yaml"
     trust_file.write_text("allow: [mypkg.nets.Tiny]\n")
-    by_file = framework_cmd(*args, "name=d", cwd=tmp_path, env={**env, "FRAMEWORK_TRUST_FILE": str(trust_file)})
+    by_file = framework_cmd(*args, "name=d", cwd=tmp_path, env={**env, "FRAMEWORK_TRUST_FILE": str(trust_file)}, in_process=True)
     assert by_file.returncode == 0, by_file.stderr[-2000:]
     # the run's recipe.yaml does not carry the permission: re-running it needs the user's allow again
-    rerun = framework_cmd("run", str(tmp_path / "outputs" / "b" / "recipe.yaml"), "name=e", cwd=tmp_path, env=env)
+    rerun = framework_cmd("run", str(tmp_path / "outputs" / "b" / "recipe.yaml"), "name=e", cwd=tmp_path, env=env, in_process=True)
     assert rerun.returncode == 2 and "mypkg.nets.Tiny is not in the trusted targets" in rerun.stderr

@@ -40,6 +40,18 @@ def test_digits_split():
     assert not none.has_test_split and none.test_dataset() is None and len(none.train_dataset()) == 1437
 
 
+def test_digits_read_under_the_meta_device_first_still_hold_the_images():
+    """Preflight builds the data's example batch under torch.device("meta"); the images are read
+    once per process, so that first read must not leave meta tensors for the run that follows."""
+    from framework.data import digits
+
+    digits.bundled_digits.cache_clear()
+    with torch.device("meta"):
+        Digits().example_batch(2)
+    x, y = Digits().train_dataset()[0]
+    assert x.device.type == "cpu" and y.device.type == "cpu" and 0.0 <= x.min() and x.max() <= 1.0 and x.sum() > 0
+
+
 def test_stdlib_text_test_split_is_its_own_files():
     d = StdlibText(max_bytes=400_000, block_size=16)
     train, val, test = (s.tokens for s in (d.train_dataset(), d.val_dataset(), d.test_dataset()))

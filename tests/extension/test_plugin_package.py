@@ -42,8 +42,10 @@ def losses(run_dir: Path) -> list[tuple[str, str]]:
         return [(r["step"], r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")]
 
 
+@pytest.mark.slow  # a fresh interpreter preparing every option of three groups
 def test_list_shows_the_plugin_options_with_their_package(on_path, tmp_path):
-    result = framework_cmd("list", "strategy", "checkpoint_io", "cluster", cwd=tmp_path, env=on_path)
+    # a fresh interpreter: the installed packages' entry points are read once per process
+    result = framework_cmd("list", "strategy", "checkpoint_io", "cluster", cwd=tmp_path, env=on_path, in_process=False)
     assert result.returncode == 0, result.stderr
     for name in ("hooked_ddp", "hooked_ddp_one_mb_buckets", "bucket", "mysched"):
         line = next(line for line in result.stdout.splitlines() if line.strip().startswith(name + " "))

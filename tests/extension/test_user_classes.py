@@ -7,7 +7,8 @@ import textwrap
 
 import pytest
 
-from tests.conftest import TINY_GPT, run_train
+from tests.conftest import TINY_GPT
+from tests.helpers.in_process import run_command
 
 ARGS = [*TINY_GPT, "trainer.max_steps=3", "trainer.val_every=3", "trainer.log_every=1", "devices=2"]
 
@@ -52,21 +53,21 @@ def user_code(tmp_path):
 
 @pytest.mark.slow
 def test_a_subclass_selected_by_target_or_by_a_yaml_of_the_user(user_code, tmp_path):
-    reference = run_train(["name=ddp", "strategy=ddp", *ARGS], tmp_path)
+    reference = run_command(["train", "name=ddp", "strategy=ddp", *ARGS], tmp_path)
     assert reference.returncode == 0, reference.stderr[-2000:]
-    by_target = run_train(["name=by_target", "strategy=ddp", "strategy._target_=mypkg.strategies.MarkingDDP",
-                           f"+strategy.marker_dir={tmp_path}", "trust.allow=[mypkg.]", *ARGS], tmp_path, env=user_code)
+    by_target = run_command(["train", "name=by_target", "strategy=ddp", "strategy._target_=mypkg.strategies.MarkingDDP",
+                           f"+strategy.marker_dir={tmp_path}", "trust.allow=[mypkg.]", *ARGS], tmp_path, user_code)
     assert by_target.returncode == 0, by_target.stderr[-2000:]
     assert {p.name for p in tmp_path.glob("wrapped_rank*")} == {"wrapped_rank0", "wrapped_rank1"}
     assert (tmp_path / "wrapped_rank0").read_text() == "DistributedDataParallel"
     assert losses(tmp_path / "outputs" / "by_target") == losses(tmp_path / "outputs" / "ddp")
     for marker in tmp_path.glob("wrapped_rank*"):
         marker.unlink()
-    by_yaml = run_train(["--config-dir", str(tmp_path / "my_configs"), "name=by_yaml", "strategy=marking_ddp",
-                         "trust.allow=[mypkg.]", *ARGS], tmp_path, env=user_code)
+    by_yaml = run_command(["train", "--config-dir", str(tmp_path / "my_configs"), "name=by_yaml", "strategy=marking_ddp",
+                         "trust.allow=[mypkg.]", *ARGS], tmp_path, user_code)
     assert by_yaml.returncode == 0, by_yaml.stderr[-2000:]
     assert {p.name for p in tmp_path.glob("wrapped_rank*")} == {"wrapped_rank0", "wrapped_rank1"}
     assert losses(tmp_path / "outputs" / "by_yaml") == losses(tmp_path / "outputs" / "ddp")
-    untrusted = run_train(["name=untrusted", "strategy=ddp", "strategy._target_=mypkg.strategies.MarkingDDP", *ARGS],
-                          tmp_path, env=user_code)
+    untrusted = run_command(["train", "name=untrusted", "strategy=ddp", "strategy._target_=mypkg.strategies.MarkingDDP", *ARGS],
+                          tmp_path, user_code)
     assert untrusted.returncode == 2 and "trust.allow=[mypkg.strategies.]" in untrusted.stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,13 @@ from framework.launch.replica_groups import supervise
 pytest.importorskip("torchft")
 
 RUNNING = None  # what poll() says of a process still running
+
+
+class Stuck:
+    """A group whose workers hang: it lets `ignored` SIGTERMs pass, then stops on the next signal."""
+
+    def __init__(self, ignored: int):
+        self.ignored = ignored
 
 
 class Scripted:
@@ -50,14 +58,18 @@ class _Process:
             raise AssertionError(f"group {self.group} still polled after 1000 rounds: the command never stopped")
         if self.scripted.on_poll:
             self.scripted.on_poll(self)
-        return self.exit_code if self.polls > 1 else None
+        return self.exit_code if self.polls > 1 and not isinstance(self.exit_code, Stuck) else None
 
     def send_signal(self, signum):
         self.scripted.signalled.append((self.group, signum))
-        if self.exit_code is RUNNING:
+        if isinstance(self.exit_code, Stuck) and signum != signal.SIGKILL and self.exit_code.ignored > 0:
+            self.exit_code.ignored -= 1
+        elif self.exit_code is RUNNING or isinstance(self.exit_code, Stuck):
             self.exit_code = -signum
 
     def wait(self, timeout=None):
+        if self.exit_code is RUNNING or isinstance(self.exit_code, Stuck):
+            raise subprocess.TimeoutExpired("group", timeout)
         return self.exit_code
 
     def kill(self):
@@ -136,3 +148,13 @@ def test_a_sigterm_to_the_command_is_passed_on_to_every_group(tmp_path, monkeypa
     assert not reached_outside
     assert isinstance(outcome, RunExit) and outcome.code == ExitCode.PREEMPTED
     assert sorted(scripted.signalled) == [(0, signal.SIGTERM), (1, signal.SIGTERM)]  # each saves and stops
+
+
+@pytest.mark.parametrize("ignored", [1, 2])
+def test_a_group_that_does_not_stop_is_signalled_again_then_killed(tmp_path, monkeypatch, ignored):
+    """Its workers hung: the first SIGTERM (save at the next step) cannot be acted on; the second
+    makes its launcher stop its workers itself; SIGKILL is the last resort."""
+    scripted, said, outcome = run({0: [Stuck(ignored)], 1: [int(ExitCode.PREEMPTED)]}, tmp_path, monkeypatch)
+    assert isinstance(outcome, RunExit) and outcome.code == ExitCode.PREEMPTED
+    expected = [(0, signal.SIGTERM), (0, signal.SIGTERM)] + ([(0, signal.SIGKILL)] if ignored == 2 else [])
+    assert scripted.signalled == expected

@@ -8,9 +8,8 @@ import sys
 
 import pytest
 
+from framework.launch.elastic import LAUNCH_FIELDS
 from tests.conftest import ROOT, TINY_GPT, assert_state_equal, checkpoints, load_model_state, run_train
-
-pytestmark = pytest.mark.slow
 
 ARGS = [*TINY_GPT, "trainer.log_every=1", "trainer.val_every=1000", "trainer.val_at_start=false",
         "scheduler.total_steps=400", "model.dropout=0.1", "callbacks.checkpoint.every_n_steps=1000"]
@@ -28,6 +27,7 @@ def start_then_signal(tmp_path, args, sig, after_step=5):
     return proc.returncode, out, err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
 def test_single_process_signal_saves_and_resumes_exactly(tmp_path, sig):
     code, out, err = start_then_signal(tmp_path, [*ARGS, "name=pre", "trainer.max_steps=400"], sig)
@@ -43,6 +43,7 @@ def test_single_process_signal_saves_and_resumes_exactly(tmp_path, sig):
                        load_model_state(checkpoints(tmp_path / "outputs" / "straight")[-1]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
 def test_multi_process_signal_to_the_launcher(tmp_path, sig):
     """SIGTERM reaches the workers through torch's elastic agent, SIGUSR1 through our forwarder;
@@ -51,8 +52,48 @@ def test_multi_process_signal_to_the_launcher(tmp_path, sig):
     code, out, err = start_then_signal(tmp_path, args, sig)
     assert code == 75, err
     (ckpt,) = checkpoints(tmp_path / "outputs" / "ddp")
+    # the workers returned where they stopped (torch's agent did not stop them itself); a torch
+    # without LaunchConfig.signals_to_handle keeps SIGTERM for its agent
+    if sig == signal.SIGUSR1 or "signals_to_handle" in LAUNCH_FIELDS:
+        assert f"stopped by {sig.name} after saving a checkpoint at step {int(ckpt.name.split('_')[1])}" in err
     assert sorted(p.name for p in ckpt.iterdir()) == ["loop_rank0.pt", "loop_rank1.pt", "meta.json", "model.pt",
                                                       "optimizer.pt"]
     resumed = run_train([*args[:-1], "trainer.max_steps=" + str(int(ckpt.name.split("_")[1]) + 2), "resume=auto"],
                         tmp_path)
     assert resumed.returncode == 0, resumed.stderr
+
+
+def test_the_launcher_passes_a_preemption_signal_on_and_a_second_one_stops_at_once(tmp_path):
+    """The first SIGTERM goes to every worker (they save and return; torch's agent, which would
+    join them for 30 s and SIGKILL them, is left the signals the run does not watch); a second
+    one, or one before any worker started, stops the workers as the agent does."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from framework.launch.signal_forwarder import SignalForwarder
+
+    assert SignalForwarder.left_to_agent(["SIGTERM", "USR1"]) == "SIGINT,SIGHUP,SIGQUIT"
+    assert SignalForwarder.left_to_agent([]) == "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+    worker = subprocess.Popen([sys.executable, "-c", "import signal, time\n"
+                               "for s in (signal.SIGTERM, signal.SIGUSR1):\n"
+                               "    signal.signal(s, lambda n, f: print(n, flush=True))\n"
+                               "print('ready', flush=True)\n"
+                               "while True: time.sleep(0.01)"], stdout=subprocess.PIPE, text=True)
+    assert worker.stdout.readline() == "ready\n"
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    forwarder = SignalForwarder(["SIGTERM", "SIGUSR1"], tmp_path)
+    try:
+        with pytest.raises(SignalException):  # no worker has started yet
+            os.kill(os.getpid(), signal.SIGTERM)
+        (tmp_path / "pid0").write_text(str(worker.pid))
+        # passed on; SIGUSR1 every time (it is no signal of the agent's)
+        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR1):
+            os.kill(os.getpid(), sig)
+            assert worker.stdout.readline() == f"{int(sig)}\n"
+        with pytest.raises(SignalException) as second:
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert second.value.sigval == signal.SIGTERM
+    finally:
+        forwarder.restore()
+        worker.kill()
+    assert {s: signal.getsignal(s) for s in previous} == previous
+    worker.wait(timeout=60)

@@ -150,7 +150,9 @@ def test_an_installed_wheel_finds_its_own_config_tree(tmp_path):
     assert json.loads((tmp_path / "outputs" / "w" / "summary.json").read_text())["status"] == "completed"
 
 
-def test_every_recipe_validates_and_swaps_to_every_strategy():
+@pytest.mark.slow  # a compose and a preparation per strategy option: 20 s a recipe on a loaded 2-core machine
+@pytest.mark.parametrize("name", sorted(builtin_recipes()))
+def test_every_recipe_validates_and_swaps_to_every_strategy(name):
     """Every shipped recipe validates as shipped (what `framework validate` runs), and the one-key swap
     holds for the shipped recipes: under every strategy option each recipe
     composes and passes values, targets (no option a recipe sets that another strategy does not
@@ -161,13 +163,13 @@ def test_every_recipe_validates_and_swaps_to_every_strategy():
     from framework.preflight import prepare
 
     strategies = sorted(p.stem for p in (conf_dir() / "strategy").glob("*.yaml"))
-    for name, path in builtin_recipes().items():
-        with composer(path.parent) as compose_one:
-            assert prepare(compose_one(path.stem, []), strict=False).problems == [], name  # as shipped
-            for strategy in strategies:
-                cfg = compose_one(path.stem, [f"strategy={strategy}"])
-                prepared = prepare(cfg, strict=False)
-                where = f"{name} strategy={strategy}: {prepared.problems}"
-                assert prepared.plugins is not None and prepared.model is not None and prepared.devices, where
-                if strategy in ("ddp", "fsdp"):  # these two take every shipped task
-                    assert prepared.problems == [], where
+    path = builtin_recipes()[name]
+    with composer(path.parent) as compose_one:
+        assert prepare(compose_one(path.stem, []), strict=False).problems == [], name  # as shipped
+        for strategy in strategies:
+            cfg = compose_one(path.stem, [f"strategy={strategy}"])
+            prepared = prepare(cfg, strict=False)
+            where = f"{name} strategy={strategy}: {prepared.problems}"
+            assert prepared.plugins is not None and prepared.model is not None and prepared.devices, where
+            if strategy in ("ddp", "fsdp"):  # these two take every shipped task
+                assert prepared.problems == [], where
