@@ -27,6 +27,7 @@ def _mkl_mode(env_value: str | None) -> str:
     return modes[0]
 
 
+@pytest.mark.slow  # a fresh interpreter or a pool of processes (make test-fast starts none)
 def test_every_framework_process_runs_mkl_in_strict_reproducible_mode():
     assert _mkl_mode(None) == "CNR:AUTO,STRICT"
     assert _mkl_mode("COMPATIBLE") == "CNR:COMPATIBLE"  # a mode the user chose is kept

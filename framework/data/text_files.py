@@ -86,7 +86,8 @@ class TextFiles(StoredFiles):
         into full blocks (false: one document a sample, truncated to block_size and padded per
         batch); add_eos: end each document with the tokenizer's end-of-text token when it has one;
         cache_dir: where prepared data is kept (null: ~/.cache/framework/data); num_proc: processes
-        that prepare (null: the machine's cores; the result is the same for any number);
+        that prepare (null: the machine's cores, or the run's own process for less than 4 MiB of
+        files; the result is the same for any number);
         token_dtype: the store's integer type (auto: the smallest holding every id: uint8 for bytes,
         uint16 up to 65,536 tokens, else uint32);
         allow_changed: resume a checkpoint even though the data differs from the data it was

@@ -2,6 +2,8 @@ import csv
 import json
 import sys
 
+import pytest
+
 from tests.conftest import DIGITS, ROOT, TINY_GPT, compose_cfg, run_inprocess
 from tests.helpers.memory_group import memory_group, run_in_group
 
@@ -36,6 +38,7 @@ def test_memory_monitor_writes_per_rank_peaks(tmp_path):
     assert logged and all(v > 50 for v in logged)
 
 
+@pytest.mark.slow  # a fresh interpreter or a pool of processes (make test-fast starts none)
 def test_memory_monitor_reads_the_memory_group_a_rank_has_to_itself(tmp_path):
     # a rank alone in a memory cgroup (a per-process cap) also gets its group's charge: its own memory
     width, layers = 512, 2

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from tests.conftest import DIGITS, ROOT, TINY_GPT, checkpoints, load_model_state, run_inprocess
+from tests.helpers.in_process import run_command
 
 
 def convert(*args):
-    return subprocess.run([sys.executable, "-m", "framework", "convert", *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=300)
+    """`framework convert ARGS` as typed, through the command's own entry in this process."""
+    return run_command(["convert", *args], ROOT)
 
 
 @pytest.fixture(scope="module")

@@ -25,13 +25,14 @@ def test_every_shipped_option_is_listed_with_a_description():
 
 
 @pytest.mark.parametrize("fast_fp16", [False, True], ids=["cpu-without-fp16", "cpu-with-fp16"])
-@pytest.mark.parametrize("fast_bf16", [False, True], ids=["without-bf16", "with-bf16"])
+@pytest.mark.parametrize("fast_bf16", [pytest.param(False, marks=pytest.mark.slow), True],  # every group: make test
+                         ids=["without-bf16", "with-bf16"])
 def test_usability_follows_the_compatibility_table(monkeypatch, fast_fp16, fast_bf16):
     # every kind of CPU this project's machines have, whichever this one is (the code's own predicates)
     monkeypatch.setattr(CPUAccelerator, "fast_fp16", lambda self: fast_fp16)
     monkeypatch.setattr(CPUAccelerator, "fast_bf16", lambda self: fast_bf16)
     # the CPU's fp16/bf16 predicates are read by the precision options alone: the other groups once
-    every_group = not fast_fp16 and not fast_bf16
+    every_group = not fast_fp16 and not fast_bf16  # a slow case (about 50 options composed and prepared)
     options = list(discover(["accelerator", "strategy", "precision", "logger"] if every_group else ["precision"]))
     check_usable(options)
     by_name = {(o.group, o.name): o for o in options}

@@ -135,6 +135,7 @@ def test_plan_reports_a_refusal_with_exit_code_2():
     assert "model" in result.stdout  # the plan is still printed
 
 
+@pytest.mark.slow  # a fresh interpreter or a pool of processes (make test-fast starts none)
 def test_plan_is_fast_and_imports_no_heavy_plugin():
     """No deepspeed import, no process group, nothing on a device."""
     code = ("import sys; from framework.cli import main; "

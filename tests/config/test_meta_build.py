@@ -28,6 +28,7 @@ def test_constructor_errors_still_surface():
             GPT(n_embd=30, n_head=4)
 
 
+@pytest.mark.slow  # a fresh interpreter or a pool of processes (make test-fast starts none)
 def test_no_dynamo_import():
     code = ("import sys; from framework.construction.meta_build import meta_device; from framework.models.gpt import GPT\n"
             "with meta_device(): GPT()\nprint('torch._dynamo' in sys.modules)")

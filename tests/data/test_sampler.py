@@ -67,7 +67,7 @@ def test_consumed_counts_padding_as_the_epochs_end():
     assert len(sampler) == 0 and list(sampler) == []
 
 
-@pytest.mark.parametrize("length", [1, 2, 5, 1000, 99_991, (1 << 20) + 7])
+@pytest.mark.parametrize("length", [1, 2, 5, 1000, 99_991, pytest.param((1 << 20) + 7, marks=pytest.mark.slow)])
 def test_the_keyed_permutation_is_one_of_the_epoch(length):
     import torch
 

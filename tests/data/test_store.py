@@ -76,6 +76,7 @@ def test_every_format_gives_the_same_documents(tmp_path, fmt):
 
 
 @pytest.mark.parametrize("unit,separator", [("line", None), ("paragraph", None), ("document", "<|sep|>")])
+@pytest.mark.slow  # a fresh interpreter or a pool of processes (make test-fast starts none)
 def test_plain_text_by_line_paragraph_or_separator_at_any_number_of_processes(tmp_path, monkeypatch, unit, separator):
     """Large line-based files are cut into byte ranges read in parallel: the store is the same
     for any number of processes and ranges (tiny ranges forced here)."""
@@ -100,6 +101,24 @@ def test_plain_text_by_line_paragraph_or_separator_at_any_number_of_processes(tm
         assert manifest["processes"] == 1 and prepared_by == [os.getpid()]
     assert all_tokens(one) == all_tokens(ranged) and all_tokens(one, "val") == all_tokens(ranged, "val")
     assert one.train_dataset().split.documents > 25  # many documents in one file
+
+
+@pytest.mark.slow  # a fresh interpreter or a pool of processes (make test-fast starts none)
+def test_small_files_are_prepared_in_the_runs_own_process_unless_processes_are_asked_for(tmp_path, monkeypatch):
+    """data.num_proc=null: a pool (fresh interpreters) only for files of 4 MiB and more; below, the
+    run's own process prepares; the store is the same either way."""
+    from framework.data import stored_files
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    write_jsonl(tmp_path / "a.jsonl", TEXTS[:15])
+    write_jsonl(tmp_path / "b.jsonl", TEXTS[15:])
+    files = str(tmp_path / "*.jsonl")
+    small = dm(tmp_path, files=files, cache_dir=str(tmp_path / "c1"))
+    assert read_manifest(small._store)["processes"] == 1
+    monkeypatch.setattr(stored_files, "POOL_FROM_BYTES", 1)
+    pooled = dm(tmp_path, files=files, cache_dir=str(tmp_path / "c2"))
+    assert read_manifest(pooled._store)["processes"] == 2
+    assert all_tokens(small) == all_tokens(pooled) and all_tokens(small, "val") == all_tokens(pooled, "val")
 
 
 def test_a_grown_corpus_keeps_validation_out_of_training(tmp_path):
@@ -138,6 +157,7 @@ def _prepare_in_a_process(args):
     return str(data._store), lines
 
 
+@pytest.mark.slow  # a fresh interpreter or a pool of processes (make test-fast starts none)
 def test_processes_sharing_a_cache_prepare_once(tmp_path):
     """Two processes start preparing while the store's lock is held (the overlap is forced, not
     left to timing): both wait, then one prepares and the other finds the store ready."""

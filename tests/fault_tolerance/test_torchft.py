@@ -245,6 +245,7 @@ def test_a_run_whose_groups_all_stopped_resumes_and_its_checkpoint_resumes_under
     assert json.loads((checkpoints(tmp_path / "outputs" / "plain")[-1] / "meta.json").read_text())["step"] == 15
 
 
+@pytest.mark.slow  # a fresh interpreter or a pool of processes (make test-fast starts none)
 def test_framework_lighthouse_prints_the_address_groups_join_and_stops_on_ctrl_c():
     process = subprocess.Popen([sys.executable, "-m", "framework", "lighthouse", "--port", "0"], stdout=subprocess.PIPE,
                                text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})

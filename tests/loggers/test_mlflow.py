@@ -43,6 +43,7 @@ def test_metrics_and_params_and_a_resumed_run_continue_one_mlflow_run(tmp_path):
     assert len(c.search_runs([c.get_experiment_by_name("exp").experiment_id])) == 1
 
 
+@pytest.mark.slow  # a fresh interpreter or a pool of processes (make test-fast starts none)
 def test_mlflow_is_imported_only_when_chosen():
     code = "import sys, framework.loggers.mlflow, framework.runner; print('mlflow' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -114,6 +114,7 @@ def test_save_for_hub_writes_what_from_pretrained_loads(tmp_path):
         assert torch.equal(loaded.state_dict()[name], value), name
 
 
+@pytest.mark.slow  # a fresh interpreter or a pool of processes (make test-fast starts none)
 def test_hugging_face_libraries_are_imported_only_when_chosen():
     import subprocess
     import sys

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ import pytest
 from framework.plotting.figures import draw_runs, draw_sweep, runs_figure
 from framework.plotting.run_data import is_sweep, read_run, read_sweep
 from tests.conftest import TINY_GPT, run_train
+from tests.helpers.in_process import run_command
 
 matplotlib = pytest.importorskip("matplotlib")
 
@@ -101,9 +100,8 @@ def test_framework_plot_command_and_its_errors(tmp_path):
     for i, lr in enumerate((0.01, 0.02)):
         fake_run(tmp_path / f"run{i}", lr=lr)
 
-    def plot(*args):
-        return subprocess.run([sys.executable, "-m", "framework", "plot", *args], cwd=tmp_path, capture_output=True,
-                              text=True, timeout=120)
+    def plot(*args):  # `framework plot ARGS` as typed, through the command's own entry in this process
+        return run_command(["plot", *args], tmp_path)
 
     both = plot("run0", "run1", "-o", "both.png")
     assert both.returncode == 0 and "wrote both.png" in both.stdout, both.stderr

@@ -1,6 +1,8 @@
 """The DeepSpeed config is built from the plugin groups and the loop (no deepspeed import)."""
 from __future__ import annotations
 
+import pytest
+
 from framework.config.loop_settings import LoopSettings
 from framework.models.gpt import GPT
 from framework.precision.bf16_mixed import BF16MixedPrecision
@@ -78,6 +80,7 @@ def test_adam_runs_fused_over_deepspeeds_flat_partitions_unless_the_user_chose()
     assert torch.all(flat[0] < 0)
 
 
+@pytest.mark.slow  # a fresh interpreter or a pool of processes (make test-fast starts none)
 def test_deepspeed_is_imported_without_mlflow_and_mlflow_still_imports_after():
     """DeepSpeed's autotuner imports mlflow when installed (1.3 s and 135 MiB per process here);
     framework/strategy/deepspeed/imports.py keeps it out of that import only."""
@@ -98,6 +101,7 @@ def test_deepspeed_is_imported_without_mlflow_and_mlflow_still_imports_after():
     assert lines[2:] in ([], ["mlflow"])
 
 
+@pytest.mark.slow  # a fresh interpreter or a pool of processes (make test-fast starts none)
 def test_deepspeeds_muon_module_is_imported_uncompiled_for_a_torch_optimizer():
     """DeepSpeed's ZeRO optimizers import its Muon module only to check the optimizer's type; its
     import compiles three functions (1 s and 44 MiB per process here). With a torch optimizer it

@@ -63,6 +63,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a fresh interpreter or a pool of processes (make test-fast starts none)
 def test_the_unsharded_optimizer_state_gathers_at_one_process():
     from tests.helpers.torchrun import free_port
 

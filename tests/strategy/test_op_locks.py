@@ -51,6 +51,7 @@ def _killed_builder(lock) -> int:
     return builder.pid
 
 
+@pytest.mark.slow  # a fresh interpreter or a pool of processes (make test-fast starts none)
 def test_a_lock_left_by_a_killed_build_is_taken_over_by_the_next(tmp_path, capfd):
     lock = tmp_path / "async_io" / "lock"
     lock.parent.mkdir()
@@ -66,6 +67,7 @@ def test_a_lock_left_by_a_killed_build_is_taken_over_by_the_next(tmp_path, capfd
     assert FileBaton(str(lock)).try_acquire()
 
 
+@pytest.mark.slow  # a fresh interpreter or a pool of processes (make test-fast starts none)
 def test_a_wait_for_a_builder_that_dies_stops_with_the_cause(tmp_path):
     lock = tmp_path / "cpu_adam" / "lock"
     lock.parent.mkdir()
