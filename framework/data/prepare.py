@@ -94,7 +94,7 @@ class StoreSpec:
     dtype: str
     encoder: Callable
     cache_root: Path
-    num_proc: int = 1
+    num_proc: int | None = 1  # None: framework/data/prepare.py default_processes
     text_unit: str = "document"
     separator: str | None = None
     val_percent: int = 0
@@ -306,12 +306,23 @@ def prepare(spec: StoreSpec, say: Callable[[str], None]) -> Path:
     return directory
 
 
+#: with less than this in files, `data.num_proc: null` prepares in the run's own process: a pool's
+#: processes are fresh interpreters (each imports torch and the tokenizer; `import torch` alone
+#: takes 2 s on the 2-core machine) that cost more than the work they would share
+POOL_FROM_BYTES = 4 * 2**20
+
+
+def default_processes(total_bytes: int) -> int:
+    """`data.num_proc: null`: one process per core, or this process alone for small files."""
+    return 1 if total_bytes < POOL_FROM_BYTES else os.cpu_count() or 1
+
+
 def _prepare_into(spec: StoreSpec, out: Path, say: Callable[[str], None]) -> None:
     started = time.time()
     units = plan_units(spec.files, spec.format, spec.text_unit, spec.separator)
     total = sum(os.path.getsize(f) for f in spec.files)
     jobs = [(i, unit, str(out)) for i, unit in enumerate(units)]
-    processes = max(1, min(spec.num_proc, len(units)))
+    processes = max(1, min(spec.num_proc or default_processes(total), len(units)))
     say(f"data: preparing {len(spec.files)} file(s), {human_bytes(total)}, in {len(units)} unit(s) with {processes} "
         f"process(es) into {out.parent}")
     results: list[UnitResult] = []

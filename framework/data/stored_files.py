@@ -61,24 +61,6 @@ def first_rows(path: str, fmt: str, count: int = 1, text_unit: str = "document")
     return rows
 
 
-#: with less than this in files, `data.num_proc: null` prepares in the run's own process: a pool's
-#: processes are fresh interpreters (each imports torch and the tokenizer, ~2 s on a 2-core
-#: machine) that cost more than the work they would share
-POOL_FROM_BYTES = 4 * 2**20
-
-
-def default_processes(roles: dict[str, list[str]]) -> int:
-    """`data.num_proc: null`: one process per core, or this process alone for small files."""
-    total = 0
-    for files in roles.values():
-        for path in files:
-            try:
-                total += os.path.getsize(path)
-            except OSError:  # said by the data's own checks
-                pass
-    return 1 if total < POOL_FROM_BYTES else os.cpu_count() or 1
-
-
 class PadCollate:
     """Pads a batch of rows to its longest: input_ids (pad_id), attention_mask, labels (-100 on
     padding; a row's own labels where it has them, else its input_ids)."""
@@ -161,7 +143,7 @@ class StoredFiles(DataModule):
                          format=self.format, settings=self.settings(), tokenizer_sha256=self.tokenizer.sha256(),
                          dtype=self.token_dtype, encoder=self.encoder(),
                          cache_root=Path(self.cache_dir) if self.cache_dir else default_cache_root(),
-                         num_proc=self.num_proc or default_processes(self.roles()), text_unit=self.text_unit,
+                         num_proc=self.num_proc, text_unit=self.text_unit,
                          separator=self.separator, val_percent=self.val_percent, test_percent=self.test_percent,
                          missing=self.missing_message())
 

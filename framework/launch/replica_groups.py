@@ -167,11 +167,11 @@ def stop_groups(groups: list[Group], grace_s: float = 30.0) -> None:
     """A SIGTERM to every group still running: each saves at its next step and stops (its launcher
     passes the signal on to its workers). A group still running after `grace_s` (its workers stuck)
     gets a second one, on which its launcher stops its workers itself, and SIGKILL last."""
-    for attempt in ("save", "stop"):
+    for wait_s in (grace_s, grace_s + 10):  # the second: the agent's own 30 s join, then its SIGKILL
         running = [g for g in groups if g.process is not None and g.process.poll() is None]
         for group in running:
             group.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s + (10 if attempt == "stop" else 0)  # the agent's own 30 s, then
+        deadline = time.monotonic() + wait_s
         for group in running:
             try:
                 group.process.wait(timeout=max(0.1, deadline - time.monotonic()))

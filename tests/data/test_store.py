@@ -107,7 +107,6 @@ def test_plain_text_by_line_paragraph_or_separator_at_any_number_of_processes(tm
 def test_small_files_are_prepared_in_the_runs_own_process_unless_processes_are_asked_for(tmp_path, monkeypatch):
     """data.num_proc=null: a pool (fresh interpreters) only for files of 4 MiB and more; below, the
     run's own process prepares; the store is the same either way."""
-    from framework.data import stored_files
 
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     write_jsonl(tmp_path / "a.jsonl", TEXTS[:15])
@@ -115,7 +114,7 @@ def test_small_files_are_prepared_in_the_runs_own_process_unless_processes_are_a
     files = str(tmp_path / "*.jsonl")
     small = dm(tmp_path, files=files, cache_dir=str(tmp_path / "c1"))
     assert read_manifest(small._store)["processes"] == 1
-    monkeypatch.setattr(stored_files, "POOL_FROM_BYTES", 1)
+    monkeypatch.setattr(prepare_module, "POOL_FROM_BYTES", 1)
     pooled = dm(tmp_path, files=files, cache_dir=str(tmp_path / "c2"))
     assert read_manifest(pooled._store)["processes"] == 2
     assert all_tokens(small) == all_tokens(pooled) and all_tokens(small, "val") == all_tokens(pooled, "val")

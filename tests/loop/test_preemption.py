@@ -63,37 +63,31 @@ def test_multi_process_signal_to_the_launcher(tmp_path, sig):
     assert resumed.returncode == 0, resumed.stderr
 
 
-def test_the_launcher_passes_a_preemption_signal_on_and_a_second_one_stops_at_once(tmp_path):
+def test_the_launcher_passes_a_preemption_signal_on_and_a_second_one_stops_at_once(tmp_path, monkeypatch):
     """The first SIGTERM goes to every worker (they save and return; torch's agent, which would
     join them for 30 s and SIGKILL them, is left the signals the run does not watch); a second
     one, or one before any worker started, stops the workers as the agent does."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
+    from framework.launch import signal_forwarder
     from framework.launch.signal_forwarder import SignalForwarder
 
     assert SignalForwarder.left_to_agent(["SIGTERM", "USR1"]) == "SIGINT,SIGHUP,SIGQUIT"
     assert SignalForwarder.left_to_agent([]) == "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
-    worker = subprocess.Popen([sys.executable, "-c", "import signal, time\n"
-                               "for s in (signal.SIGTERM, signal.SIGUSR1):\n"
-                               "    signal.signal(s, lambda n, f: print(n, flush=True))\n"
-                               "print('ready', flush=True)\n"
-                               "while True: time.sleep(0.01)"], stdout=subprocess.PIPE, text=True)
-    assert worker.stdout.readline() == "ready\n"
+    passed_on: list[tuple[int, int]] = []
+    monkeypatch.setattr(signal_forwarder.os, "kill", lambda pid, sig: passed_on.append((pid, sig)))
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
     forwarder = SignalForwarder(["SIGTERM", "SIGUSR1"], tmp_path)
     try:
         with pytest.raises(SignalException):  # no worker has started yet
-            os.kill(os.getpid(), signal.SIGTERM)
-        (tmp_path / "pid0").write_text(str(worker.pid))
-        # passed on; SIGUSR1 every time (it is no signal of the agent's)
-        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR1):
-            os.kill(os.getpid(), sig)
-            assert worker.stdout.readline() == f"{int(sig)}\n"
+            signal.raise_signal(signal.SIGTERM)
+        (tmp_path / "pid0").write_text("4242")
+        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR1):  # SIGUSR1 every time: no signal of the agent's
+            signal.raise_signal(sig)
+        assert passed_on == [(4242, signal.SIGTERM), (4242, signal.SIGUSR1), (4242, signal.SIGUSR1)]
         with pytest.raises(SignalException) as second:
-            os.kill(os.getpid(), signal.SIGTERM)
-        assert second.value.sigval == signal.SIGTERM
+            signal.raise_signal(signal.SIGTERM)
+        assert second.value.sigval == signal.SIGTERM and len(passed_on) == 3
     finally:
         forwarder.restore()
-        worker.kill()
     assert {s: signal.getsignal(s) for s in previous} == previous
-    worker.wait(timeout=60)
