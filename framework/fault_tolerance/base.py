@@ -4,7 +4,12 @@
 the loop's step is the ordinary one. framework/fault_tolerance/torchft.py overrides them."""
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -27,6 +32,21 @@ class ReplicaRecord:
     uncommitted_steps: int = 0
     participants: dict[int, int] = field(default_factory=dict)
     """{groups taking part: this group's steps with that many}"""
+
+
+@dataclass(frozen=True)
+class GroupLayout:
+    """What one rank of a replica group holds: `words` for a message, `digest` of every tensor's
+    name, local shape and dtype. Rank r of every group must hold the same (their gradients are
+    averaged and a heal copies rank r's state to rank r), so the groups compare digests."""
+
+    words: str
+    digest: bytes
+
+    @classmethod
+    def of(cls, words: str, tensors: list[tuple[str, tuple[int, ...], str]]) -> GroupLayout:
+        text = words + "\n" + "\n".join(f"{name} {list(shape)} {dtype}" for name, shape, dtype in tensors)
+        return cls(words, hashlib.sha256(text.encode()).digest())
 
 
 class FaultTolerance:
@@ -57,17 +77,21 @@ class FaultTolerance:
         return []
 
     # ---- in every process of a group ------------------------------------------------------
-    def join(self, strategy, state_dict, load_state_dict) -> None:
+    def join(self, strategy, state_dict, load_state_dict, layout: GroupLayout | None = None) -> None:
         """Join the replica groups; `state_dict()` / `load_state_dict(state)` give and take this
-        rank's whole training state (a heal copies it from the same rank of a live peer)."""
+        rank's whole training state (a heal copies it from the same rank of a live peer); `layout`:
+        what this rank holds, which must be what the same rank of every other group holds."""
 
     def begin_step(self) -> bool:
         """Before a step's first forward: agree who takes part. True when this group has just
         copied a live peer's state (its loop must continue from the position that state holds)."""
         return False
 
-    def average_gradients(self, parameters) -> None:
-        """After the step's backward, before clipping: the gradients averaged over the groups that take part."""
+    def average_gradients(self, parameters, loss: torch.Tensor) -> torch.Tensor | None:
+        """After the step's backward, before clipping: the gradients averaged over the groups that
+        take part; returns the step's `loss` averaged over them too (None: no replica groups, the
+        loss is this group's alone)."""
+        return None
 
     def commit(self) -> bool:
         """After the gradients are final: whether every taking-part group may step (a vote)."""

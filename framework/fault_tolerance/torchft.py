@@ -1,7 +1,7 @@
 """`fault_tolerance=torchft`: replica groups over the data-parallel dimension, on torchft.
 
 The run's data-parallel dimension is split into `replica_groups` groups of `devices x num_nodes`
-processes each (ddp within a group). A lighthouse (torchft's own) forms a quorum of the live groups
+processes each (any layout of ddp or the FSDP2 family within a group). A lighthouse (torchft's own) forms a quorum of the live groups
 before every step; a step's gradients are averaged over the groups in it (torchft's rule: each
 group's mean gradient, averaged over the groups that took part), and the groups vote on the
 commit, so a group that dies mid-step costs the others that step's update, not the run. A group
@@ -11,6 +11,8 @@ forward, and goes on from there: nothing it trained before is trained again, not
 trained is skipped. Each group reads its own share of every step's samples (group g of G takes
 the g-th of G slices of the data-parallel order); while a group is away its share of those steps
 is not trained (the others do not take it over), which the per-step `train/replicas` shows.
+Before the gradients, one small collective carries the step's loss (train/loss is the groups'
+mean) and a digest of what each rank holds: groups whose ranks hold different parts never average.
 
 Built on torchft's Manager, its fault-tolerant ProcessGroupGloo (or ProcessGroupNCCL) and its HTTP
 checkpoint transport; nothing of the quorum, the transport or the lighthouse is the framework's own.
@@ -29,8 +31,9 @@ import torch
 from torch.distributed import TCPStore
 
 from framework.config.types import NonNegativeInt, PositiveFloat, PositiveInt
+from framework.console import warn
 from framework.errors import ConfigError
-from framework.fault_tolerance.base import FaultTolerance, Heal, ReplicaRecord
+from framework.fault_tolerance.base import FaultTolerance, GroupLayout, Heal, ReplicaRecord
 
 
 def quiet_torchft() -> None:
@@ -66,6 +69,30 @@ def _quorum_group(plugin: "TorchFT", timeout: timedelta):
                               global_ranks)
 
     return Checked(timeout=timeout)
+
+
+_CODE_CHUNKS = 8  # 16-bit pieces of a layout's digest compared between groups
+
+
+def _layout_code(layout: GroupLayout | None, device) -> torch.Tensor:
+    """A layout's digest as small whole numbers and their squares (float64, exact): averaged over
+    the groups, the pieces equal their squares' average squared only where every group's are the same."""
+    if layout is None:
+        return torch.zeros(2 * _CODE_CHUNKS, dtype=torch.float64, device=device)
+    pieces = torch.tensor([int.from_bytes(layout.digest[2 * i:2 * i + 2], "big") for i in range(_CODE_CHUNKS)],
+                          dtype=torch.float64, device=device)
+    return torch.cat([pieces, pieces * pieces])
+
+
+def _codes_differ(averaged: torch.Tensor) -> bool:
+    """Whether the groups' layout codes (averaged, see _layout_code) were not all the same: the
+    pieces' variance over the groups, exactly 0 where they were."""
+    pieces, squares = averaged[:_CODE_CHUNKS], averaged[_CODE_CHUNKS:]
+    return bool(((squares - pieces * pieces).abs() > 1e-6).any())
+
+
+def _layout_record(layout: GroupLayout | None) -> dict | None:
+    return None if layout is None else {"words": layout.words, "digest": layout.digest.hex()}
 
 
 class TorchFT(FaultTolerance):
@@ -117,6 +144,11 @@ class TorchFT(FaultTolerance):
         self._first_step = True  # this process's first step: it waits for every group
         self._duplicate_id = False  # set by the quorum's process group: two groups of one replica_id
         self._record = ReplicaRecord(self.group)
+        self._layout: GroupLayout | None = None  # what this rank holds (join)
+        self._layout_code = torch.zeros(2 * _CODE_CHUNKS, dtype=torch.float64)
+        self._peer_layout: str | None = None  # a live peer's, where a heal found it differs from this rank's
+        self._new_in_quorum = True  # this group joins the quorum at the current step (first step, or healed)
+        self._speaks = True
 
     @property
     def launches_groups(self) -> bool:
@@ -146,7 +178,7 @@ class TorchFT(FaultTolerance):
         return found
 
     # ---- in every process of a group ------------------------------------------------------
-    def join(self, strategy, state_dict, load_state_dict) -> None:
+    def join(self, strategy, state_dict, load_state_dict, layout: GroupLayout | None = None) -> None:
         quiet_torchft()
         from torchft.manager import Manager
 
@@ -158,7 +190,18 @@ class TorchFT(FaultTolerance):
             port = strategy.broadcast(port)
         step_timeout = timedelta(seconds=self.step_timeout_s)
 
+        self._layout = layout
+        self._layout_code = _layout_code(layout, strategy.root_device)
+        self._speaks = strategy.is_global_zero
+
+        def give():  # what the same rank of a healing group copies, with what this rank holds
+            return {**state_dict(), "group_layout": _layout_record(layout)}
+
         def load(state):
+            peer = state.get("group_layout")
+            if layout is not None and peer is not None and peer["digest"] != layout.digest.hex():
+                self._peer_layout = peer["words"]  # nothing copied: begin_step stops this group
+                return
             started = time.perf_counter()
             load_state_dict(state)
             self._healed_now = True
@@ -166,7 +209,7 @@ class TorchFT(FaultTolerance):
 
         try:
             self._manager = Manager(
-                pg=_quorum_group(self, step_timeout), load_state_dict=load, state_dict=state_dict,
+                pg=_quorum_group(self, step_timeout), load_state_dict=load, state_dict=give,
                 min_replica_size=self.min_replicas, use_async_quorum=False, timeout=step_timeout,
                 quorum_timeout=timedelta(seconds=self.quorum_timeout_s),
                 connect_timeout=timedelta(seconds=self.connect_timeout_s), rank=strategy.global_rank,
@@ -198,7 +241,11 @@ class TorchFT(FaultTolerance):
                and time.perf_counter() < deadline):
             time.sleep(0.05)
             manager.start_quorum()
+        self._new_in_quorum = self._first_step or self._healed_now  # what it holds is compared at this step
         self._first_step = False
+        if self._peer_layout is not None:
+            raise ConfigError(self._layouts_differ_message(f"the live group it would heal from holds "
+                                                           f"{self._peer_layout}"))
         if self._duplicate_id:
             raise ConfigError(f"fault_tolerance.replica_id={self.group}: another group joined the lighthouse with the "
                               "same id (it would read the same share of the data); give each group its own id, 0 to "
@@ -210,17 +257,42 @@ class TorchFT(FaultTolerance):
         self._record.participants[count] = self._record.participants.get(count, 0) + 1
         return self._healed_now
 
-    def average_gradients(self, parameters) -> None:
+    def average_gradients(self, parameters, loss: torch.Tensor) -> torch.Tensor:
+        """The step's loss and what this rank holds (its layout's code) averaged over the groups
+        first, in one small collective: groups whose rank r holds different parts must not average
+        their gradients; then the gradients, in one collective for the step."""
+        manager = self._manager
+        shared = torch.cat([loss.detach().to(torch.float64).reshape(1), self._layout_code.to(loss.device)])
+        manager.allreduce(shared).wait()
+        if manager.errored() is None and _codes_differ(shared[1:]):
+            message = self._layouts_differ_message("another group in this step's quorum holds something else")
+            if self._new_in_quorum:  # this group is the one joining (a fresh run's groups all are)
+                raise ConfigError(message)
+            # a group of another layout joined the running ones: it stops itself (above); this
+            # step is not committed without it, and the groups go on
+            manager.report_error(RuntimeError(message))
+            if self._speaks:
+                warn(f"replicas: a group joined whose ranks hold other parts of the model than group {self.group}'s "
+                     f"({self._layout.words if self._layout else 'unknown'}); it stops itself, and this step is taken "
+                     "again without it")
+            return shared[0]
         # this rank's part of each gradient (an fsdp shard: rank r of every group holds the same one)
         grads = [g.to_local() if hasattr(g, "to_local") else g for g in (p.grad for p in parameters) if g is not None]
-        if not grads:
-            return
-        flat = torch.cat([g.reshape(-1) for g in grads])  # one collective for the step, not one per tensor
-        self._manager.allreduce(flat).wait()
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
+        if grads:
+            flat = torch.cat([g.reshape(-1) for g in grads])  # one collective for the step, not one per tensor
+            manager.allreduce(flat).wait()
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                offset += g.numel()
+        return shared[0]
+
+    def _layouts_differ_message(self, other: str) -> str:
+        mine = self._layout.words if self._layout is not None else "an unknown layout"
+        return (f"fault_tolerance=torchft: replica group {self.group} holds {mine}, and {other}: rank r of "
+                "every group must hold the same part of the model (their gradients are averaged and a heal "
+                "copies rank to rank); start every group with the same strategy, devices, num_nodes, precision "
+                "and model keys.")
 
     def commit(self) -> bool:
         committed = self._manager.should_commit()

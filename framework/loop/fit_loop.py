@@ -27,7 +27,7 @@ from framework.loop.evaluation import score
 from framework.loop.metric_window import MetricWindow, StepSums
 from framework.loop.nonfinite import Divergence, NonFiniteGuard, StopNonFinite
 from framework.loop.parts import Loaders, RunContext, Training
-from framework.loop.replica_steps import heal_state, load_heal_state
+from framework.loop.replica_steps import group_layout, heal_state, load_heal_state
 from framework.loop.state import FitResult, LoopState, Preemption
 from framework.loop.test_at_end import test_best
 from framework.loop.utilization import Utilization
@@ -107,7 +107,9 @@ class FitLoop:
                               "lower data.batch_size or set data.drop_last=false.")
         if resume_from is not None:
             self.checkpointer.restore(self, resume_from)
-        self.replicas.join(self.strategy, lambda: heal_state(self), lambda state: load_heal_state(self, state))
+        if self.replicas.forms_groups:
+            self.replicas.join(self.strategy, lambda: heal_state(self), lambda state: load_heal_state(self, state),
+                               group_layout(self))
         self.model.train()
         self.hook("on_fit_start")
         try:
@@ -259,7 +261,7 @@ class FitLoop:
         max_norm = t.clip_grad_norm
         if max_norm is None and guard.policy == "skip" and not guard.scaled:
             max_norm = float("inf")  # the norm the skip policy reads, computed the strategy's way; clips nothing
-        self.replicas.average_gradients(self.model.parameters())
+        groups_loss = self.replicas.average_gradients(self.model.parameters(), self._step.loss)
         grad_norm = strategy.clip_gradients(self.model, self.optimizer, max_norm, t.clip_grad_value)
         left_out = guard.skips_step(grad_norm)
         if not self.replicas.commit():  # every group votes, even one whose guard left the step out
@@ -273,7 +275,7 @@ class FitLoop:
         strategy.zero_grad(self.optimizer)
         self.task.after_optimizer_step(self.model, stepped)
         if not left_out:
-            self._window.add_step(self._step)
+            self._window.add_step(self._step, groups_loss)
         self._step.clear()
         self._step_done(grad_norm, stepped)
 

@@ -42,8 +42,15 @@ class MetricWindow:
         self.items = 0
         self.start = time.perf_counter()
 
-    def add_step(self, step: StepSums) -> None:
-        self.loss += step.loss
+    def add_step(self, step: StepSums, groups_loss: torch.Tensor | None = None) -> None:
+        """A taken step; with replica groups, `groups_loss` is its loss averaged over the groups that
+        took part: train/loss, the same in every group's log; this group's own is train/group_loss."""
+        if groups_loss is None:
+            self.loss += step.loss
+        else:
+            self.loss += groups_loss
+            own = self.values.get("group_loss")
+            self.values["group_loss"] = step.loss.clone() if own is None else own + step.loss
         self.batches += step.batches
         self.items += step.items
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from framework.fault_tolerance.base import GroupLayout
 from framework.tensors import map_tensors
 
 
@@ -33,6 +34,21 @@ def _into(live: Any, copied: Any) -> Any:
             _local(live).copy_(copied)
         return live
     return copied
+
+
+def group_layout(loop) -> GroupLayout:
+    """What this rank of its group holds: the strategy, the group's size, and each tensor of its
+    model state (name, local shape, dtype) as a heal would copy it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    strategy = loop.strategy
+    state = get_model_state_dict(loop.model, options=StateDictOptions(full_state_dict=False))
+    tensors = [(name, tuple(_local(t).shape), str(t.dtype)) for name, t in state.items() if isinstance(t, torch.Tensor)]
+    values = sum(_local(t).numel() for t in state.values() if isinstance(t, torch.Tensor))
+    processes = f"{strategy.world_size} process{'es' if strategy.world_size > 1 else ''}"
+    words = (f"strategy={strategy.name} at {processes} a group, its rank {strategy.global_rank} holding {values:,} "
+             f"values in {len(tensors)} tensors")
+    return GroupLayout.of(words, tensors)
 
 
 def heal_state(loop) -> dict:

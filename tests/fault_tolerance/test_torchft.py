@@ -16,10 +16,12 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from framework.data.sampler import EpochSampler, rank_sampler
 from framework.errors import ConfigError, ExitCode
-from framework.fault_tolerance.torchft import TorchFT
+from framework.fault_tolerance.base import GroupLayout
+from framework.fault_tolerance.torchft import TorchFT, _layout_code
 from framework.launch.replica_groups import group_command
 from framework.strategy.ddp import DDPStrategy
 from tests.conftest import ROOT, TINY_GPT, checkpoint_at, checkpoints, compose_cfg, run_train
@@ -97,6 +99,68 @@ def test_every_layout_of_the_mesh_can_be_a_replica_group(strategy):
     prepared = prepare(compose_cfg(["fault_tolerance=torchft", *TINY_GPT, "model.n_layer=2", f"strategy={strategy}",
                                     "devices=2"]), strict=False)
     assert not [r for r in prepared.refusals if "fault_tolerance" in r], prepared.refusals
+
+
+class _Peers:
+    """torchft's Manager as average_gradients uses it: each allreduce averages this group's tensor
+    with the one other group's tensor of the same size (the peer's step loss and layout code, then
+    its gradients)."""
+
+    def __init__(self, *peer_tensors):
+        self.peer = {t.numel(): t for t in peer_tensors}
+        self.reported = []
+
+    def allreduce(self, tensor):
+        tensor.copy_((tensor + self.peer[tensor.numel()]) / 2)
+        return self
+
+    def wait(self):
+        return None
+
+    def errored(self):
+        return None
+
+    def report_error(self, err):
+        self.reported.append(str(err))
+
+
+def _group(layout: GroupLayout, peers: _Peers, new_in_quorum: bool) -> TorchFT:
+    ft = TorchFT()
+    ft._manager, ft._layout, ft._layout_code = peers, layout, _layout_code(layout, "cpu")
+    ft._new_in_quorum, ft._speaks = new_in_quorum, False
+    return ft
+
+
+MINE = GroupLayout.of("strategy=ddp at 1 process a group", [("w", (4, 2), "torch.float32")])
+OTHER = GroupLayout.of("strategy=ddp at 1 process a group", [("w", (2, 4), "torch.float32")])
+
+
+def test_the_step_loss_and_gradients_are_averaged_over_groups_holding_the_same():
+    weight = torch.nn.Parameter(torch.zeros(4, 2))
+    weight.grad = torch.ones(4, 2)
+    peer_shared = torch.cat([torch.tensor([5.0], dtype=torch.float64), _layout_code(MINE, "cpu")])
+    peers = _Peers(peer_shared, torch.full((8,), 3.0))
+    loss = _group(MINE, peers, new_in_quorum=True).average_gradients([weight], torch.tensor(2.0, dtype=torch.float64))
+    assert loss.item() == 3.5 and torch.equal(weight.grad, torch.full((4, 2), 2.0)) and peers.reported == []
+
+
+@pytest.mark.parametrize("new_in_quorum", [True, False], ids=["joining", "running"])
+def test_groups_whose_ranks_hold_other_parts_never_average(new_in_quorum):
+    """The joining group stops naming what its ranks hold; a running group leaves the step
+    uncommitted (torchft's error) and its gradients untouched, and goes on."""
+    weight = torch.nn.Parameter(torch.zeros(4, 2))
+    weight.grad = torch.ones(4, 2)
+    peers = _Peers(torch.cat([torch.tensor([5.0], dtype=torch.float64), _layout_code(OTHER, "cpu")]),
+                   torch.full((8,), 3.0))
+    group = _group(MINE, peers, new_in_quorum)
+    if new_in_quorum:
+        with pytest.raises(ConfigError, match=r"replica group 0 holds strategy=ddp at 1 process a group, and another "
+                                              r"group in this step's quorum holds something else.*same strategy, devices"):
+            group.average_gradients([weight], torch.tensor(2.0, dtype=torch.float64))
+    else:
+        group.average_gradients([weight], torch.tensor(2.0, dtype=torch.float64))
+        assert len(peers.reported) == 1 and "holds something else" in peers.reported[0]
+    assert torch.equal(weight.grad, torch.ones(4, 2))
 
 
 def test_a_checkpoint_of_other_replica_groups_is_refused_naming_them():
@@ -213,10 +277,19 @@ def test_a_run_whose_groups_all_stopped_resumes_and_its_checkpoint_resumes_under
                        "+callbacks.nan.step=5"], tmp_path, env=ENV)
     assert first.returncode == 0, first.stderr[-3000:]
     run = tmp_path / "outputs" / "ft"
+    rows = {}
     for group in (0, 1):
         with open(run / f"replica_{group}" / "metrics.csv") as f:
-            skipped = [int(row["step"]) for row in csv.DictReader(f) if row.get("train/skipped_step")]
+            rows[group] = {int(row["step"]): row for row in csv.DictReader(f)
+                       if row.get("train/loss") or row.get("train/skipped_step")}
+        skipped = [step for step, row in rows[group].items() if row.get("train/skipped_step")]
         assert skipped == [5], (group, skipped)
+    # train/loss: the groups' mean, the same in both logs; train/group_loss: each group's own data
+    taken = [step for step in rows[0] if step != 5]
+    assert len(taken) == 11
+    for step in taken:
+        mean, own = ([float(rows[g][step][key]) for g in (0, 1)] for key in ("train/loss", "train/group_loss"))
+        assert mean[0] == mean[1] and abs(mean[0] - (own[0] + own[1]) / 2) < 1e-5 and own[0] != own[1], (step, mean, own)
     assert [p.name for p in checkpoints(run / "replica_0")] == ["step_000006", "step_000012"]
     assert not (run / "replica_1" / "checkpoints").exists()  # one group writes
     assert json.loads((run / "summary.json").read_text())["weights_agree"]  # a fresh run starts with both groups
@@ -256,6 +329,35 @@ def test_framework_lighthouse_prints_the_address_groups_join_and_stops_on_ctrl_c
         assert process.wait(timeout=30) == 0
     finally:
         process.kill()
+
+
+@pytest.mark.slow
+def test_groups_started_on_their_own_with_different_models_both_stop_naming_what_they_hold(tmp_path):
+    """Two cluster jobs joining one lighthouse, one with a wider model by mistake: rank 0 of each
+    would average gradients of other shapes; both stop (exit 2) at their first step, saying what
+    their ranks hold."""
+    from framework.launch.replica_groups import start_lighthouse
+
+    server, address = start_lighthouse(TorchFT(min_replicas=2, join_timeout_ms=200, heartbeat_timeout_ms=1000))
+    try:
+        args = [*TINY_GPT, *FAST, f"fault_tolerance.lighthouse={address}", "trainer.max_steps=5"]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        groups = [subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args, f"fault_tolerance.replica_id={i}",
+                                    f"hydra.run.dir={tmp_path / str(i)}", *extra], cwd=tmp_path, env=env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                  for i, extra in enumerate([[], ["model.n_embd=48"]])]
+        outputs = [group.communicate(timeout=300) for group in groups]
+    finally:
+        server.shutdown()
+    held = []
+    for i, (group, (_, err)) in enumerate(zip(groups, outputs)):
+        assert group.returncode == ExitCode.USER_ERROR, err[-2000:]
+        said = re.search(rf"replica group {i} holds strategy=\w+ at 1 process a group, its rank 0 holding ([\d,]+) "
+                         r"values in \d+ tensors, and another group in this step's quorum holds something else", err)
+        assert said, err[-2000:]
+        held.append(int(said.group(1).replace(",", "")))
+        assert not (tmp_path / str(i) / "checkpoints").exists()  # stopped before a step was taken
+    assert held[1] > held[0], held  # the wider model holds more
 
 
 @pytest.mark.slow

@@ -70,7 +70,29 @@ def test_the_checkpoint_holds_every_expert_under_the_models_names(tmp_path):
     # `framework test` on the run (a copy: the shared run stays as trained), at its own layout
     run = shutil.copytree(run_of("ep2"), tmp_path / "run")
     assert framework_main(["test", str(run), "trainer.test_batches=2"]) == 0
-    assert json.loads((run / "test_metrics.json").read_text())["metrics"]["test/loss"] < 5.6
+    tested = json.loads((run / "test_metrics.json").read_text())["metrics"]["test/loss"]
+    assert tested < 5.6
+    # `framework predict` in one process, every expert on it: the rows score what the test scored
+    assert framework_main(["predict", str(run), "trainer.test_batches=2", "strategy=single_device", "devices=1",
+                           "-o", str(tmp_path / "rows.jsonl")]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    tokens = sum(row["tokens"] for row in rows)
+    assert rows and abs(sum(row["loss"] * row["tokens"] for row in rows) / tokens - tested) < 1e-5
+    # exported whole (every expert under the model's names), and generation with the KV cache
+    # writes what recomputing writes
+    assert framework_main(["convert", str(checkpoint_at(run, STEPS)), str(tmp_path / "w.safetensors"),
+                           "--to", "safetensors"]) == 0
+    from safetensors.torch import load_file
+
+    exported = load_file(tmp_path / "w.safetensors")
+    assert set(exported) == set(state) and all(torch.equal(exported[k], v) for k, v in state.items())
+    written = []
+    for cache in ([], ["--no-cache"]):
+        out = tmp_path / f"gen{len(written)}.jsonl"
+        assert framework_main(["generate", str(run), "--prompt", "def ", "--greedy", "--max-new-tokens", "12",
+                               *cache, "-o", str(out)]) == 0
+        written.append(json.loads(out.read_text())["completion"])
+    assert written[0] == written[1] and written[0]
 
 
 @pytest.mark.parametrize("into", [
