@@ -13,8 +13,15 @@ import pytest
 from framework.sweeps import rank_rows
 from tests.cli.helpers import framework_cmd
 from tests.conftest import TINY_GPT, run_train
+from tests.helpers.in_process import run_command
 
 SHORT = ["trainer.val_batches=1", "trainer.progress_bar=false"]
+
+
+def run_sweep(args: list[str], cwd):
+    """`python train.py -m ARGS` through its own entry in this process (one-process jobs; the
+    multi-process sweep below is a fresh interpreter's)."""
+    return run_command(["train", *args], cwd)
 
 
 def summary_rows(sweep_dir):
@@ -36,8 +43,8 @@ def test_ranking_puts_the_best_first_and_failures_last():
 @pytest.mark.slow
 def test_a_failed_job_is_recorded_and_the_sweep_goes_on(tmp_path):
     # max_bytes=100 passes every check made before launch, and fails in the job (too little text)
-    result = run_train(["-m", "name=s", *TINY_GPT, *SHORT, "data.max_bytes=100,300000,200000",
-                        "trainer.max_steps=2", "trainer.val_every=2"], tmp_path)
+    result = run_sweep(["-m", "name=s", *TINY_GPT, *SHORT, "data.max_bytes=100,300000,200000", "trainer.max_steps=2",
+                    "trainer.val_every=2"], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = summary_rows(tmp_path / "multirun" / "s")
     assert [r["status"] for r in rows] == ["completed", "completed", "failed"]
@@ -56,14 +63,14 @@ def test_a_failed_job_is_recorded_and_the_sweep_goes_on(tmp_path):
 
 @pytest.mark.slow
 def test_a_sweep_whose_every_job_failed_exits_1(tmp_path):
-    result = run_train(["-m", "name=bad", *TINY_GPT, *SHORT, "data.max_bytes=100,200", "trainer.max_steps=1"], tmp_path)
+    result = run_sweep(["-m", "name=bad", *TINY_GPT, *SHORT, "data.max_bytes=100,200", "trainer.max_steps=1"], tmp_path)
     assert result.returncode == 1
     assert [r["status"] for r in summary_rows(tmp_path / "multirun" / "bad")] == ["failed", "failed"]
 
 
 @pytest.mark.slow
 def test_a_sweep_with_a_value_refused_before_launch_starts_no_job(tmp_path):
-    result = run_train(["-m", "name=early", *TINY_GPT, "model.n_head=2,3"], tmp_path)
+    result = run_sweep(["-m", "name=early", *TINY_GPT, "model.n_head=2,3"], tmp_path)
     assert result.returncode == 2 and "model.n_head=3 must divide model.n_embd=32" in result.stderr
     assert not (tmp_path / "multirun").exists()
 
@@ -88,7 +95,7 @@ def test_rerunning_a_sweep_with_resume_auto_skips_finished_and_resumes_unfinishe
     command = ["-m", "optimizer.lr=1e-3,3e-3", "trainer.max_steps=4", "trainer.val_every=2",
                "callbacks.checkpoint.every_n_steps=2", "callbacks.checkpoint.keep_last_k=3", *TINY_GPT, *SHORT,
                "trainer.log_every=1"]
-    first = run_train(command, tmp_path)
+    first = run_sweep(command, tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     (sweep,) = [p.parent for p in (tmp_path / "multirun").rglob("sweep.yaml")]
     finished, unfinished = sweep / "0", sweep / "1"
@@ -97,7 +104,7 @@ def test_rerunning_a_sweep_with_resume_auto_skips_finished_and_resumes_unfinishe
     # job 1 "died" after its step-2 checkpoint: no summary, no later checkpoint
     (unfinished / "summary.json").unlink()
     shutil.rmtree(unfinished / "checkpoints" / "step_000004")
-    again = run_train([*command, "resume=auto"], tmp_path)  # the same command, no name: the sweep is found
+    again = run_sweep([*command, "resume=auto"], tmp_path)  # the same command, no name: the sweep is found
     assert again.returncode == 0, again.stderr[-3000:]
     assert "job 0" in again.stdout and "skipped" in again.stdout
     assert f"resumed from {unfinished / 'checkpoints' / 'step_000002'}" in again.stdout

@@ -9,6 +9,7 @@ import pytest
 
 from framework.accelerator.cpu import CPUAccelerator
 from tests.conftest import ROOT, TINY_GPT, run_train
+from tests.helpers.in_process import run_command
 
 pytestmark = pytest.mark.slow
 
@@ -38,18 +39,24 @@ def test_digits_recipe_from_another_directory(tmp_path):
     assert summary["metrics"]["val/accuracy"] > 0.9
 
 
+def _train(args: list[str], cwd):
+    """`python train.py ARGS` through its own entry in this process (the default job above is the
+    fresh interpreter's)."""
+    return run_command(["train", *args], cwd)
+
+
 def test_resume_auto_by_name(tmp_path):
     args = ["name=again", "trainer.max_steps=4", "trainer.val_every=2", *TINY_GPT]
-    assert run_train(args, tmp_path).returncode == 0
-    refused = run_train(args, tmp_path)
+    assert _train(args, tmp_path).returncode == 0
+    refused = _train(args, tmp_path)
     assert refused.returncode == 2 and "resume=auto" in refused.stderr
-    resumed = run_train([*args, "trainer.max_steps=6", "resume=auto"], tmp_path)
+    resumed = _train([*args, "trainer.max_steps=6", "resume=auto"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from" in resumed.stdout and "step_000004" in resumed.stdout
 
 
 def _truncated_checkpoint(tmp_path):
-    assert run_train(["name=src", "trainer.max_steps=2", *TINY_GPT], tmp_path).returncode == 0
+    assert _train(["name=src", "trainer.max_steps=2", *TINY_GPT], tmp_path).returncode == 0
     ckpt = tmp_path / "outputs" / "src" / "checkpoints" / "step_000002"
     data = (ckpt / "optimizer.pt").read_bytes()
     (ckpt / "optimizer.pt").write_bytes(data[:100])
@@ -61,7 +68,7 @@ def _truncated_checkpoint(tmp_path):
 
 def test_truncated_checkpoint_says_truncated(tmp_path):
     ckpt = _truncated_checkpoint(tmp_path)
-    result = run_train([f"ckpt_path={ckpt}", "name=load", *TINY_GPT], tmp_path)
+    result = _train([f"ckpt_path={ckpt}", "name=load", *TINY_GPT], tmp_path)
     assert result.returncode == 2
     assert "optimizer.pt is truncated or corrupt" in result.stderr and "Traceback" not in result.stderr
 

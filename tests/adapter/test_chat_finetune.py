@@ -45,13 +45,13 @@ def test_a_fine_tune_reads_with_its_base_tokenizer_and_exports_what_transformers
     tiny = [o for o in TINY_GPT if not o.startswith(("model.", "data."))]
     run = ["run", "hf_lora_chat", "model.config=null", "trainer.max_steps=2", "trainer.val_every=2",
            "data.cache_dir=cache", "data.batch_size=4", *tiny]
-    result = framework_cmd(*run, "model.pretrained=base", "name=chat", cwd=tmp_path)
+    result = framework_cmd(*run, "model.pretrained=base", "name=chat", cwd=tmp_path, in_process=True)
     assert result.returncode == 0, result.stderr[-3000:]
     config = json.loads(json.dumps(__import__("yaml").safe_load((tmp_path / "outputs/chat/config.yaml").read_text())))
     assert config["data"]["tokenizer"] == str(tmp_path / "base")  # the base's own, unasked
     assert "WARNING: data.chat_template" not in result.stderr
 
-    refused = framework_cmd(*run, "model.pretrained=base", "data.tokenizer=bytes", "name=bytes", cwd=tmp_path)
+    refused = framework_cmd(*run, "model.pretrained=base", "data.tokenizer=bytes", "name=bytes", cwd=tmp_path, in_process=True)
     assert refused.returncode == 2 and "data.tokenizer='bytes' is not the tokenizer of model.pretrained" in refused.stderr
     split = framework_cmd("validate", "hf_lora_chat", "model.config=null", "model.pretrained=plain", cwd=tmp_path)
     assert split.returncode == 0 and "its marker '<|im_end|>' is" in " ".join(split.stderr.split())
@@ -91,7 +91,7 @@ def test_a_merged_chat_export_stops_in_transformers_at_the_end_of_the_turn(tmp_p
     run = framework_cmd("run", "hf_lora_chat", "model.config=null", "model.pretrained=base", "data.files=ok.jsonl",
                         "data.cache_dir=cache", "data.batch_size=8", "data.block_size=64", "optimizer.lr=0.02",
                         "trainer.max_steps=40", "trainer.val_every=40", "trainer.progress_bar=false",
-                        "trainer.plot=false", "name=ok", cwd=tmp_path)
+                        "trainer.plot=false", "name=ok", cwd=tmp_path, in_process=True)
     assert run.returncode == 0, run.stderr[-3000:]
     converted = run_command(["convert", "outputs/ok", "merged", "--to", "hf"], tmp_path)
     assert converted.returncode == 0, converted.stderr

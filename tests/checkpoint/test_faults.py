@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import ROOT, TINY_GPT, assert_state_equal, checkpoints, load_model_state, run_train
+from tests.helpers.in_process import run_command
 from tests.helpers.run_cache import trained_run
 
 pytestmark = pytest.mark.slow
@@ -23,11 +24,12 @@ def test_sigkill_during_a_checkpoint_write_keeps_the_previous_one(tmp_path):
     run = tmp_path / "outputs" / "killed"
     assert [p.name for p in checkpoints(run)] == ["step_000003"]
     assert (run / "checkpoints" / ".partial-step_000006").is_dir()
-    resumed = run_train([*ARGS, "name=killed", "trainer.max_steps=12", "resume=auto"], tmp_path)
+    # the resume and the undisturbed run through the command's own entry in this process
+    resumed = run_command(["train", *ARGS, "name=killed", "trainer.max_steps=12", "resume=auto"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert "ignoring incomplete checkpoint" in resumed.stdout and "resumed from" in resumed.stdout
     assert "step_000003" in resumed.stdout
-    straight = run_train([*ARGS, "name=straight", "trainer.max_steps=12"], tmp_path)
+    straight = run_command(["train", *ARGS, "name=straight", "trainer.max_steps=12"], tmp_path)
     assert straight.returncode == 0
     assert_state_equal(load_model_state(checkpoints(run)[-1]),
                        load_model_state(checkpoints(tmp_path / "outputs" / "straight")[-1]))

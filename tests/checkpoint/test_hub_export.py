@@ -29,9 +29,9 @@ def test_an_exported_model_generates_until_the_end_of_text(tmp_path):
                            "data.val_files=val/part.jsonl", "data.cache_dir=cache",
                            "data.tokenizer=tok", "data.block_size=32", "trainer.max_steps=40", "trainer.val_every=40",
                            "trainer.progress_bar=false", "trainer.plot=false", "optimizer.lr=1e-2", "name=eos",
-                           cwd=tmp_path, timeout=600)
+                           cwd=tmp_path, in_process=True)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    result = framework_cmd("convert", "outputs/eos", "exported", "--to", "hf", cwd=tmp_path)
+    result = framework_cmd("convert", "outputs/eos", "exported", "--to", "hf", cwd=tmp_path, in_process=True)
     assert result.returncode == 0, result.stderr
 
     exported = tmp_path / "exported"

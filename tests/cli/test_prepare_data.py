@@ -1,4 +1,5 @@
-"""`framework prepare-data` as docs/data.md shows it: a user's compressed corpus and tokenizer,
+"""`framework prepare-data` as docs/data.md shows it (each command through its own entry in this
+process): a user's compressed corpus and tokenizer,
 prepared ahead; the run that follows (from the same directory, its paths relative) finds the store
 ready and prepares nothing."""
 from __future__ import annotations
@@ -29,7 +30,7 @@ def test_the_readme_prepares_a_corpus_ahead_and_the_run_reuses_it(tmp_path):
     train_line, stream_line = (a for _, a in shown_lines(r"^\s*python train\.py (data=text_files .*jsonl\.gz.*)$"))
     env = {"FRAMEWORK_DATA_CACHE": str(tmp_path / "cache")}
 
-    prepared = framework_cmd(*shlex.split(prepare_line), cwd=tmp_path, env=env)
+    prepared = framework_cmd(*shlex.split(prepare_line), cwd=tmp_path, env=env, in_process=True)
     assert prepared.returncode == 0, prepared.stderr[-3000:]
     assert "ready: " in prepared.stdout
     tokens = {name: int(count.replace(",", "")) for name, count in
@@ -37,25 +38,26 @@ def test_the_readme_prepares_a_corpus_ahead_and_the_run_reuses_it(tmp_path):
     assert tokens["train"] > 10_000 and tokens["val"] > 0  # a BPE of 300 ids: fewer tokens than bytes
     assert tokens["train"] + tokens["val"] < sum(len(t.encode()) for t in texts)
 
-    again = framework_cmd(*shlex.split(prepare_line), cwd=tmp_path, env=env)
+    again = framework_cmd(*shlex.split(prepare_line), cwd=tmp_path, env=env, in_process=True)
     assert again.returncode == 0 and "data: prepar" not in again.stdout, again.stdout
 
     # the docs' run, on one process here (its 8 fsdp processes planned below)
     args = [a for a in shlex.split(train_line) if not a.startswith(("strategy=", "devices="))]
     tiny = [o for o in TINY_GPT if not o.startswith("data.")]
     run = framework_cmd("train", *args, *tiny, "trainer.max_steps=2", "trainer.val_every=2", "name=run", cwd=tmp_path,
-                        env=env)
+                        env=env, in_process=True)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "data: prepar" not in run.stdout + run.stderr, run.stdout[-2000:]
     assert len(list((tmp_path / "cache").iterdir())) <= 2  # one store (and its lock): the run reused it
-    validated = framework_cmd("plan", *shlex.split(train_line), cwd=tmp_path, env=env)
+    validated = framework_cmd("plan", *shlex.split(train_line), cwd=tmp_path, env=env, in_process=True)
     assert validated.returncode == 0, validated.stderr[-2000:]
     assert "8 process(es)" in validated.stdout and "fsdp" in validated.stdout
 
     # the docs' streamed run: nothing prepared, its 5000 steps cut to 2 here; 24 documents hold
     # none for validation at 5% (a store then lends one of training's, a stream cannot): 20%
     streamed = framework_cmd("train", *shlex.split(stream_line), *tiny, "trainer.max_steps=2", "trainer.val_every=2",
-                             "name=streamed", "data.val_percent=20", f"data.cache_dir={tmp_path / 'stream-cache'}", cwd=tmp_path, env=env)
+                             "name=streamed", "data.val_percent=20", f"data.cache_dir={tmp_path / 'stream-cache'}",
+                             cwd=tmp_path, env=env, in_process=True)
     assert streamed.returncode == 0, streamed.stderr[-3000:]
     assert "data: prepar" not in streamed.stdout + streamed.stderr
     assert [p.name.split("-")[0] for p in (tmp_path / "stream-cache").iterdir()] == ["stream"]  # counts, no store

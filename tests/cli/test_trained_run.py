@@ -14,7 +14,8 @@ from omegaconf import OmegaConf
 from framework.cli.trained_run import compose_run_config
 from framework.config.compose import composer
 from framework.paths import conf_dir
-from tests.conftest import TINY_GPT, checkpoints, run_train
+from tests.conftest import TINY_GPT, checkpoints
+from tests.helpers.in_process import run_command
 
 STRATEGIES = sorted(p.stem for p in (conf_dir() / "strategy").glob("*.yaml"))
 # a setting of the run's own strategy that the others do not have, given on its command line
@@ -27,7 +28,7 @@ OWN_SETTING = {"model_parallel": "strategy.tensor_parallel_size=2", "hsdp": "str
 def a_run(tmp_path_factory) -> Path:
     """A real run directory (one step), whose .hydra record the matrix below rewrites per strategy."""
     root = tmp_path_factory.mktemp("trained")
-    result = run_train([*TINY_GPT, "trainer.max_steps=1", "trainer.val_every=1", "name=run"], root)
+    result = run_command(["train", *TINY_GPT, "trainer.max_steps=1", "trainer.val_every=1", "name=run"], root)
     assert result.returncode == 0, result.stderr[-2000:]
     return root / "outputs" / "run"
 
@@ -72,7 +73,6 @@ def test_a_run_directory_works_from_anywhere_and_refuses_to_test_on_what_it_trai
     from another directory finds its data; a test split that holds documents the run trained on
     (test_percent raised after training) is refused, unless --allow-overlap."""
     from tests.cli.helpers import framework_cmd
-    from tests.helpers.in_process import run_command
     from tests.helpers.text_data import stdlib_documents, write_jsonl
 
     project = tmp_path / "project"

@@ -21,6 +21,7 @@ from framework.data.text_files import TextFiles
 from framework.errors import ConfigError, ExitCode, RunExit, StorageError
 from tests.cli.helpers import framework_cmd
 from tests.conftest import TINY_GPT, checkpoints, run_inprocess, run_train
+from tests.helpers.in_process import run_command
 from tests.helpers.text_data import stdlib_documents, train_tokenizer, write_jsonl
 
 TEXTS = stdlib_documents(30, max_chars=1500)
@@ -269,12 +270,12 @@ def test_a_resume_on_other_data_is_refused_unless_allowed(tmp_path):
 def test_prepare_data_then_train_finds_it_ready(tmp_path):
     write_jsonl(tmp_path / "c" / "a.jsonl", TEXTS * 4)
     args = ["data=text_files", "data.files=c/*.jsonl", "data.cache_dir=cache"]
-    ready = framework_cmd("prepare-data", *args, cwd=tmp_path)
+    ready = framework_cmd("prepare-data", *args, cwd=tmp_path, in_process=True)
     assert ready.returncode == 0 and "data: prepared" in ready.stdout and "ready:" in ready.stdout, ready.stderr
-    again = framework_cmd("prepare-data", *args, cwd=tmp_path)
+    again = framework_cmd("prepare-data", *args, cwd=tmp_path, in_process=True)
     assert "data: prepared" not in again.stdout and "ready:" in again.stdout
-    run = run_train([*TINY, *args, "trainer.max_steps=1", "trainer.val_every=1", "name=r"], tmp_path)
+    run = run_command(["train", *TINY, *args, "trainer.max_steps=1", "trainer.val_every=1", "name=r"], tmp_path)
     assert run.returncode == 0 and "data: prepared" not in run.stdout, run.stderr[-2000:]
     refused = framework_cmd("prepare-data", "data=text_files", "data.files=c/*.jsonl", "data.text_field=body",
-                            cwd=tmp_path)
+                            cwd=tmp_path, in_process=True)
     assert refused.returncode == 2 and "data.text_field='body'" in refused.stderr

@@ -15,7 +15,8 @@ from framework.data.stream import TokenStream
 from framework.data.text_files import TextFiles
 from framework.errors import ConfigError
 from tests.cli.helpers import framework_cmd
-from tests.conftest import TINY_GPT, assert_resume_is_exact, checkpoints, run_inprocess, run_train
+from tests.conftest import TINY_GPT, assert_resume_is_exact, checkpoints, run_inprocess
+from tests.helpers.in_process import run_command
 from tests.helpers.text_data import stdlib_documents, write_jsonl
 
 TINY = [*(a for a in TINY_GPT if not a.startswith("data.max_bytes")), "data.block_size=32"]
@@ -117,7 +118,7 @@ def test_a_streamed_run_resumes_on_the_next_samples_at_another_world_size(corpus
     run_inprocess([*base, "strategy=ddp", "devices=2"], run)
     assert not list((tmp_path / "cache").glob("text-*"))  # nothing prepared
     step3 = next(c for c in checkpoints(run) if c.name == "step_000003")
-    resumed = run_train([*base, "data.batch_size=16", f"ckpt_path={step3}", "name=resumed"], tmp_path)
+    resumed = run_command(["train", *base, "data.batch_size=16", f"ckpt_path={step3}", "name=resumed"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "the stream continues at sample 48" in resumed.stdout + resumed.stderr
     want, got = _losses(run), _losses(tmp_path / "outputs" / "resumed")
@@ -129,9 +130,9 @@ def test_a_streamed_run_resumes_on_the_next_samples_at_another_world_size(corpus
 @pytest.mark.slow
 def test_a_streamed_run_needs_a_step_count_and_prepare_data_has_nothing_to_do(corpus, tmp_path):
     args = ["data=text_files", f"data.files={corpus / '*.jsonl'}", "data.cache_dir=cache", "data.streaming=true"]
-    refused = run_train([*TINY, *args, "trainer.max_steps=null", "trainer.max_epochs=1", "name=x"], tmp_path)
+    refused = run_command(["train", *TINY, *args, "trainer.max_steps=null", "trainer.max_epochs=1", "name=x"], tmp_path)
     assert refused.returncode == 2 and "give trainer.max_steps" in refused.stderr, refused.stderr[-2000:]
-    ready = framework_cmd("prepare-data", *args, cwd=tmp_path)
+    ready = framework_cmd("prepare-data", *args, cwd=tmp_path, in_process=True)
     assert ready.returncode == 0 and "data.streaming=true" in ready.stdout, ready.stdout + ready.stderr
     assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").glob("text-*"))
 

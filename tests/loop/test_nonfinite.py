@@ -15,6 +15,7 @@ from framework.errors import ExitCode, RunExit
 from framework.loop.nonfinite import NonFiniteGuard
 from framework.tasks.language_modeling import LanguageModeling
 from tests.conftest import TINY_GPT, checkpoints, load_model_state, run_inprocess, run_train
+from tests.helpers.in_process import run_command
 
 BASE = [*TINY_GPT, "trainer.log_every=1", "trainer.val_every=100", "trainer.val_at_start=false",
         "callbacks=[checkpoint]", "callbacks.checkpoint.every_n_steps=1", "callbacks.checkpoint.keep_last_k=1",
@@ -140,7 +141,8 @@ def test_two_processes_stop_together_where_they_meet_and_a_sweep_goes_on(tmp_pat
     summary = _summary(tmp_path / "outputs" / "ddp")
     assert summary["diverged"]["stopped_at"] % 4 == 0 and summary["diverged"]["stopped_at"] < 40
     assert all(_finite(c) for c in checkpoints(tmp_path / "outputs" / "ddp"))
-    sweep = run_train(["-m", *BASE, "trainer.max_steps=6", "optimizer.lr=3e-3,1e4", "hydra.sweep.dir=sweep"], tmp_path)
+    sweep = run_command(["train", "-m", *BASE, "trainer.max_steps=6", "optimizer.lr=3e-3,1e4", "hydra.sweep.dir=sweep"],
+                        tmp_path)  # one-process jobs: through the command's own entry in this process
     assert sweep.returncode == 0, sweep.stderr[-2000:]
     rows = {r["job"]: r for r in csv.DictReader(open(tmp_path / "sweep" / "sweep_summary.csv"))}
     assert rows["0"]["status"] == "completed" and rows["1"]["status"] == "diverged"

@@ -11,7 +11,7 @@ import pytest
 
 from framework.plotting.figures import draw_runs, draw_sweep, runs_figure
 from framework.plotting.run_data import is_sweep, read_run, read_sweep
-from tests.conftest import TINY_GPT, run_train
+from tests.conftest import TINY_GPT
 from tests.helpers.in_process import run_command
 
 matplotlib = pytest.importorskip("matplotlib")
@@ -117,11 +117,12 @@ def test_framework_plot_command_and_its_errors(tmp_path):
 @pytest.mark.slow
 def test_a_run_draws_its_figure_at_the_end_unless_told_not_to(tmp_path):
     base = [*TINY_GPT, "trainer.max_steps=6", "trainer.val_every=3", "callbacks=[lr_monitor]"]
-    drawn = run_train(["name=drawn", *base, "trainer.plot=true"], tmp_path)
+    # through the command's own entry in this process, as the sweep below
+    drawn = run_command(["train", "name=drawn", *base, "trainer.plot=true"], tmp_path)
     assert drawn.returncode == 0, drawn.stderr
     assert "curves: " in drawn.stdout
     assert_png(tmp_path / "outputs" / "drawn" / "metrics.png")
-    plain = run_train(["name=plain", *base], tmp_path)  # TINY_GPT has trainer.plot=false
+    plain = run_command(["train", "name=plain", *base], tmp_path)  # TINY_GPT has trainer.plot=false
     assert plain.returncode == 0 and not (tmp_path / "outputs" / "plain" / "metrics.png").exists()
 
 
@@ -132,7 +133,7 @@ def test_a_sweep_of_4_jobs_gives_a_comparison_figure_and_hparams_for_4_runs(tmp_
 
     args = ["-m", "name=sw", *TINY_GPT, "trainer.plot=true", "trainer.max_steps=4", "trainer.val_every=2",
             "logger=[csv,tensorboard]", "callbacks=[lr_monitor]", "optimizer.lr=1e-3,3e-3", "model.n_embd=16,32"]
-    result = run_train(args, tmp_path, timeout=600)
+    result = run_command(["train", *args], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     sweep_dir = tmp_path / "multirun" / "sw"
     assert_png(sweep_dir / "sweep.png", min_size=(800, 300))

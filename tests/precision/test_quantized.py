@@ -18,6 +18,7 @@ from framework.precision.bnb_nf4 import BnbNF4Precision
 from framework.precision.bnb_nf4_dq import BnbNF4DoubleQuantPrecision
 from framework.preflight import compatibility_plan, prepare
 from tests.conftest import TINY_GPT, checkpoints, compose_cfg, load_model_state, run_inprocess, run_train
+from tests.helpers.in_process import run_command
 
 pytest.importorskip("bitsandbytes", reason="bitsandbytes is in the dev extra; `pip install 'framework[quant]'`")
 
@@ -339,9 +340,11 @@ def test_ddp_two_processes_keep_the_single_device_weights_and_resume_exact_throu
     run's bit for bit; a ddp run saved with checkpoint_io=dcp and resumed equals a straight one."""
     args = ["trainer.val_every=2", "callbacks.checkpoint.every_n_steps=2", *TINY_GPT, "precision=bnb_int8"]
     ddp = [*args, "strategy=ddp", "devices=2", "data.batch_size=4"]
-    runs = {"single": run_train([*args, "trainer.max_steps=2", "name=single"], tmp_path),
+    # the runs whose printed lines are read: fresh interpreters; the others through the command's
+    # own entry in this process
+    runs = {"single": run_command(["train", *args, "trainer.max_steps=2", "name=single"], tmp_path),
             "straight": run_train([*ddp, "trainer.max_steps=4", "name=straight"], tmp_path),
-            "half": run_train([*ddp, "trainer.max_steps=2", "name=resumed", "checkpoint_io=dcp"], tmp_path),
+            "half": run_command(["train", *ddp, "trainer.max_steps=2", "name=resumed", "checkpoint_io=dcp"], tmp_path),
             "resumed": run_train([*ddp, "trainer.max_steps=4", "name=resumed", "checkpoint_io=dcp", "resume=auto"],
                                  tmp_path)}
     for name, result in runs.items():

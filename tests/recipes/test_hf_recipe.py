@@ -87,7 +87,7 @@ def test_a_pretrained_model_on_your_jsonl_with_your_tokenizer_at_fsdp_then_expor
 
     # the checkpoint back to a directory transformers loads, with the tokenizer beside it
     checkpoint = tmp_path / "outputs" / "mine" / "checkpoints" / "step_000002"
-    result = framework_cmd("convert", str(checkpoint), "exported", "--to", "hf", cwd=tmp_path)
+    result = framework_cmd("convert", str(checkpoint), "exported", "--to", "hf", cwd=tmp_path, in_process=True)
     assert result.returncode == 0, result.stderr
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "exported")
     assert (tmp_path / "exported" / "tokenizer.json").is_file()
@@ -97,7 +97,7 @@ def test_a_pretrained_model_on_your_jsonl_with_your_tokenizer_at_fsdp_then_expor
     for name, value in exported.state_dict().items():
         assert torch.equal(value, trained[name]), name
     assert not torch.equal(exported.transformer.h[0].mlp.c_fc.weight, pretrained.transformer.h[0].mlp.c_fc.weight)
-    refused = framework_cmd("convert", str(checkpoint), "exported", "--to", "hf", cwd=tmp_path)
+    refused = framework_cmd("convert", str(checkpoint), "exported", "--to", "hf", cwd=tmp_path, in_process=True)
     assert refused.returncode == 2 and "exists and is not empty" in refused.stderr
 
 
@@ -121,11 +121,11 @@ def test_your_own_module_beside_the_recipe_is_importable(tmp_path):
                                                    "model:\n  _target_: tiny_lm.TinyLM\n  dim: 64\n"
                                                    "data:\n  block_size: 64\n  max_bytes: 200000\n")
     args = ("run", "proj/recipe.yaml", "name=own", "strategy=ddp", "devices=2", *FEW_STEPS[:-1], "trainer.val_batches=1")
-    refused = framework_cmd(*args, cwd=tmp_path)
+    refused = framework_cmd(*args, cwd=tmp_path, in_process=True)
     assert refused.returncode == 2 and "trust.allow=[tiny_lm.]" in refused.stderr
     assert not (tmp_path / "outputs").exists()  # refused before anything is written
     result = framework_cmd(*args, "trust.allow=[tiny_lm.]", cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert set(val_losses(tmp_path / "outputs" / "own")) == {"0", "2"}
-    typo = framework_cmd(*args, "model._target_=tiny_lm.TinyLN", "trust.allow=[tiny_lm.]", cwd=tmp_path)
+    typo = framework_cmd(*args, "model._target_=tiny_lm.TinyLN", "trust.allow=[tiny_lm.]", cwd=tmp_path, in_process=True)
     assert typo.returncode == 2 and "the module 'tiny_lm' has no 'TinyLN'. Did you mean TinyLM?" in typo.stderr

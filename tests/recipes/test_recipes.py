@@ -21,7 +21,7 @@ SHORT = ["trainer.max_steps=2", "trainer.val_every=2", "trainer.val_batches=1", 
          "trainer.log_every=1"]
 SHORT_BY_RECIPE = {
     "digits_sweep_optuna": ["hydra.sweeper.n_trials=2"],
-    "gpt_lr_sweep": ["data.max_bytes=200000"],
+    "gpt_lr_sweep": ["data.max_bytes=200000", "model.n_layer=1", "model.block_size=32"],  # its 4 jobs, small
     "hf_gpt2_text": ["data.cache_dir=cache", "model.config.n_layer=1"],
     "gpt_deepspeed_stage_3_offload": ["data.max_bytes=200000", "model.n_layer=2", "model.n_embd=64"],
 }
