@@ -1,9 +1,10 @@
-"""Run by tests/construction/test_pipeline_schedules.py under torchrun: the framework's GPT cut into
-stages (framework/construction/stages.py, stage_modules.py), one step of each of torch's pipeline
-schedules on gloo, its loss and every gradient compared with the one-process model's. Rank 0
-writes one line per schedule to the file named in argv[1]: name, loss difference, largest gradient
-difference (the tied embedding: its first-stage and last-stage parts summed, as the pipeline
-strategy will)."""
+"""Run by tests/construction/test_pipeline_schedules.py in processes forked as the framework's
+launcher forks its workers (`run_rank`; or under torchrun: `python pipeline_schedules.py OUT`): the
+framework's GPT cut into stages (framework/construction/stages.py, stage_modules.py), one step of
+each of torch's pipeline schedules on gloo, its loss and every gradient compared with the
+one-process model's. Rank 0 writes one line per schedule to the file `out`: name, loss difference,
+largest gradient difference (the tied embedding: its first-stage and last-stage parts summed, as
+the pipeline strategy will)."""
 from __future__ import annotations
 
 import os
@@ -58,7 +59,15 @@ def one_schedule(name: str, rank: int, world: int, x, y, reference: dict, refere
     return abs(loss.item() - reference_loss), worst.item()
 
 
-def main() -> None:
+def run_rank(rank: int, world: int, port: int, out: str) -> None:
+    """One rank, one thread (as the launcher gives 2 processes on 2 cores), meeting on 127.0.0.1:port."""
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(port)})
+    torch.set_num_threads(1)
+    main(out)
+
+
+def main(out: str) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo")
     data = torch.randint(0, 64, (MICROBATCHES, 17), generator=torch.Generator().manual_seed(1))
@@ -72,10 +81,10 @@ def main() -> None:
         loss_diff, grad_diff = one_schedule(name, rank, world, x, y, reference, reference_loss.item())
         lines.append(f"{name} {loss_diff:.3e} {grad_diff:.3e}")
     if rank == 0:
-        with open(sys.argv[1], "w") as f:
+        with open(out, "w") as f:
             f.write("\n".join(lines) + "\n")
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1])
