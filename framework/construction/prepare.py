@@ -12,6 +12,11 @@ from framework.construction.tied import retie, tied_parameters
 from framework.construction.units import Units
 
 
+def with_adapter(model: nn.Module, adapter) -> nn.Module:
+    """The model with the adapter's layers injected (everything else frozen), or unchanged."""
+    return model if adapter is None else adapter.apply(model)
+
+
 def is_meta(model: nn.Module) -> bool:
     return any(t.is_meta for t in [*model.parameters(), *model.buffers()])
 

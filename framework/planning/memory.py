@@ -1,6 +1,7 @@
 """Bytes per rank for the model states (weights, gradients, optimizer state) under a strategy.
 
-Ψ parameters, N ranks, L parameters in the largest unit gathered at once. The formulas are the
+Ψ parameters, N ranks, L parameters in the largest unit gathered at once (Ψe of them routed experts
+spread over E ranks under expert parallelism; Ψs a pipeline rank's). The formulas are the
 ones in shared/FACTS.md (DeepSpeed's own estimators agree), generalised from fp32 + Adam to the
 chosen precision and optimizer. Activations and temporary buffers are not counted: they depend on
 the batch, not on the strategy.
@@ -37,6 +38,11 @@ class ModelStats:
     """Elements of the largest trainable parameter (NVMe offload swaps one parameter per buffer)."""
     held_params: int = 0
     """Ψs: the parameters the most loaded pipeline rank holds (a pipeline's Layout.held_parameters)."""
+    spread_params: int = 0
+    """Ψe: trainable parameters spread over `spread_ranks` ranks, not sharded over all of them (the
+    routed experts under expert parallelism: Layout.spread_parameters)."""
+    spread_ranks: int = 1
+    """E: the ranks Ψe is divided over (strategy.expert_parallel_size)."""
 
 
 @dataclass(frozen=True)
@@ -67,12 +73,15 @@ def fully_sharded(stats: ModelStats, world_size: int, offload: bool = False) -> 
     """FSDP: all states sharded over N ranks, plus one gathered unit's weights and gradients."""
     per_param = stats.param_bytes * (2 + stats.optimizer_states)
     gathered = 2 * stats.param_bytes * stats.largest_unit
-    sharded = per_param * stats.params / world_size + stats.frozen_bytes / world_size
+    spread = stats.spread_params  # experts: each rank holds 1/E of them, whatever N
+    sharded = per_param * ((stats.params - spread) / world_size + spread / stats.spread_ranks)
+    sharded += stats.frozen_bytes / world_size
     frozen = f" + {human_bytes(stats.frozen_bytes)} frozen/N" if stats.frozen_bytes else ""
+    states = (f"{_coefficient(per_param)}(Ψ-Ψe)/N + {_coefficient(per_param)}Ψe/E" if spread
+              else f"{_coefficient(per_param)}Ψ/N")
     if offload:
         return MemoryEstimate(gathered, sharded, f"{_coefficient(2 * stats.param_bytes)}L")
-    return MemoryEstimate(sharded + gathered, formula=f"{_coefficient(per_param)}Ψ/N + "
-                                                      f"{_coefficient(2 * stats.param_bytes)}L{frozen}")
+    return MemoryEstimate(sharded + gathered, formula=f"{states} + {_coefficient(2 * stats.param_bytes)}L{frozen}")
 
 
 def pipelined(stats: ModelStats, data_parallel: int, tensor_parallel: int) -> MemoryEstimate:
@@ -194,9 +203,9 @@ def model_stats(cfg: DictConfig, plugins, model):
     frozen_bytes = quantized_bytes + frozen * param_bytes
     mixed_half = precision.param_dtype == torch.float32 and precision.compute_dtype in (torch.float16, torch.bfloat16)
     largest = max((p.numel() for p in model.parameters() if p.requires_grad), default=0)
-    held = plugins.strategy.layout(plugins.strategy.devices * plugins.strategy.num_nodes, model).held_parameters
+    layout = plugins.strategy.layout(plugins.strategy.devices * plugins.strategy.num_nodes, model)
     stats = ModelStats(params, units.largest or params, param_bytes, mixed_half, optimizer_states(cfg), frozen_bytes,
-                       largest, held)
+                       largest, layout.held_parameters, layout.spread_parameters, layout.spread_ranks)
     return stats, units
 
 

@@ -16,7 +16,7 @@ from framework.cluster.base import ClusterEnvironment
 from framework.cluster.local import LocalEnvironment
 from framework.config.loop_settings import LoopSettings
 from framework.construction.compile import compile_model
-from framework.construction.prepare import checkpoint_activations, convert_precision, place_model
+from framework.construction.prepare import checkpoint_activations, convert_precision, place_model, with_adapter
 from framework.construction.quantized_build import build_quantized
 from framework.construction.units import Units, choose_units
 from framework.precision.base import Precision
@@ -32,14 +32,6 @@ from framework.strategy.state_dicts import (
 )
 from framework.tensors import map_tensors
 
-
-def move_to_device(data: Any, device: torch.device) -> Any:
-    return map_tensors(data, lambda t: t.to(device, non_blocking=True))
-
-
-def with_adapter(model: torch.nn.Module, adapter) -> torch.nn.Module:
-    """The model with the adapter's layers injected (everything else frozen), or unchanged."""
-    return model if adapter is None else adapter.apply(model)
 
 class Strategy:
     """Composes the other four plugins and exposes everything the loop needs: it wraps the model
@@ -231,7 +223,7 @@ class Strategy:
         return getattr(model, "module", model)
 
     def batch_to_device(self, batch: Any) -> Any:
-        return self.precision.convert_input(move_to_device(batch, self.root_device))
+        return self.precision.convert_input(map_tensors(batch, lambda t: t.to(self.root_device, non_blocking=True)))
 
     def forward_context(self) -> ContextManager:
         return self.precision.forward_context()

@@ -31,3 +31,8 @@ class Layout:
     activation_share: float = 1.0
     """The share of one micro-batch's activations through the whole model a rank keeps at once
     (a pipeline's first stage: its layers, its microbatches in flight)."""
+    spread_parameters: int = 0
+    """Trainable parameters divided over `spread_ranks` ranks instead of state_shards: the routed
+    experts under expert parallelism (each rank holds 1/spread_ranks of them, replicated over the
+    other ranks, never sharded by FSDP)."""
+    spread_ranks: int = 1

@@ -50,6 +50,10 @@ def test_formulas_match_the_facts_table():
     # ZeRO-2 in float32 still copies the partition: replicated weights 4 + (4 + 4 + 4 + 8) / N
     assert zero(fp32, n, 2, "none", "none").device == 4 * psi + 20 * psi / n
     assert replicated(ModelStats(psi, layer, optimizer_states=0)).device == 8 * psi  # plain SGD
+    # experts spread over E = 2 of N = 4 ranks (expert parallelism): each rank holds half of them
+    experts = ModelStats(psi, layer, spread_params=psi // 2, spread_ranks=2)
+    assert fully_sharded(experts, n).device == 16 * (psi // 2) / n + 16 * (psi // 2) / 2 + 8 * layer
+    assert fully_sharded(experts, n).formula == "16(Ψ-Ψe)/N + 16Ψe/E + 8L"
 
 
 def test_nvme_offload_counts_the_states_on_disk_and_the_swap_buffers_in_ram():

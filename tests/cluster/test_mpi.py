@@ -9,7 +9,8 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import ROOT, TINY_GPT, checkpoints, load_model_state, run_train
+from tests.conftest import ROOT, TINY_GPT, checkpoints, load_model_state
+from tests.helpers.in_process import run_command
 from tests.helpers.mpi_runtime import ensure_mpi, mpirun_prefix
 
 pytestmark = pytest.mark.slow
@@ -36,7 +37,7 @@ def test_mpirun_trains_like_the_local_launcher(mpi, tmp_path):
     result = mpirun_train(["cluster=mpi", "devices=2"], tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     [via_mpi] = (tmp_path / "outputs").glob("mpi-*")  # named after the MPI job: every rank agrees
-    reference = run_train([*ARGS, "devices=2", "name=local"], tmp_path, env=ENV)
+    reference = run_command(["train", *ARGS, "devices=2", "name=local"], tmp_path, env=ENV)  # the local launcher, in this process
     assert reference.returncode == 0, reference.stderr
     local = tmp_path / "outputs" / "local"
     assert (via_mpi / "metrics.csv").read_text().splitlines()[1:3] == (local / "metrics.csv").read_text().splitlines()[1:3]

@@ -14,7 +14,8 @@ import time
 import pytest
 import torch
 
-from tests.conftest import ROOT, TINY_GPT, checkpoints, load_model_state, run_train
+from tests.conftest import ROOT, TINY_GPT, checkpoints, load_model_state
+from tests.helpers.in_process import run_command
 from tests.helpers.slurm_cluster import ensure_slurm
 
 pytestmark = pytest.mark.slow
@@ -56,7 +57,7 @@ def test_srun_tasks_train_like_the_local_launcher(slurm, tmp_path):
     result = run(["srun", "--ntasks=2", *train_cmd("devices=2", "trainer.max_steps=6")], tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     [via_srun] = (tmp_path / "outputs").glob("slurm-*")  # named after the job: every task agrees
-    reference = run_train([*ARGS, "devices=2", "trainer.max_steps=6", "name=local"], tmp_path, env=ENV)
+    reference = run_command(["train", *ARGS, "devices=2", "trainer.max_steps=6", "name=local"], tmp_path, env=ENV)
     assert reference.returncode == 0, reference.stderr
     local = tmp_path / "outputs" / "local"
     assert losses(via_srun) == losses(local)
@@ -114,7 +115,7 @@ def test_requeue_signal_checkpoints_requeues_and_the_job_finishes_by_resuming(sl
     assert text.rstrip().endswith("srun exited 0")
     run_dir = tmp_path / "outputs" / f"slurm-{job}"
     assert checkpoints(run_dir)[-1].name == "step_000400"
-    reference = run_train([*ARGS, *steps, "name=undisturbed"], tmp_path, env=ENV)
+    reference = run_command(["train", *ARGS, *steps, "name=undisturbed"], tmp_path, env=ENV)
     assert reference.returncode == 0, reference.stderr
     assert_same_weights(checkpoints(run_dir)[-1], checkpoints(tmp_path / "outputs" / "undisturbed")[-1])
 
@@ -131,7 +132,8 @@ def test_a_sweep_of_two_process_jobs_goes_to_slurm_through_submitit(slurm, tmp_p
     assert summaries[0]["objective_value"] != summaries[1]["objective_value"]  # seeds 1 and 2
     submission = next((sweep / ".submitit").glob("*/*_submission.sh")).read_text()
     assert "#SBATCH --ntasks-per-node=2" in submission and "#SBATCH --nodes=1" in submission
-    reference = run_train([*ARGS, "devices=2", "trainer.max_steps=4", "seed=1", "name=local"], tmp_path, env=ENV)
+    reference = run_command(["train", *ARGS, "devices=2", "trainer.max_steps=4", "seed=1", "name=local"], tmp_path,
+                            env=ENV)
     assert reference.returncode == 0, reference.stderr
     local = json.loads((tmp_path / "outputs" / "local" / "summary.json").read_text())
     assert summaries[0]["objective_value"] == local["objective_value"]

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from tests.conftest import TINY_GPT, run_train
+from tests.helpers.in_process import run_command
 
 pytestmark = pytest.mark.slow
 
@@ -20,8 +21,8 @@ def test_a_sweep_through_submitit_local(tmp_path):
     summaries = [json.loads((sweep / str(i) / "summary.json").read_text()) for i in (0, 1)]
     assert [s["world_size"] for s in summaries] == [2, 2]
     assert summaries[0]["name"] == summaries[1]["name"]  # the name was fixed when the sweep started
-    reference = run_train([*args, "strategy=ddp", "devices=2", "seed=2", "name=ref"], tmp_path,
-                          env={"OMP_NUM_THREADS": "1"})
+    reference = run_command(["train", *args, "strategy=ddp", "devices=2", "seed=2", "name=ref"], tmp_path,
+                            env={"OMP_NUM_THREADS": "1"})
     assert reference.returncode == 0, reference.stderr
     assert summaries[1]["objective_value"] == json.loads(
         (tmp_path / "outputs" / "ref" / "summary.json").read_text())["objective_value"]

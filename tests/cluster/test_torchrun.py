@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from tests.conftest import TINY_GPT, load_model_state, run_train
+from tests.conftest import TINY_GPT, load_model_state
+from tests.helpers.in_process import run_command
 from tests.helpers.torchrun import free_port, torchrun
 
 pytestmark = pytest.mark.slow
@@ -30,7 +31,7 @@ def test_two_nodes_train_like_one_node(tmp_path):
     outputs = [p.communicate(timeout=400)[0] for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], "\n".join(outputs)
     two_nodes = tmp_path / "outputs" / "torchrun-twonodes"  # the run is named after the rendezvous id
-    reference = run_train([*ARGS, "devices=2", "name=one_node"], tmp_path)
+    reference = run_command(["train", *ARGS, "devices=2", "name=one_node"], tmp_path)  # the local launcher, in this process
     assert reference.returncode == 0, reference.stderr
     one_node = tmp_path / "outputs" / "one_node"
     assert losses(two_nodes) == losses(one_node)

@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from framework.loggers.mlflow import MLflowLogger, close_sweep_run, flatten, open_sweep_run
-from tests.conftest import TINY_GPT, run_train
+from tests.conftest import TINY_GPT
+from tests.helpers.in_process import run_command
 
 
 def client(uri):
@@ -52,8 +53,8 @@ def test_mlflow_is_imported_only_when_chosen():
 
 @pytest.mark.slow
 def test_two_processes_log_one_run_from_rank_zero(tmp_path):
-    result = run_train(["name=ml", "strategy=ddp", "devices=2", "logger=[csv,mlflow]", "trainer.max_steps=4",
-                        "trainer.val_every=2", *TINY_GPT, "trainer.log_every=1"], tmp_path, timeout=600)
+    result = run_command(["train", "name=ml", "strategy=ddp", "devices=2", "logger=[csv,mlflow]", "trainer.max_steps=4",
+                          "trainer.val_every=2", *TINY_GPT, "trainer.log_every=1"], tmp_path)  # in this process
     assert result.returncode == 0, result.stderr[-3000:]
     c = client(f"sqlite:///{tmp_path / 'mlflow.db'}")
     (run,) = c.search_runs([c.get_experiment_by_name("framework").experiment_id])

@@ -230,3 +230,16 @@ def test_plan_says_each_ranks_experts_and_what_it_gathers(tmp_path):
     assert shown.returncode == 0, shown.stderr
     assert "expert parallel: 2 ranks, 4 of 8 experts each in 2 mixture-of-experts layer(s)" in shown.stdout
     assert "sent per rank per step" in shown.stdout and "active per token" in shown.stdout
+    # at 4 ranks, EP 2 x FSDP 2: each rank holds half the experts (replicated twice), the rest a quarter
+    from framework.planning.memory import estimate, model_stats
+    from framework.preflight import prepare
+    from tests.conftest import compose_cfg
+
+    cfg = compose_cfg(["model.moe.num_experts=8", "strategy=fsdp", "devices=4", "strategy.expert_parallel_size=2"])
+    prepared = prepare(cfg, strict=False)
+    stats, _ = model_stats(cfg, prepared.plugins, prepared.model)
+    spread = sum(p.numel() for name, p in prepared.model.named_parameters() if ".moe.experts." in name)
+    assert stats.spread_params == spread > 0 and stats.spread_ranks == 2
+    states = estimate(prepared.plugins.strategy, stats, 4)
+    assert states.device == 16 * ((stats.params - spread) / 4 + spread / 2) + 8 * stats.largest_unit
+    assert states.formula.startswith("16(Ψ-Ψe)/N + 16Ψe/E")

@@ -16,8 +16,7 @@ from typing import Any, Literal
 import torch
 
 from framework.construction.meta_build import meta_device, sharded_build
-from framework.construction.prepare import checkpoint_activations
-from framework.strategy.base import with_adapter
+from framework.construction.prepare import checkpoint_activations, with_adapter
 from framework.strategy.deepspeed import state as ds_state
 from framework.strategy.deepspeed.arch_list import readable_arch_list
 from framework.strategy.deepspeed.cpu_init import initialise_from_cpu

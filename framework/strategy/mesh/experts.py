@@ -102,6 +102,11 @@ def expert_parameters(model: nn.Module) -> set[nn.Parameter]:
     return {getattr(layer.experts, name) for layer in expert_layers(model) for name in EXPERT_WEIGHTS}
 
 
+def trainable(model: nn.Module) -> int:
+    """The experts' trainable parameters (spread over the expert-parallel ranks, each holding 1/E)."""
+    return sum(p.numel() for p in expert_parameters(model) if p.requires_grad)
+
+
 def routing_counted(model: nn.Module, counted: bool) -> None:
     """Whether every layer's forwards count their tokens for the bias balancing (a pipeline's
     metadata inference does not: framework/strategy/mesh/pipeline/run.py)."""

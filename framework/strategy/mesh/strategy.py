@@ -13,9 +13,10 @@ import torch
 
 from framework.config.types import PositiveInt
 from framework.construction.meta_init import InitLog, build_on_meta
+from framework.construction.prepare import with_adapter
 from framework.construction.units import DEFAULT_MIN_UNIT_PARAMS, Units, choose_units
 from framework.errors import ConfigError
-from framework.strategy.base import DataParallel, Layout, with_adapter
+from framework.strategy.base import DataParallel, Layout
 from framework.strategy.mesh import experts, state
 from framework.strategy.mesh.dims import DimsSettings, ParallelDims
 from framework.strategy.mesh.fully_shard import apply_fully_shard, materialise, shard_kwargs
@@ -172,6 +173,9 @@ class MeshStrategy(ParallelStrategy):
     def layout(self, world_size: int, model: torch.nn.Module | None = None) -> Layout:
         dims = self.parallel_dims(world_size)
         shards = dims.shard if dims.replicate > 1 else world_size
+        if dims.expert > 1 and model is not None and not self.pipelined:  # the experts: 1/E of them on each rank
+            return Layout(shards, tuple(self._mesh_lines(dims, model)), spread_parameters=experts.trainable(model),
+                          spread_ranks=dims.expert)
         if self.pipelined:
             lines = layout_lines(self.pipeline, dims, model, self.loop_settings.micro_batch_size)
             if model is None:
