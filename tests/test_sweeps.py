@@ -88,6 +88,8 @@ def test_multi_process_jobs_in_a_sweep(tmp_path):
     assert ddp == pytest.approx(fsdp, abs=1e-4)  # the same training, sharded or not
     for job in ("0", "1"):
         assert json.loads((tmp_path / "multirun" / "mp" / job / "summary.json").read_text())["world_size"] == 2
+        assert not [p for p in (tmp_path / "multirun" / "mp" / job).iterdir() if p.name.startswith("elastic-")]
+    assert not (tmp_path / "outputs").exists()  # a sweep writes under multirun/ only
 
 
 @pytest.mark.slow

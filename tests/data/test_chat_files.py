@@ -15,7 +15,7 @@ from framework.errors import ConfigError
 from framework.models.gpt import GPT
 from framework.tasks.fit_check import check_fit
 from framework.tasks.language_modeling import LanguageModeling
-from tests.conftest import run_train
+from tests.helpers.in_process import run_command
 from tests.helpers.text_data import train_tokenizer
 
 pytest.importorskip("datasets")
@@ -258,8 +258,8 @@ def test_a_role_the_template_does_not_know_exits_2_before_the_run_directory_exis
                                                                {"role": "bot", "content": "hello"}]}] * 10)
     template = tmp_path / "two_roles.jinja"
     template.write_text(ROLES_OF_TWO)
-    result = run_train(["data=chat_files", f"data.files={files}", f"data.chat_template={template}",
-                        "data.scored_roles=[bot]", "trainer.max_steps=2", "hydra.run.dir=run"], tmp_path)
+    result = run_command(["train", "data=chat_files", f"data.files={files}", f"data.chat_template={template}",
+                          "data.scored_roles=[bot]", "trainer.max_steps=2", "hydra.run.dir=run"], tmp_path)
     assert result.returncode == 2, result.stderr
     assert "does not know the role 'bot'" in result.stderr and not (tmp_path / "run").exists()
 

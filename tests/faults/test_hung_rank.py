@@ -11,6 +11,7 @@ import pytest
 
 from framework.errors import ExitCode
 from tests.conftest import TINY_GPT, assert_state_equal, load_model_state, run_train
+from tests.helpers.in_process import run_command
 
 RUN = [*TINY_GPT, "strategy=ddp", "devices=2", "strategy.timeout_s=8", "trainer.max_steps=8",
        "callbacks.checkpoint.every_n_steps=2", "trainer.val_every=100"]
@@ -38,7 +39,7 @@ def test_with_a_restart_the_group_recovers_and_ends_as_an_undisturbed_run(tmp_pa
     result = run_train([*RUN, STOP % (tmp_path / "stopped.pid"), "trainer.max_restarts=1",
                         f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, env=ENV)
     assert result.returncode == 0, result.stderr[-3000:]
-    straight = run_train([*RUN, f"hydra.run.dir={tmp_path / 'straight'}"], cwd=tmp_path, env=ENV)
+    straight = run_command(["train", *RUN, f"hydra.run.dir={tmp_path / 'straight'}"], tmp_path, env=ENV)  # in this process
     assert straight.returncode == 0, straight.stderr[-3000:]
     step = "checkpoints/step_000008"
     assert_state_equal(load_model_state(tmp_path / "run" / step), load_model_state(tmp_path / "straight" / step))

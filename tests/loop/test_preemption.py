@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from framework.launch.elastic import LAUNCH_FIELDS
-from tests.conftest import ROOT, TINY_GPT, assert_state_equal, checkpoints, load_model_state, run_train
+from tests.conftest import ROOT, TINY_GPT, assert_state_equal, checkpoints, load_model_state
+from tests.helpers.in_process import run_command
 
 ARGS = [*TINY_GPT, "trainer.log_every=1", "trainer.val_every=1000", "trainer.val_at_start=false",
         "scheduler.total_steps=400", "model.dropout=0.1", "callbacks.checkpoint.every_n_steps=1000"]
@@ -37,8 +38,9 @@ def test_single_process_signal_saves_and_resumes_exactly(tmp_path, sig):
     stopped = int(ckpt.name.split("_")[1])
     assert stopped >= 5
     end = stopped + 3
-    assert run_train([*ARGS, "name=pre", f"trainer.max_steps={end}", "resume=auto"], tmp_path).returncode == 0
-    assert run_train([*ARGS, "name=straight", f"trainer.max_steps={end}"], tmp_path).returncode == 0
+    # the resume and the undisturbed run through the command's own entry in this process
+    assert run_command(["train", *ARGS, "name=pre", f"trainer.max_steps={end}", "resume=auto"], tmp_path).returncode == 0
+    assert run_command(["train", *ARGS, "name=straight", f"trainer.max_steps={end}"], tmp_path).returncode == 0
     assert_state_equal(load_model_state(checkpoints(tmp_path / "outputs" / "pre")[-1]),
                        load_model_state(checkpoints(tmp_path / "outputs" / "straight")[-1]))
 
@@ -58,8 +60,8 @@ def test_multi_process_signal_to_the_launcher(tmp_path, sig):
         assert f"stopped by {sig.name} after saving a checkpoint at step {int(ckpt.name.split('_')[1])}" in err
     assert sorted(p.name for p in ckpt.iterdir()) == ["loop_rank0.pt", "loop_rank1.pt", "meta.json", "model.pt",
                                                       "optimizer.pt"]
-    resumed = run_train([*args[:-1], "trainer.max_steps=" + str(int(ckpt.name.split("_")[1]) + 2), "resume=auto"],
-                        tmp_path)
+    resumed = run_command(["train", *args[:-1], "trainer.max_steps=" + str(int(ckpt.name.split("_")[1]) + 2),
+                           "resume=auto"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -98,11 +96,9 @@ def test_framework_test_under_other_strategies_and_world_sizes_gives_the_same_sc
     """A run trained with Hydra (its .hydra/ records the command): tested again at 2 processes under
     a strategy of each family (replicated, fully sharded, ZeRO, fairscale's sharded optimizer), the
     scores equal the one-process test within 1e-6."""
-    run = [sys.executable, "-m", "framework"]
-    trained = subprocess.run(run + ["run", "digits_classifier", "name=r", "trainer.max_steps=20", "trainer.val_every=10",
-                                    "trainer.plot=false", "trainer.progress_bar=false", "trainer.test_at_end=true",
-                                    "task.metrics=[MulticlassF1Score]"],
-                             cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    trained = run_command(["run", "digits_classifier", "name=r", "trainer.max_steps=20", "trainer.val_every=10",
+                           "trainer.plot=false", "trainer.progress_bar=false", "trainer.test_at_end=true",
+                           "task.metrics=[MulticlassF1Score]"], tmp_path)
     assert trained.returncode == 0, trained.stderr[-3000:]
     reference = json.loads((tmp_path / "outputs/r/test_metrics.json").read_text())
     assert set(reference["metrics"]) == {"test/loss", "test/accuracy", "test/f1_score"}

@@ -83,7 +83,8 @@ def test_zero3s_replayed_build_writes_each_ranks_own_slice_at_two_processes(tmp_
     import subprocess
     import sys
 
-    from tests.conftest import ROOT, TINY_GPT, checkpoints, load_model_state, run_train
+    from tests.conftest import ROOT, TINY_GPT, checkpoints, load_model_state
+    from tests.helpers.in_process import run_command
 
     one_step = [*TINY_GPT, "trainer.max_steps=1", "optimizer.lr=0.0", "trainer.val_at_start=false",
                 "callbacks=[checkpoint]", "model.n_layer=2", "model.n_embd=36", "model.n_head=2"]  # 36: odd partitions
@@ -95,7 +96,7 @@ def test_zero3s_replayed_build_writes_each_ranks_own_slice_at_two_processes(tmp_
                            capture_output=True, text=True, timeout=600)
     assert zero3.returncode == 0, zero3.stdout[-2000:] + zero3.stderr[-3000:]
     assert [(tmp_path / f"replayed-rank{r}.txt").read_text() for r in (0, 1)] == ["ok", "ok"]
-    single = run_train([*one_step, "strategy=single_device", "name=one"], tmp_path)
+    single = run_command(["train", *one_step, "strategy=single_device", "name=one"], tmp_path)  # in this process
     assert single.returncode == 0, single.stderr[-2000:]
     two, one = (load_model_state(checkpoints(tmp_path / "outputs" / name)[-1]) for name in ("zero3", "one"))
     assert set(two) == set(one) and all(torch.equal(two[k], one[k]) for k in one)

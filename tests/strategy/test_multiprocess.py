@@ -25,17 +25,7 @@ BASE = [*TINY_GPT, f"trainer.max_steps={STEPS}", "trainer.log_every=1", "trainer
         "trainer.val_at_start=false", "callbacks=[checkpoint]"]
 
 
-def test_multirun_of_two_process_jobs(tmp_path):
-    result = run_train(["-m", "strategy=ddp,fsdp", "devices=2", "name=sweep", *BASE], tmp_path, timeout=600)
-    assert result.returncode == 0, result.stderr
-    sweep = tmp_path / "multirun" / "sweep"
-    jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
-    assert jobs == ["0", "1"]
-    for job, strategy in zip(jobs, ["ddp", "fsdp"]):
-        summary = json.loads((sweep / job / "summary.json").read_text())
-        assert summary["strategy"] == strategy and summary["world_size"] == 2
-        assert not [p for p in (sweep / job).iterdir() if p.name.startswith("elastic-")]  # no stray dirs
-    assert not (tmp_path / "outputs").exists()
+# a sweep of two-process jobs, as typed: tests/test_sweeps.py
 
 
 @pytest.fixture(scope="module")
