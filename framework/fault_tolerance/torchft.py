@@ -1,18 +1,18 @@
 """`fault_tolerance=torchft`: replica groups over the data-parallel dimension, on torchft.
 
 The run's data-parallel dimension is split into `replica_groups` groups of `devices x num_nodes`
-processes each (any layout of ddp or the FSDP2 family within a group). A lighthouse (torchft's own) forms a quorum of the live groups
-before every step; a step's gradients are averaged over the groups in it (torchft's rule: each
-group's mean gradient, averaged over the groups that took part), and the groups vote on the
-commit, so a group that dies mid-step costs the others that step's update, not the run. A group
-that (re)joins behind the others copies the whole training state of the same rank of a live peer
-(weights, optimizer state, the loop's step, data position, scheduler and RNG) before its first
-forward, and goes on from there: nothing it trained before is trained again, nothing the others
-trained is skipped. Each group reads its own share of every step's samples (group g of G takes
-the g-th of G slices of the data-parallel order); while a group is away its share of those steps
-is not trained (the others do not take it over), which the per-step `train/replicas` shows.
-Before the gradients, one small collective carries the step's loss (train/loss is the groups'
-mean) and a digest of what each rank holds: groups whose ranks hold different parts never average.
+processes each (any layout of ddp or the FSDP2 family within a group). A lighthouse (torchft's own)
+forms a quorum of the live groups before every step; a step's gradients are averaged over the groups
+in it (torchft's rule: each group's mean gradient, averaged over the groups that took part), and the
+groups vote on the commit, so a group that dies mid-step costs the others that step's update, not
+the run. A group that (re)joins behind the others copies the whole training state of the same rank
+of a live peer (weights, optimizer state, the loop's step, data position, scheduler and RNG) before
+its first forward, and goes on from there: nothing it trained before is trained again, nothing the
+others trained is skipped. Each group reads its own share of every step's samples (group g of G
+takes the g-th of G slices of the data-parallel order); while a group is away its share of those
+steps is not trained (the others do not take it over), which the per-step `train/replicas` shows.
+Before the gradients, one small collective carries the step's loss (train/loss is the groups' mean)
+and a digest of what each rank holds: groups whose ranks hold different parts never average.
 
 Built on torchft's Manager, its fault-tolerant ProcessGroupGloo (or ProcessGroupNCCL) and its HTTP
 checkpoint transport; nothing of the quorum, the transport or the lighthouse is the framework's own.
