@@ -1,6 +1,7 @@
-"""Launch behaviour at 2 processes: sweeps of multi-process jobs, only rank zero printing, shared
-imports, a failing worker, a user's error inside a worker, refusals before any process (the
-equivalence of the strategies: test_equivalence.py; their resumes: test_resume_two_ranks.py)."""
+"""Launch behaviour at 2 processes: only rank zero printing, shared imports, a failing worker, a
+user's error inside a worker, refusals before any process (sweeps of multi-process jobs:
+tests/test_sweeps.py; the equivalence of the strategies: test_equivalence.py; their resumes:
+test_resume_two_ranks.py)."""
 from __future__ import annotations
 
 import ctypes.util
@@ -23,9 +24,6 @@ STEPS = 4
 # what launching is checked with: a few steps, one checkpoint at the end
 BASE = [*TINY_GPT, f"trainer.max_steps={STEPS}", "trainer.log_every=1", "trainer.val_every=2", "model.dropout=0.0",
         "trainer.val_at_start=false", "callbacks=[checkpoint]"]
-
-
-# a sweep of two-process jobs, as typed: tests/test_sweeps.py
 
 
 @pytest.fixture(scope="module")
