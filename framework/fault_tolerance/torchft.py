@@ -145,7 +145,7 @@ class TorchFT(FaultTolerance):
         self._duplicate_id = False  # set by the quorum's process group: two groups of one replica_id
         self._record = ReplicaRecord(self.group)
         self._layout: GroupLayout | None = None  # what this rank holds (join)
-        self._layout_code = torch.zeros(2 * _CODE_CHUNKS, dtype=torch.float64)
+        self._layout_code = _layout_code(None, "cpu")  # join sets this rank's
         self._peer_layout: str | None = None  # a live peer's, where a heal found it differs from this rank's
         self._new_in_quorum = True  # this group joins the quorum at the current step (first step, or healed)
         self._speaks = True
