@@ -8,7 +8,6 @@ the best checkpoint), `test` (score the checkpoint `ckpt_path` names on the data
 predict`)."""
 from __future__ import annotations
 
-import gc
 import json
 import math
 import os
@@ -87,11 +86,10 @@ def train_worker(config: dict, output_dir: str, mode: RunMode = RunMode()) -> Fi
     was_deterministic = configure_determinism(cfg.trainer.deterministic)
     try:
         # Everything that holds the wrapped model lives inside _fit, so it is freed when _fit
-        # returns, before the process group is destroyed (a DDP reducer outliving its gloo group
-        # can hang in the group's destructor).
+        # returns, before the strategy's teardown destroys its process group (ParallelStrategy
+        # collects what cycles still hold first).
         return MODES[mode.name](cfg, config, plugins, Path(output_dir), mode)
     finally:
-        gc.collect()
         strategy.teardown()
         if torch.are_deterministic_algorithms_enabled() != was_deterministic:
             torch.use_deterministic_algorithms(was_deterministic)

@@ -15,19 +15,25 @@ from omegaconf import DictConfig
 
 import framework  # noqa: F401  (registers the schema)
 from framework.config.overrides import normalize_overrides
+from framework.launch import elastic
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 # tests/xla run in .venv-xla (`make test-xla`: torch_xla pins its own torch); elsewhere they are not
 # collected at all rather than reported as skipped
 collect_ignore = [] if importlib.util.find_spec("torch_xla") else ["xla"]
-# prepared data (data=text_files, chat_files) of runs that name no data.cache_dir: in a folder of the
-# test session's, never the user's ~/.cache (the workers a test starts inherit the variable)
-MADE_HERE = [name for name in ("FRAMEWORK_DATA_CACHE", "FRAMEWORK_TEST_RUNS") if name not in os.environ]
-os.environ.setdefault("FRAMEWORK_DATA_CACHE", tempfile.mkdtemp(prefix="framework-data-cache-"))
-# trained runs shared by every test of the session, on both xdist workers (tests/helpers/run_cache.py):
-# made here, in the process that starts the workers, so that they inherit the one folder
-os.environ.setdefault("FRAMEWORK_TEST_RUNS", tempfile.mkdtemp(prefix="framework-test-runs-"))
+# Two folders of the test session's, made in the process that starts the xdist workers, which inherit
+# them (as does every process a test starts; none of those makes its own): prepared data (data=text_files,
+# chat_files) of runs that name no data.cache_dir, never the user's ~/.cache; trained runs shared by every
+# test of the session, on both workers (tests/helpers/run_cache.py)
+SESSION_FOLDERS = {"FRAMEWORK_DATA_CACHE": "framework-data-cache-", "FRAMEWORK_TEST_RUNS": "framework-test-runs-"}
+MADE_HERE = [name for name in SESSION_FOLDERS if name not in os.environ]
+for name in MADE_HERE:
+    os.environ[name] = tempfile.mkdtemp(prefix=SESSION_FOLDERS[name])
+# runs launched from this process (run_command, in_process=True) fork their workers from one
+# forkserver for the whole session: it imports once what many of those workers would each import
+# (LoRA runs peft, Hugging Face models transformers, classifiers with metrics torchmetrics)
+elastic.EXTRA_PRELOAD += ["torchmetrics", "transformers", "peft"]
 # tests/floor: every strategy a few steps and a resume, under the lowest torch pyproject accepts
 # (`make test-floor`, in .venv-xla's torch 2.9); the main suite covers the same under the pinned one
 if not os.environ.get("FRAMEWORK_FLOOR_SMOKE"):

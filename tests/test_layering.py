@@ -63,7 +63,6 @@ HEAVY = (
     "torch.distributed.tensor",  # 0.33 s
     "torch._dynamo",  # 0.71 s
     "torch.distributed.pipelining",  # 1.36 s after fsdp, tensor and checkpoint (it loads torch.export)
-    "sklearn",  # 0.85 s
 )
 
 TOP = max(FLOORS.values()) + 1  # the package root: `framework.run` and `framework.guard`

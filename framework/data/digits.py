@@ -1,13 +1,18 @@
 """8x8 handwritten digits (1,797 images) that ship inside scikit-learn: no download."""
 from __future__ import annotations
 
+import gzip
+import importlib.util
 from functools import cache, cached_property
+from pathlib import Path
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from framework.config.types import PositiveInt
 from framework.data.base import DataModule
+from framework.errors import ConfigError
 
 
 class Digits(DataModule):
@@ -75,8 +80,16 @@ def bundled_digits() -> tuple[torch.Tensor, torch.Tensor]:
     """(features scaled to [0, 1], labels) of all 1,797 images, read once per process (a run's
     preflight, its loaders and `framework list` build the data module again and again). Indexing
     them copies, so no caller can change them."""
-    from sklearn.datasets import load_digits  # bundled with scikit-learn, read from its package
-
-    bunch = load_digits()  # on the CPU whatever device a caller's context sets (preflight's is meta)
-    return (torch.tensor(bunch.data, dtype=torch.float32, device="cpu") / 16.0,
-            torch.tensor(bunch.target, dtype=torch.long, device="cpu"))
+    # scikit-learn's own file, read as its load_digits reads it (np.loadtxt of the gzipped csv:
+    # 64 pixel values 0-16, then the label) without importing scikit-learn, which costs a second
+    # in every process that builds the data (each worker and the preflight)
+    found = importlib.util.find_spec("sklearn")  # finds the package without running it
+    path = Path(found.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz" if found else None
+    if path is None or not path.is_file():
+        raise ConfigError("data=digits: reads the digits bundled with scikit-learn (sklearn/datasets/data/digits.csv.gz), "
+                          "which is not installed here; pip install scikit-learn.")
+    with gzip.open(path, "rt") as f:
+        table = np.loadtxt(f, delimiter=",")
+    # on the CPU whatever device a caller's context sets (preflight's is meta)
+    return (torch.tensor(table[:, :-1], dtype=torch.float32, device="cpu") / 16.0,
+            torch.tensor(table[:, -1].astype(np.int64), dtype=torch.long, device="cpu"))

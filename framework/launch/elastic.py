@@ -29,6 +29,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from framework.config.trust import ENV_ALLOW, user_allowed
 from framework.errors import UserError
 from framework.launch.oom import OomWatch
+from framework.launch.rendezvous_names import name_rendezvous_events_cheaply
 from framework.launch.signal_forwarder import SignalForwarder
 from framework.loop.preemption import Preempted
 from framework.loop.state import FitResult, RunMode
@@ -44,6 +45,12 @@ CORES_ENV = "FRAMEWORK_CORES"
 #: the launching process's environment when it started its forkserver (the workers' environment
 #: is the forkserver's, plus what changed since: `environment_changes`); None: not started here
 _FORKSERVER_ENV: dict[str, str] | None = None
+#: packages the forkserver imports besides framework/launch/preload.py's, named by a program that
+#: launches many runs from one process (a sweep driver, a notebook, a test session): the workers of
+#: every run then share one import instead of each making its own (transformers, peft, torchmetrics:
+#: a second or two each). Only packages whose import starts no device: CUDA must not be initialised
+#: before a fork. Read when the forkserver starts (once a process); one not installed is skipped.
+EXTRA_PRELOAD: list[str] = []
 #: variables a scheduler or launcher sets in each process it starts: then this process starts no workers
 _STARTED_BY_A_SCHEDULER = ("LOCAL_RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "JSM_NAMESPACE_RANK")
 
@@ -57,7 +64,8 @@ def start_forkserver() -> None:
     global _FORKSERVER_ENV
     if getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None) is not None:
         return  # running (started here earlier, or by the user's own code)
-    multiprocessing.set_forkserver_preload(["__main__", "framework.launch.preload"])
+    # the extra packages before preload.py, whose gc.freeze then covers their objects too
+    multiprocessing.set_forkserver_preload(["__main__", *EXTRA_PRELOAD, "framework.launch.preload"])
     _FORKSERVER_ENV = dict(os.environ)
     multiprocessing.forkserver.ensure_running()
 
@@ -193,6 +201,7 @@ def launch_local_workers(config: dict, output_dir: Path, plugins, nproc: int, mo
         monitor_interval=0.1, logs_specs=DefaultLogsSpecs(log_dir=str(logs_dir)),
         local_addr=plugins.cluster.main_address, **taken,
     )
+    name_rendezvous_events_cheaply()
     oom_watch = OomWatch()
     forwarder = SignalForwarder(preemption_signals, failure_dir)
     try:

@@ -40,6 +40,31 @@ def test_digits_split():
     assert not none.has_test_split and none.test_dataset() is None and len(none.train_dataset()) == 1437
 
 
+def test_the_digits_are_scikit_learns_without_importing_it(monkeypatch):
+    """bundled_digits reads scikit-learn's file itself (importing sklearn costs a second in every
+    process that builds the data): the same values as sklearn's load_digits, and no import of it."""
+    import builtins
+
+    from sklearn.datasets import load_digits
+
+    from framework.data import digits
+
+    imported, real_import = [], builtins.__import__
+
+    def watched(name, *args, **kwargs):
+        imported.append(name)
+        return real_import(name, *args, **kwargs)
+
+    digits.bundled_digits.cache_clear()
+    monkeypatch.setattr(builtins, "__import__", watched)
+    x, y = digits.bundled_digits()
+    monkeypatch.undo()
+    assert not [name for name in imported if name.split(".")[0] == "sklearn"]
+    reference = load_digits()
+    assert torch.equal(x, torch.tensor(reference.data, dtype=torch.float32) / 16.0)
+    assert torch.equal(y, torch.tensor(reference.target, dtype=torch.long))
+
+
 def test_digits_read_under_the_meta_device_first_still_hold_the_images():
     """Preflight builds the data's example batch under torch.device("meta"); the images are read
     once per process, so that first read must not leave meta tensors for the run that follows."""

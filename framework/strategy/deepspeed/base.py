@@ -7,7 +7,6 @@ raw config asks for DeepSpeed's own optimizer. `deepspeed` is imported only when
 """
 from __future__ import annotations
 
-import gc
 import os
 from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
@@ -270,8 +269,7 @@ class DeepSpeedStrategy(ParallelStrategy):
             yield
 
     def teardown(self) -> None:
-        self.engine = None  # the engine holds the model: free it before the process group goes
-        gc.collect()
+        self.engine = None  # the engine holds the model: free it (ParallelStrategy collects) before the group goes
         super().teardown()
         forget_process_groups()
 
