@@ -17,7 +17,10 @@ SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 
 def test_the_gpu_check_runs_its_rows_on_the_cpu(tmp_path):
     table = tmp_path / "table.md"
-    result = subprocess.run([sys.executable, str(SCRIPT), "--accelerator", "cpu", "--rows",
+    # the rows of a machine of one device (`--devices 1`): each row one process, the replica groups
+    # two of one (the script's self-check; multi-process runs are checked by tests/strategy and
+    # tests/fault_tolerance)
+    result = subprocess.run([sys.executable, str(SCRIPT), "--accelerator", "cpu", "--devices", "1", "--rows",
                              "single_device/32/torch,single_device/te_fp8/torch,ddp/32/dcp,ddp/32/torch/torchft", "--out",
                              str(table)], capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -29,8 +32,8 @@ def test_the_gpu_check_runs_its_rows_on_the_cpu(tmp_path):
     assert outcome == "ok" and float(diff) < 1e-5
     assert rows[("single_device", "te_fp8", "torch", "1", "")][0] == "refused"
     assert "transformer_engine" in rows[("single_device", "te_fp8", "torch", "1", "")][4]
-    outcome, last, diff, _, why = rows[("ddp", "32", "dcp", "2", "3 steps + resume + 3")]
-    assert outcome == "ok, resume exact" and float(diff) < 1e-5  # ddp on 2 = single_device on the global batch
+    outcome, last, diff, _, why = rows[("ddp", "32", "dcp", "1", "3 steps + resume + 3")]
+    assert outcome == "ok, resume exact" and float(diff) < 1e-5  # ddp on 1 = single_device
     # 2 replica groups of 1: their mean loss is the global batch's, on one process
     outcome, last, diff, _, why = rows[("ddp", "32", "torch", "1", "2 replica groups, gloo between")]
     assert outcome == "ok" and float(diff) < 1e-5

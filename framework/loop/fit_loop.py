@@ -28,7 +28,7 @@ from framework.loop.metric_window import MetricWindow, StepSums
 from framework.loop.nonfinite import Divergence, NonFiniteGuard, StopNonFinite
 from framework.loop.parts import Loaders, RunContext, Training
 from framework.loop.replica_steps import group_layout, heal_state, load_heal_state
-from framework.loop.state import FitResult, LoopState, Preemption
+from framework.loop.state import FitResult, LoopState, Preemption, StepOutcome
 from framework.loop.test_at_end import test_best
 from framework.loop.utilization import Utilization
 from framework.tasks.base import sums_normalised
@@ -118,7 +118,7 @@ class FitLoop:
             while not self._done():
                 # healed: a live peer's state was copied (its step, its data position) in forming this
                 # step's quorum; the epoch's batches start again there
-                self._quorum_formed = self._run_epoch()
+                self._quorum_formed = self._run_epoch() is StepOutcome.HEALED
             if self.preempted_by is not None:
                 self.checkpointer.finalize(wait=True)
                 return FitResult(dict(self.state.metrics), Preemption(self.preempted_by, self.state.step))
@@ -140,23 +140,24 @@ class FitLoop:
         return (s.should_stop or self.preempted_by is not None or (t.max_steps is not None and s.step >= t.max_steps)
                 or (t.max_epochs is not None and s.epoch >= t.max_epochs))
 
-    def _run_epoch(self) -> bool:
-        """One epoch's steps, or until the run ends; True where it stopped because the group healed
-        from a live peer (the epoch then goes on from the data position that state holds)."""
+    def _run_epoch(self) -> StepOutcome | None:
+        """One epoch's steps, or until the run ends. Returns the outcome of the step it stopped at:
+        HEALED where the group copied a live peer's state before it (the epoch then goes on from the
+        data position that state holds), None where the epoch ended."""
         strategy, k = self.strategy, self._accumulate
         self.train_loader.sampler.set_epoch(self.state.epoch, self._resume_sample)
         self._resume_sample = 0
         n = len(self.train_loader)
         pending: list = []  # this step's micro-batches, when they are counted before any forward
         for batch in self.train_loader:
-            if not pending and self.state.batch_in_epoch % k == 0 and self._begin_step():
-                return True
+            if not pending and self.state.batch_in_epoch % k == 0 and self._begin_step() is StepOutcome.HEALED:
+                return StepOutcome.HEALED
             if self.trainer.compile and self._first_step_at is None:
                 self._first_step_at = time.perf_counter()
             if self.manual is not None:
-                self._manual_step(strategy.batch_to_device(batch))
+                outcome = self._manual_step(strategy.batch_to_device(batch))
                 if self._done():
-                    return False
+                    return outcome
                 continue
             index = self.state.batch_in_epoch + len(pending)
             group = min(k, n - (index - index % k))  # the last group of an epoch may be short
@@ -168,15 +169,15 @@ class FitLoop:
                 self._micro_batch(batch, group, scale)
             pending = []
             if self._ends_step(self.state.batch_in_epoch):
-                self._optimizer_step()
+                outcome = self._optimizer_step()
                 if self._done():
-                    return False
+                    return outcome
         self.state.epoch += 1
         self.state.batch_in_epoch = 0
         if self.scheduler is not None and self.scheduler_interval == "epoch":
             self.scheduler.step()
         self.hook("on_epoch_end")
-        return False
+        return None
 
     def _micro_batch(self, batch, group: int, scale: float | None) -> None:
         """Forward and backward of one micro-batch of a step of `group`. With `scale` (a task whose
@@ -194,18 +195,18 @@ class FitLoop:
         self._step.add(logged, self.task.batch_size(batch))
         self.state.batch_in_epoch += 1
 
-    def _begin_step(self) -> bool:
-        """Whether this group copied a live peer's state for the step about to start (the quorum of
-        replica groups formed once a step)."""
+    def _begin_step(self) -> StepOutcome | None:
+        """HEALED where this group copied a live peer's state for the step about to start (the quorum
+        of replica groups formed once a step), else None."""
         if self._quorum_formed:
             self._quorum_formed = False
-            return False
-        healed = self.replicas.begin_step()
-        if healed:
-            heal = self.replicas.record().heals[-1]
-            self.say(f"replicas: group {self.replicas.group} healed from a live peer at step {heal.step} in "
-                     f"{heal.seconds:.2f} s")
-        return healed
+            return None
+        if not self.replicas.begin_step():
+            return None
+        heal = self.replicas.record().heals[-1]
+        self.say(f"replicas: group {self.replicas.group} healed from a live peer at step {heal.step} in "
+                 f"{heal.seconds:.2f} s")
+        return StepOutcome.HEALED
 
     def _ends_step(self, batches_done: int) -> bool:
         """Whether the epoch's `batches_done`-th micro-batch is its step's last (every trainer.accumulate,
@@ -238,7 +239,7 @@ class FitLoop:
         self._window.add_values({k: v for k, v in returned.items() if k != "loss"})
         return returned["loss"]
 
-    def _manual_step(self, batch) -> None:
+    def _manual_step(self, batch) -> StepOutcome:
         """One batch of a manual-optimization task: it backpropagates and steps its optimizers
         itself (through self.manual), and returns the values to log."""
         self.manual.grad_norms.clear()
@@ -254,9 +255,11 @@ class FitLoop:
         self._window.add_batch(self.task.batch_size(batch))
         self.state.batch_in_epoch += 1
         norm = max(self.manual.grad_norms.values()) if self.manual.grad_norms else None
-        self._step_done(norm, stepped=not self.manual.skipped)
+        outcome = StepOutcome.SKIPPED if self.manual.skipped else StepOutcome.TAKEN
+        self._step_done(norm, outcome)
+        return outcome
 
-    def _optimizer_step(self) -> None:
+    def _optimizer_step(self) -> StepOutcome:
         strategy, t, guard = self.strategy, self.trainer, self.guard
         max_norm = t.clip_grad_norm
         if max_norm is None and guard.policy == "skip" and not guard.scaled:
@@ -270,17 +273,20 @@ class FitLoop:
             self._step.clear()
             self.warn(f"replicas: step {self.state.step + 1} was not committed (a group failed during it); its "
                       "batches are not trained, and the step is taken again with the next ones")
-            return
+            return StepOutcome.DROPPED
         stepped = False if left_out else strategy.optimizer_step(self.optimizer)
         strategy.zero_grad(self.optimizer)
         self.task.after_optimizer_step(self.model, stepped)
         if not left_out:
             self._window.add_step(self._step, groups_loss)
         self._step.clear()
-        self._step_done(grad_norm, stepped)
+        outcome = StepOutcome.TAKEN if stepped else StepOutcome.SKIPPED
+        self._step_done(grad_norm, outcome)
+        return outcome
 
-    def _step_done(self, grad_norm, stepped: bool) -> None:
+    def _step_done(self, grad_norm, outcome: StepOutcome) -> None:
         t, state = self.trainer, self.state
+        stepped = outcome is StepOutcome.TAKEN
         if self.scheduler is not None and self.scheduler_interval == "step":
             self.scheduler.step()
         self.guard.observe_gradients(state.step + 1, grad_norm, stepped)

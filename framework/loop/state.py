@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 from framework.loop.nonfinite import Divergence
 
@@ -14,6 +15,21 @@ class RunMode:
     name: str = "fit"
     split: str = "test"
     """predict: the data split whose samples get a row."""
+
+
+class StepOutcome(Enum):
+    """What became of one optimizer step: what the loop's step returns, and all the loop acts on."""
+
+    TAKEN = "taken"
+    """The optimizer stepped."""
+    SKIPPED = "skipped"
+    """Counted, without an update: the non-finite guard left it out, or the loss scaler skipped it."""
+    DROPPED = "dropped"
+    """Replica groups: not committed (a group failed during it); its batches untrained, taken again
+    with the next ones."""
+    HEALED = "healed"
+    """Replica groups: before it started, this group copied a live peer's state (its step and data
+    position); the epoch's batches go on from there."""
 
 
 @dataclass(frozen=True)
