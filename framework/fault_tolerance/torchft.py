@@ -20,6 +20,7 @@ Groups started by one command on a GPU machine get GPUs of their own (framework/
 """
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import time
@@ -335,4 +336,8 @@ class TorchFT(FaultTolerance):
         if self._manager is not None:
             self._manager.shutdown(wait=False)
             self._manager = None
+            # its process group and threads freed now, while the interpreter is whole: left to the
+            # interpreter's exit (after a group's error) their C++ destructors aborted the process once
+            # (exit -6, "terminate called without an active exception") instead of its own exit code
+            gc.collect()
         self._store = None

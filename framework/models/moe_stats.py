@@ -71,21 +71,38 @@ def router_values(model: nn.Module) -> dict[str, torch.Tensor]:
     layers' z-loss, each layer's load (its busiest and its idlest expert's tokens over the mean,
     named by its layer) and, with a capacity, the fraction of routed tokens dropped."""
     modules = [m for m in routed_modules(model) if m.record is not None]
-    if not modules:
-        return {}
-    values = {"moe_balance_loss": sum(m.record.balance.detach() / max(m.record.tokens, 1) for m in modules)
-              / len(modules)}
-    own = [m for m in modules if isinstance(m, MoE)]
-    if own:
-        values["moe_z_loss"] = sum(m.record.z.detach() / max(m.record.tokens, 1) for m in own) / len(own)
+    terms = router_terms(modules)
+    values = {name: total / count for name, (total, count) in terms.items() if name != "moe_dropped"}
     for module in modules:
         for layer, counts in module.loads():
-            mean = counts.mean().clamp(min=1e-9)
-            values[f"moe_load_max/{layer}"] = counts.max() / mean
-            values[f"moe_load_min/{layer}"] = counts.min() / mean
-    if any(m.settings.capacity_factor is not None for m in own):
-        values["moe_dropped"] = sum(m.record.dropped for m in own) / len(own)
+            values.update(load_values(layer, counts))
+    if "moe_dropped" in terms:
+        total, count = terms["moe_dropped"]
+        values["moe_dropped"] = total / count
     return values
+
+
+def router_terms(modules: list[Routed]) -> dict[str, tuple[torch.Tensor, int]]:
+    """router_values' model-wide values before their mean over the layers: each one's sum over
+    `modules` (those with a record) and how many layers it summed (a pipeline's stages each hold
+    some of the layers: framework/strategy/mesh/pipeline/routing.py)."""
+    modules = [m for m in modules if m.record is not None]
+    if not modules:
+        return {}
+    terms = {"moe_balance_loss": (sum(m.record.balance.detach() / max(m.record.tokens, 1) for m in modules),
+                                  len(modules))}
+    own = [m for m in modules if isinstance(m, MoE)]
+    if own:
+        terms["moe_z_loss"] = (sum(m.record.z.detach() / max(m.record.tokens, 1) for m in own), len(own))
+    if any(m.settings.capacity_factor is not None for m in own):
+        terms["moe_dropped"] = (sum(m.record.dropped for m in own), len(own))
+    return terms
+
+
+def load_values(layer, counts: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A layer's load from its tokens per expert: the busiest and the idlest expert's over the mean."""
+    mean = counts.mean().clamp(min=1e-9)
+    return {f"moe_load_max/{layer}": counts.max() / mean, f"moe_load_min/{layer}": counts.min() / mean}
 
 
 def update_expert_biases(model: nn.Module, stepped: bool = True) -> None:

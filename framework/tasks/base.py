@@ -7,6 +7,7 @@ from typing import Callable
 import torch
 
 from framework.models import moe_stats
+from framework.models.stage_routing import StageRouting
 
 
 class Task(ABC):
@@ -96,6 +97,12 @@ class Task(ABC):
         tokens (`summed=True`: weighted as training_sums' sum is) or as a mean, None where the
         model adds none; and the values to log beside the loss (train/<key>)."""
         return moe_stats.router_losses(model, summed), moe_stats.router_values(model)
+
+    def stage_routing(self, stages: dict[int, torch.nn.Module]) -> StageRouting:
+        """Under pipeline stages (`stages`: those this rank holds), what replaces model_losses' values:
+        a watch over the stages' routing records whose `values(...)` the pipeline logs each step
+        (framework/models/stage_routing.py)."""
+        return StageRouting(stages)
 
     def after_optimizer_step(self, model: torch.nn.Module, stepped: bool) -> None:
         """After each step's optimizer step (`stepped`: False where the step was left out): a mixture

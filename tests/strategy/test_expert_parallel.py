@@ -125,3 +125,16 @@ def test_bias_balancing_moves_the_same_biases_at_every_layout(layout):
     torch.testing.assert_close(torch.tensor(metric_values(other)), torch.tensor(metric_values(one)), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(torch.tensor(metric_values(other, "train/grad_norm")),
                                torch.tensor(metric_values(one, "train/grad_norm")), rtol=1e-5, atol=1e-5)
+    # every layer's load over the step's tokens, each stage's layers reported by its own ranks under
+    # pipeline stages (their microbatches' counts summed): one process's, step by step
+    for layer in (0, 1):
+        busiest, idlest = (metric_values(other, f"train/moe_load_{end}/{layer}") for end in ("max", "min"))
+        assert len(busiest) == len(idlest) == STEPS and min(busiest) > 1 > max(idlest), (layer, busiest, idlest)
+        for end, values in (("max", busiest), ("min", idlest)):
+            key = f"train/moe_load_{end}/{layer}"
+            torch.testing.assert_close(torch.tensor(values), torch.tensor(metric_values(one, key)), rtol=1e-6,
+                                       atol=1e-6, msg=key)
+    # the balancing loss: a mean over the step's microbatches under stages, near the whole batch's
+    balance, whole = metric_values(other, "train/moe_balance_loss"), metric_values(one, "train/moe_balance_loss")
+    assert len(balance) == STEPS
+    torch.testing.assert_close(torch.tensor(balance), torch.tensor(whole), rtol=0.05, atol=0.0)

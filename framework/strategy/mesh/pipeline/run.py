@@ -57,6 +57,8 @@ class PipelineRun:
         self._weight = 1.0
         self._values: list[dict] = []  # what the microbatches' summed_loss returned beside the loss
         self._value_names: list[str] | None = None
+        self._routed = False  # the model routes tokens to experts (a mixture of experts): its values are logged
+        self._routing = None  # the task's watch over this rank's stages' routing (Task.stage_routing)
 
     def owners(self) -> list[int]:
         """The global rank holding each stage, at this rank's data- and tensor-parallel place."""
@@ -73,6 +75,8 @@ class PipelineRun:
         ranges = self.settings.split(whole, self.dims.pipeline)
         stages = model_stages(whole, ranges)
         self.model_names = set(whole.state_dict())
+        # a routing module keeps a record and reports loads (framework/models/moe.py Routed)
+        self._routed = any(callable(getattr(m, "loads", None)) and hasattr(m, "record") for m in whole.modules())
         if any(getattr(stage, "tied_copy", False) for stage in stages):
             self.tied_names = stages[0].tied_names
         self.layers = ", ".join(f"{r.start}-{r.stop - 1}" for r in ranges)
@@ -169,6 +173,8 @@ class PipelineRun:
         # samples where the task does not count them) and the group, as a training_step's mean loss
         counted = task.scored_count(batch) if getattr(task, "scored_count", None) is not None else inputs.shape[0]
         self._weight = scale if scale is not None else 1.0 / (max(counted, 1) * group)
+        if self._routed and self._routing is None:  # before the first schedule: its hooks see every forward
+            self._routing = task.stage_routing(part.stages)
         schedule = self._schedule_for(part, inputs)
         losses: list = []
         kwargs = {"target": targets, "losses": losses} if part.holds_last else {}
@@ -177,6 +183,8 @@ class PipelineRun:
         zero = torch.zeros((), device=self.device)
         total = torch.stack([loss.detach().float() for loss in losses]).sum() if losses else zero
         values = self._logged_values(part.holds_last, len(losses))
+        if self._routing is not None:  # a mixture of experts' routing values, every stage's layers
+            values.update(self._routing.values(m, self.group, self.dims.pipeline, self.device))
         if values:
             loss_of({"loss": total, **values})
         # logged: only the last stage's ranks hold the loss; weighted by the pipeline size so that the
