@@ -4,7 +4,7 @@ done, at a step boundary), and restore (weights, optimizer, and the loop's own s
 the data position, scheduler, loss scaler, non-finite guard, callbacks, the metric window).
 
 The loop hands itself to `save` and `restore`: what goes into a checkpoint's loop state is the
-loop's to say (`FitLoop.loop_state` / `load_loop_state`), how it is written and read is here."""
+loop's to say (framework/loop/loop_record.py), how it is written and read is here."""
 from __future__ import annotations
 
 import time
@@ -18,6 +18,7 @@ from framework.checkpoint.weights import fit_saved_state, is_weights_file, load_
 from framework.checkpoint_io.dcp_reader import STATE_DIR
 from framework.console import announce_if_slow, human_bytes
 from framework.errors import CheckpointError
+from framework.loop.loop_record import load_loop_state, loop_state
 from framework.loop.nonfinite import weights_finite
 
 
@@ -41,7 +42,7 @@ class Checkpointer:
         verdict = loop.guard.settle(strategy, weights_finite(loop.model.parameters()))
         loop.act_on_nonfinite(verdict)  # stop: raises, and nothing is written
         start = time.perf_counter()
-        per_rank = {"loop": loop.loop_state()}
+        per_rank = {"loop": loop_state(loop)}
         if strategy.checkpoint_io.sharded:  # every rank writes its own part of one DCP directory
             shared, sharded = {}, strategy.sharded_state_dict(loop.model, loop.optimizer)
             sharded["model"] = self._saved_weights(sharded["model"])
@@ -111,5 +112,5 @@ class Checkpointer:
         except (RuntimeError, KeyError, ValueError) as err:
             raise CheckpointError(f"{path} does not fit this model/optimizer ({load_error_summary(err)}); "
                                   "it was saved from a different config (see its meta.json).") from err
-        loop.load_loop_state(objects["loop"], meta, path)
+        load_loop_state(loop, objects["loop"], meta, path)
         self.say(f"resumed from {path} at step {loop.state.step} (epoch {loop.state.epoch})")

@@ -16,13 +16,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from framework.adapter.lora import is_adapted, trainable_names
 from framework.checkpoint.format import newest_finite
-from framework.checkpoint.rng import rng_state, set_rng_state
 from framework.console import warn
 from framework.data.loaders import release_workers
 from framework.errors import ConfigError
 from framework.fault_tolerance.base import FaultTolerance
 from framework.loop.checkpointer import Checkpointer
-from framework.loop.data_position import changed_data, data_position, position_of_older_checkpoint, resume_note
 from framework.loop.evaluation import score
 from framework.loop.metric_window import MetricWindow, StepSums
 from framework.loop.nonfinite import Divergence, NonFiniteGuard, StopNonFinite
@@ -385,49 +383,6 @@ class FitLoop:
         blocked = self.checkpointer.save(self)
         self._window.take_off(blocked)
         self.log_metrics({"checkpoint/blocked_s": blocked})
-
-    def loop_state(self) -> dict:
-        """What a checkpoint keeps of the loop, per rank."""
-        return {"state": self.state.state_dict(), "rng": rng_state(), "data_position": self.data_position(),
-                "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-                "precision": self.strategy.precision.state_dict(), "nonfinite": self.guard.state_dict(),
-                "callbacks": {name: cb.state_dict() for name, cb in self.callbacks.items()},
-                "train_window": self._window.state_dict(), "replicas": self.replicas.state_dict()}
-
-    def load_loop_state(self, loop: dict, meta: dict, path: Path) -> None:
-        """The loop's state from a checkpoint of any world size: the data continues on the next sample
-        of the epoch's order (said when the world, batch or accumulation changed)."""
-        strategy = self.strategy
-        self.state.load_state_dict(loop["state"])
-        saved_world = int(meta.get("world_size", strategy.world_size))
-        position = loop.get("data_position") or position_of_older_checkpoint(loop, meta, saved_world)
-        warning = changed_data(position, self.run.data_fingerprint, self.train_loader.sampler.length,
-                               self.run.allow_changed_data, path)
-        if warning:
-            self.warn(warning)
-        self._resume_sample = int(position["sample"])
-        self.state.batch_in_epoch = 0  # counted from the resume point: batches of this run's size
-        set_rng_state(loop["rng"])  # at another world size, rank zero's streams: the old ones cannot be dealt out
-        note = resume_note(position, saved_world, self.train_loader, strategy.world_size, self.state.epoch,
-                           self._accumulate)
-        if note:
-            self.say(note)
-        if self.scheduler is not None and loop["scheduler"] is not None:
-            self.scheduler.load_state_dict(loop["scheduler"])
-        strategy.precision.load_state_dict(loop["precision"])
-        self.guard.load_state_dict(loop.get("nonfinite", {}))
-        for name, cb in self.callbacks.items():
-            if name in loop["callbacks"]:
-                cb.load_state_dict(loop["callbacks"][name])
-        self._window.load_state_dict(loop["train_window"])
-        self.replicas.load_state_dict(loop.get("replicas"))
-        for logger in self.loggers:
-            logger.truncate(self.state.step)
-
-    def data_position(self) -> dict:
-        """Where training stands in its epoch, in samples of the epoch's order (all ranks together)."""
-        return data_position(self.train_loader, self.state.batch_in_epoch, self.state.epoch, self._accumulate,
-                             self.run.data_fingerprint)
 
     # ---- non-finite values (trainer.on_nonfinite: framework/loop/nonfinite.py) ---------------
     def act_on_nonfinite(self, verdict) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from framework.fault_tolerance.base import GroupLayout
+from framework.loop.loop_record import load_loop_state, loop_state
 from framework.tensors import map_tensors
 
 
@@ -59,7 +60,7 @@ def heal_state(loop) -> dict:
     options = StateDictOptions(full_state_dict=False)
     return {"model": map_tensors(get_model_state_dict(loop.model, options=options), _local),
             "optimizer": map_tensors(get_optimizer_state_dict(loop.model, loop.optimizer, options=options), _local),
-            "loop": loop.loop_state()}
+            "loop": loop_state(loop)}
 
 
 def load_heal_state(loop, state: dict) -> None:
@@ -79,4 +80,4 @@ def load_heal_state(loop, state: dict) -> None:
     optimizer = _into(get_optimizer_state_dict(loop.model, loop.optimizer, options=options), state["optimizer"])
     set_model_state_dict(loop.model, model, options=options)
     set_optimizer_state_dict(loop.model, loop.optimizer, optimizer, options=options)
-    loop.load_loop_state(state["loop"], {"world_size": loop.strategy.world_size}, Path("a live replica group"))
+    load_loop_state(loop, state["loop"], {"world_size": loop.strategy.world_size}, Path("a live replica group"))

@@ -1,0 +1,52 @@
+"""What a checkpoint (or a healing replica group's peer) keeps of the training loop, per rank, and
+putting it back: counters, RNG, the data position, scheduler, precision, the non-finite guard,
+callbacks, the metric window and the replica groups' state. The checkpointer
+(framework/loop/checkpointer.py) and the heal (replica_steps.py) read and write it through here."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from framework.checkpoint.rng import rng_state, set_rng_state
+from framework.loop.data_position import changed_data, data_position, position_of_older_checkpoint, resume_note
+
+
+def loop_state(loop) -> dict:
+    """What a checkpoint keeps of `loop` (a FitLoop), per rank."""
+    position = data_position(loop.train_loader, loop.state.batch_in_epoch, loop.state.epoch, loop._accumulate,
+                             loop.run.data_fingerprint)
+    return {"state": loop.state.state_dict(), "rng": rng_state(), "data_position": position,
+            "scheduler": loop.scheduler.state_dict() if loop.scheduler is not None else None,
+            "precision": loop.strategy.precision.state_dict(), "nonfinite": loop.guard.state_dict(),
+            "callbacks": {name: cb.state_dict() for name, cb in loop.callbacks.items()},
+            "train_window": loop._window.state_dict(), "replicas": loop.replicas.state_dict()}
+
+
+def load_loop_state(loop, saved: dict, meta: dict, path: Path) -> None:
+    """`saved` (loop_state's, from a checkpoint of any world size) into `loop`: the data continues on
+    the next sample of the epoch's order (said when the world, batch or accumulation changed)."""
+    strategy = loop.strategy
+    loop.state.load_state_dict(saved["state"])
+    saved_world = int(meta.get("world_size", strategy.world_size))
+    position = saved.get("data_position") or position_of_older_checkpoint(saved, meta, saved_world)
+    warning = changed_data(position, loop.run.data_fingerprint, loop.train_loader.sampler.length,
+                           loop.run.allow_changed_data, path)
+    if warning:
+        loop.warn(warning)
+    loop._resume_sample = int(position["sample"])
+    loop.state.batch_in_epoch = 0  # counted from the resume point: batches of this run's size
+    set_rng_state(saved["rng"])  # at another world size, rank zero's streams: the old ones cannot be dealt out
+    note = resume_note(position, saved_world, loop.train_loader, strategy.world_size, loop.state.epoch,
+                       loop._accumulate)
+    if note:
+        loop.say(note)
+    if loop.scheduler is not None and saved["scheduler"] is not None:
+        loop.scheduler.load_state_dict(saved["scheduler"])
+    strategy.precision.load_state_dict(saved["precision"])
+    loop.guard.load_state_dict(saved.get("nonfinite", {}))
+    for name, cb in loop.callbacks.items():
+        if name in saved["callbacks"]:
+            cb.load_state_dict(saved["callbacks"][name])
+    loop._window.load_state_dict(saved["train_window"])
+    loop.replicas.load_state_dict(saved.get("replicas"))
+    for logger in loop.loggers:
+        logger.truncate(loop.state.step)
