@@ -85,7 +85,7 @@ def router_values(model: nn.Module) -> dict[str, torch.Tensor]:
 def router_terms(modules: list[Routed]) -> dict[str, tuple[torch.Tensor, int]]:
     """router_values' model-wide values before their mean over the layers: each one's sum over
     `modules` (those with a record) and how many layers it summed (a pipeline's stages each hold
-    some of the layers: framework/strategy/mesh/pipeline/routing.py)."""
+    some of the layers: framework/models/stage_routing.py)."""
     modules = [m for m in modules if m.record is not None]
     if not modules:
         return {}
