@@ -39,9 +39,9 @@ elastic.EXTRA_PRELOAD += ["torchmetrics", "transformers", "peft"]
 if not os.environ.get("FRAMEWORK_FLOOR_SMOKE"):
     collect_ignore.append("floor")
 
-# `make test` runs the suite on two pytest-xdist workers, a test file's tests on one worker (its
-# module fixtures built once). Most of the suite waits on subprocesses, so two workers overlap the
-# waits. The slowest files go first so that the workers end together (worker-seconds per file on the
+# `make test` runs the suite on three pytest-xdist workers, a test file's tests on one worker (its
+# module fixtures built once). Much of the suite waits on subprocesses, so three workers on two
+# cores overlap the waits. The slowest files go first so that the workers end together (worker-seconds per file on the
 # 2-core machine, 2026-11-29: 383, 243, 240, 155, 155, 139, 111, 107, 102, 98, 98, 96, 96, 94, ...;
 # DeepSpeed's op builds are make test's set-up since, not a test's). The order changes only the wall
 # time, never a result.

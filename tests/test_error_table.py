@@ -150,7 +150,7 @@ CASES = [
      "MLP has no tensor-parallel plan (the built-in GPT and Hugging Face models whose config has a base_model_tp_plan"),
     (TRAIN + ["strategy=hsdp", "devices=4", "strategy.shard_size=3"],
      "strategy.shard_size=3 does not divide the 4 ranks of a node (devices)"),
-    # mixtures of experts: routing settings, expert parallelism's sizes, losses a pipeline cannot add
+    # mixtures of experts: routing settings, expert parallelism's sizes, a Hugging Face balancing loss pooled over stages
     (TRAIN + ["model.moe.num_experts=4", "model.moe.top_k=5"], "model.moe.top_k=5 is more than model.moe.num_experts=4"),
     (TRAIN + ["model.moe.num_experts=4", "model.moe.layers=[3]"], "model.moe.layers=[3]: [3] not among the model's "
                                                                  "Blocks 0..1"),
@@ -164,9 +164,9 @@ CASES = [
     (TRAIN + ["strategy=fsdp", "devices=2", "strategy.cpu_offload=true", "strategy.expert_parallel_size=2",
               "model.moe.num_experts=4"], "strategy=fsdp with cpu_offload and expert_parallel_size=2: the experts are "
                                           "spread, not sharded by FSDP, and would stay on the device"),
-    (TRAIN + ["strategy=pipeline", "devices=2", "model.moe.num_experts=4"],
-     "the model's experts add a balancing loss (model.moe.balance=loss, or a Hugging Face config's "
-     "router_aux_loss_coef) or a z-loss (model.moe.z_loss_coef) to the task's, but under strategy=pipeline only"),
+    (TRAIN + ["strategy=pipeline", "devices=2", "model=hf_causal_lm", "model/config=qwen3_moe"],
+     "the Hugging Face model's config adds a balancing loss (router_aux_loss_coef), which transformers pools over "
+     "every layer's routing into one product, but under strategy=pipeline the layers lie on different pipeline"),
     # trainer.compile where it cannot work
     (TRAIN + ["trainer.compile=true", "strategy=deepspeed_stage_2", "devices=2"],
      "trainer.compile=true with strategy=deepspeed_stage_2: its engine wraps and drives the model's modules itself"),

@@ -203,12 +203,12 @@ RULES: list[Rule] = [
         "summed_loss(outputs, targets) (framework/tasks/base.py), or use strategy=fsdp.",
     ),
     Rule(
-        lambda p: p.strategy.pipelined and p.loop.model_losses,
-        lambda p: f"the model's experts add a balancing loss (model.moe.balance=loss, or a Hugging Face config's "
-        f"router_aux_loss_coef) or a z-loss (model.moe.z_loss_coef) to the task's, but under strategy={_strat(p)} only "
-        "the last pipeline stage computes the loss, not the earlier stages' experts'; set model.moe.balance=bias "
-        "(DeepSeek-V3's balancing, no loss) and model.moe.z_loss_coef=0 (a Hugging Face model: "
-        "model.config.router_aux_loss_coef=0), or use strategy=fsdp.",
+        lambda p: p.strategy.pipelined and p.loop.model_losses == "pooled",
+        lambda p: f"the Hugging Face model's config adds a balancing loss (router_aux_loss_coef), which transformers "
+        "pools over every layer's routing into one product, but under strategy="
+        f"{_strat(p)} the layers lie on different pipeline stages; set model.config.router_aux_loss_coef=0, use "
+        "strategy=fsdp, or the built-in GPT's experts (model.moe: each layer's own balancing loss, which "
+        "pipeline stages take).",
     ),
     Rule(
         lambda p: p.loop.position_ids and not p.strategy.passes_position_ids,

@@ -25,7 +25,9 @@ class LoopSettings:
     position_ids: bool = False  # the batches carry position_ids (packed rows: several samples a row)
     task: str = ""  # the task's class name, as messages say it
     stage_split: bool = True  # the task says how a batch goes through pipeline stages (pipeline_split, summed_loss)
-    model_losses: bool = False  # the model adds losses of its own (model.moe's balancing or z-loss)
+    # the model's own losses: "" none, "per_layer" (model.moe's balancing or z-loss, each layer's
+    # own), "pooled" (a Hugging Face family's balancing loss, pooled over every layer)
+    model_losses: str = ""
 
 
 def loop_settings(cfg: DictConfig) -> LoopSettings:
@@ -45,17 +47,19 @@ def loop_settings(cfg: DictConfig) -> LoopSettings:
                         model_losses=router_losses(cfg))
 
 
-def router_losses(cfg: DictConfig) -> bool:
-    """Whether the model adds a balancing loss or a z-loss of its own to the task's: the built-in
-    GPT's model.moe (framework/models/moe.py), or a Hugging Face mixture of experts' config with a
-    router_aux_loss_coef (framework/models/hf_routers.py)."""
+def router_losses(cfg: DictConfig) -> str:
+    """The losses the model adds of its own to the task's: "per_layer" for the built-in GPT's
+    model.moe balancing or z-loss (framework/models/moe.py: each layer's from its own routing),
+    "pooled" for a Hugging Face mixture of experts' config with a router_aux_loss_coef
+    (framework/models/hf_routers.py: one loss from every layer's routing), "" for none."""
     model = cfg.get("model")
     if not isinstance(model, DictConfig):
-        return False
+        return ""
     moe, config = model.get("moe"), model.get("config")
     if isinstance(moe, DictConfig) and moe.get("num_experts", 0):
-        return bool((moe.get("balance", "loss") == "loss" and moe.get("balance_coef", 0.01) > 0)
-                    or moe.get("z_loss_coef", 0.0) > 0)
+        adds = ((moe.get("balance", "loss") == "loss" and moe.get("balance_coef", 0.01) > 0)
+                or moe.get("z_loss_coef", 0.0) > 0)
+        return "per_layer" if adds else ""
     if isinstance(config, DictConfig) and config.get("num_experts_per_tok"):
-        return bool(config.get("router_aux_loss_coef", 0.0))
-    return False
+        return "pooled" if config.get("router_aux_loss_coef", 0.0) else ""
+    return ""

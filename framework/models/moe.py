@@ -11,7 +11,8 @@ Balancing, as the anchors do it:
   the fraction of routed tokens that chose expert e and P_e the mean router probability of e. f is
   counted over the micro-batch of every data-parallel rank (one all-reduce of num_experts counts),
   P summed over this rank's tokens and divided as the language-model loss is, so the loss and its
-  gradient are those of the global batch whatever the layout.
+  gradient are those of the global batch whatever the layout (under pipeline stages, each
+  microbatch's: framework/models/stage_routing.py).
 - `balance=bias`: DeepSeek-V3's balancing without an auxiliary loss: a per-expert bias added to
   the scores when choosing experts (not when weighting them), moved by `bias_rate` after every
   optimizer step towards the experts that got fewer tokens (counted over the step's global batch).

@@ -1,7 +1,16 @@
-"""A mixture of experts' routing values under pipeline stages (what framework/models/moe_stats.py
-logs beside the loss of an unpipelined step): each rank's stages hold some of the layers, so each
-rank reports its own layers' and the loop's mean over every rank makes them the whole model's. The
-pipeline (framework/strategy/mesh/pipeline/run.py) asks the task for it (Task.stage_routing).
+"""A mixture of experts' routing under pipeline stages: its values (what framework/models/moe_stats.py
+logs beside the loss of an unpipelined step) and its losses. Each rank's stages hold some of the
+layers, so each rank reports its own layers' and the loop's mean over every rank makes them the
+whole model's. The pipeline (framework/strategy/mesh/pipeline/run.py) asks the task for it
+(Task.stage_routing).
+
+The losses (balancing, z-loss): only the last stage computes the pipeline's loss, so each stage's
+layers add theirs to the stage's own backward instead, as Megatron's MoEAuxLossAutoScaler does:
+the stage's output passes through an identity whose backward also gives the stage's routing loss
+the gradient `weight` (the pipeline's scale for the microbatch's loss), exactly what adding it to
+the loss would give. Each pipeline microbatch counts its tokens per expert over the data-parallel
+ranks' same microbatch, so the balancing loss is that of one process whose micro-batches are the
+pipeline's microbatches (the z-loss, a sum over tokens, that of one process at any micro-batch).
 
 Per step: each layer's load (its busiest and its idlest expert's tokens over the mean) from the
 tokens per expert of all the step's microbatches, counted over the data-parallel ranks, so the
@@ -17,24 +26,59 @@ from torch import nn
 from framework.models.moe_stats import load_values, routed_modules, router_terms
 
 
+class LossGradient(torch.autograd.Function):
+    """`output` unchanged; in backward, `loss` (a scalar the output does not depend on) also gets
+    the gradient `weight`, as if `weight * loss` had been added to what is backpropagated."""
+
+    @staticmethod
+    def forward(ctx, output: torch.Tensor, loss: torch.Tensor, weight: float) -> torch.Tensor:
+        ctx.weight, ctx.like = weight, (loss.dtype, loss.device)
+        # the same storage, not a view of `output` (torch's zero-bubble schedules detach a stage's
+        # output in place, which a custom function's view refuses)
+        return output.detach()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        dtype, device = ctx.like
+        return grad, torch.tensor(ctx.weight, dtype=dtype, device=device), None
+
+
 class StageRouting:
     """The routing records of the stages this rank holds (`stages`: stage index -> module), taken
-    after each microbatch's forward."""
+    after each microbatch's forward, and their losses joined to each stage's backward."""
 
     def __init__(self, stages: dict[int, nn.Module]):
         self._modules = {index: routed_modules(module) for index, module in stages.items()}
         self._seen: dict[int, list] = {index: [] for index in stages}
         self._layers: dict[str, int] | None = None  # every value's name over the pipeline: the layers it sums
+        self._weight: float | None = None  # a microbatch's routing loss's gradient (None: no loss joined)
+        self._summed = True  # whether that weight multiplies the losses summed over the tokens, or their mean
         for index, module in stages.items():
             if self._modules[index]:
                 module.register_forward_hook(self._taker(index))
 
+    def weigh_losses(self, weight: float, summed: bool) -> None:
+        """The next microbatches' routing losses enter their stage's backward times `weight`: the
+        pipeline's scale of its microbatch loss (`summed`: the losses summed over the microbatch's
+        tokens, as a normalised task's summed loss; else their mean, weight 1 / (microbatches x
+        micro-batches a step) as a mean loss is)."""
+        self._weight, self._summed = weight, summed
+
     def _taker(self, index: int):
         def take(module, args, output):
             # a training forward, not a recompute inside backward (activation checkpointing)
-            if torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1:
-                modules = [m for m in self._modules[index] if m.record is not None]
-                self._seen[index].append((router_terms(modules), [load for m in modules for load in m.loads()]))
+            if not torch.is_grad_enabled() or torch._C._current_graph_task_id() != -1:
+                return None
+            modules = [m for m in self._modules[index] if m.record is not None]
+            self._seen[index].append((router_terms(modules), [load for m in modules for load in m.loads()]))
+            losses = [loss for m in modules if (loss := m.losses(self._summed)) is not None]
+            if not losses or self._weight is None:
+                return None
+            loss = sum(losses[1:], losses[0])
+            if isinstance(output, torch.Tensor):
+                return LossGradient.apply(output, loss, self._weight)
+            # a stage returning several tensors (torch's pipelining passes tuples on): the first carries it
+            return (LossGradient.apply(output[0], loss, self._weight), *output[1:])
 
         return take
 

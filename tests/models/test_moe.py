@@ -123,6 +123,38 @@ def test_the_balancing_and_z_losses_are_the_switch_and_st_moe_formulas():
     assert MoESettings(num_experts=4, balance="none").adds_loss is False
 
 
+@pytest.mark.parametrize("summed", [True, False])
+def test_a_pipeline_stage_backpropagates_its_layers_losses_as_if_added_to_the_loss(summed):
+    """Under pipeline stages only the last computes the loss: each stage's routing losses join its
+    own backward (framework/models/stage_routing.py) with the microbatch loss's weight, and give
+    the gradients that adding them to the loss gives, in the router and in the stage's input."""
+    from framework.models.stage_routing import StageRouting
+
+    torch.manual_seed(5)
+    stage = torch.nn.Sequential(MoE(16, MoESettings(num_experts=4, top_k=2, balance_coef=0.1, z_loss_coef=0.01),
+                                    dropout=0.0, layer=0),
+                                MoE(16, MoESettings(num_experts=4, top_k=1, balance_coef=0.3), dropout=0.0, layer=1))
+    x, downstream, weight = torch.randn(2, 12, 16), torch.randn(2, 12, 16), 1 / 37
+
+    def grads(joined: bool):
+        stage.zero_grad()
+        inputs = x.clone().requires_grad_()
+        out = stage(inputs)
+        loss = (out * downstream).sum() * weight  # what the later stages make of this stage's output
+        if not joined:
+            loss = loss + router_losses(stage, summed) * weight
+        loss.backward()
+        return [inputs.grad] + [p.grad.clone() for p in stage.parameters()]
+
+    added = grads(joined=False)
+    routing = StageRouting({0: stage})
+    routing.weigh_losses(weight, summed)
+    joined = grads(joined=True)
+    assert stage[0].router.weight.grad.abs().sum() > 0
+    for a, b in zip(added, joined):
+        torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-8)
+
+
 def test_bias_balancing_moves_towards_the_idle_experts_and_forgets_a_left_out_step():
     torch.manual_seed(4)
     layer = MoE(16, MoESettings(num_experts=4, top_k=1, balance="bias", bias_rate=0.02), dropout=0.0)

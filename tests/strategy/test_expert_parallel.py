@@ -114,9 +114,8 @@ def test_bias_balancing_moves_the_same_biases_at_every_layout(layout):
     (under pipeline stages, not torch's metadata-inference forward): the biases at the end are one
     process's, and they moved."""
     # one micro-batch a step (with two, this data's steps alternate and the biases come back to 0);
-    # no z-loss: pipeline stages cannot add it
-    extra = ["model.n_layer=2", "model.moe.balance=bias", "model.moe.bias_rate=0.01", "trainer.accumulate=1",
-             "model.moe.z_loss_coef=0"]
+    # the z-loss on: under pipeline stages each stage's joins its own backward
+    extra = ["model.n_layer=2", "model.moe.balance=bias", "model.moe.bias_rate=0.01", "trainer.accumulate=1"]
     one, other = run_of("one", extra), run_of(layout, extra)
     a, b = load_model_state(checkpoint_at(one, STEPS)), load_model_state(checkpoint_at(other, STEPS))
     for name in ("blocks.0.moe.expert_bias", "blocks.1.moe.expert_bias"):
@@ -138,3 +137,34 @@ def test_bias_balancing_moves_the_same_biases_at_every_layout(layout):
     balance, whole = metric_values(other, "train/moe_balance_loss"), metric_values(one, "train/moe_balance_loss")
     assert len(balance) == STEPS
     torch.testing.assert_close(torch.tensor(balance), torch.tensor(whole), rtol=0.05, atol=0.0)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved_zero_bubble"])
+def test_pipeline_stages_add_their_experts_losses_as_one_process_with_their_microbatches(schedule):
+    """Only the last pipeline stage computes the loss: each stage's balancing and z-losses join its
+    own backward with the microbatch loss's weight (also where torch splits the backward into its
+    input and weight parts: zero bubble), and the tokens per expert are counted per pipeline
+    microbatch (as Megatron counts them), so the numbers are one process's whose micro-batches are
+    the pipeline's microbatches: 2 ranks cut each 8-sample micro-batch into a microbatch per stage
+    (2 stages of a Block each, or 4, two a rank), against one process at 8 / stages samples a
+    micro-batch; every stage's layers add losses."""
+    stages = 2 if schedule == "1f1b" else 4
+    extra = [*BASE, *MOE, f"model.n_layer={stages}", "model.moe.balance_coef=0.1", "model.moe.z_loss_coef=0.01"]
+    staged = trained_run([*extra, "strategy=pipeline", "devices=2", f"strategy.schedule={schedule}",
+                          f"strategy.stages_per_rank={stages // 2}"])
+    # BASE: 8 samples a micro-batch, 2 micro-batches a step
+    single = [*extra, "strategy=single_device", "devices=1", f"data.batch_size={8 // stages}",
+              f"trainer.accumulate={2 * stages}"]
+    one = trained_run(single)
+    for key in ("train/loss", "train/grad_norm", "train/moe_balance_loss", "train/moe_z_loss"):
+        values = metric_values(staged, key)
+        assert len(values) == STEPS, key
+        torch.testing.assert_close(torch.tensor(values), torch.tensor(metric_values(one, key)), rtol=1e-5, atol=1e-5,
+                                   msg=key)
+    a, b = load_model_state(checkpoint_at(one, STEPS)), load_model_state(checkpoint_at(staged, STEPS))
+    for name, value in a.items():
+        torch.testing.assert_close(b[name], value, rtol=1e-5, atol=1e-6, msg=name)
+    if schedule == "1f1b":  # the losses trained the routers: without them the first Block's ends elsewhere
+        plain = trained_run([*single, "model.moe.balance_coef=0", "model.moe.z_loss_coef=0"])
+        router = "blocks.0.moe.router.weight"
+        assert (load_model_state(checkpoint_at(plain, STEPS))[router] - a[router]).abs().max() > 1e-4

@@ -5,7 +5,8 @@ layout has pipeline stages and hands it the model at each step.
 
 The numbers do not depend on the pipeline: a microbatch's loss is its summed loss times the step's
 scale (the loop's, from the step's scored items on every rank), so the gradients are the
-unpipelined step's; a tied head on the last stage is a copy of the first stage's embedding whose
+unpipelined step's (a mixture of experts' own losses join each stage's backward with the same
+weight: framework/models/stage_routing.py); a tied head on the last stage is a copy of the first stage's embedding whose
 gradient is added to the embedding's before clipping, so the two stay equal; the gradient norm is
 taken over every stage. A checkpoint holds the whole model under its own names, so it resumes at
 any stage count and under any strategy."""
@@ -175,6 +176,8 @@ class PipelineRun:
         self._weight = scale if scale is not None else 1.0 / (max(counted, 1) * group)
         if self._routed and self._routing is None:  # before the first schedule: its hooks see every forward
             self._routing = task.stage_routing(part.stages)
+        if self._routing is not None:  # the experts' own losses, in each stage's backward, weighted as the loss
+            self._routing.weigh_losses(*((scale, True) if scale is not None else (1.0 / (m * group), False)))
         schedule = self._schedule_for(part, inputs)
         losses: list = []
         kwargs = {"target": targets, "losses": losses} if part.holds_last else {}
