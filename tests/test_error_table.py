@@ -161,6 +161,9 @@ CASES = [
               "model.moe.top_k=1"], "strategy.expert_parallel_size=2 does not divide the model's 3 experts per layer"),
     (TRAIN + ["strategy=fsdp", "devices=2", "strategy.expert_parallel_size=4", "model.moe.num_experts=4"],
      "strategy.expert_parallel_size=4 does not divide the 2 ranks that shard the model"),
+    (TRAIN + ["model=hf_causal_lm", "model/config=qwen3_moe", "strategy=model_parallel", "devices=4",
+              "strategy.tensor_parallel_size=2", "strategy.expert_parallel_size=2"],
+     "strategy.expert_parallel_size=2 with a Hugging Face model (Qwen3MoeForCausalLM) takes data-parallel ranks only"),
     (TRAIN + ["strategy=fsdp", "devices=2", "strategy.cpu_offload=true", "strategy.expert_parallel_size=2",
               "model.moe.num_experts=4"], "strategy=fsdp with cpu_offload and expert_parallel_size=2: the experts are "
                                           "spread, not sharded by FSDP, and would stay on the device"),

@@ -75,14 +75,15 @@ class ParallelDims:
         names, sizes = self.mesh_dims(always)
         return init_device_mesh(device_type, sizes, mesh_dim_names=names)
 
-    def build_expert_mesh(self, device_type: str):
+    def build_expert_mesh(self, device_type: str, tensor_dim: bool = False):
         """The experts' mesh: (expert_replica, expert[, expert_tensor]) within this rank's pipeline
         stage group. The expert groups are consecutive ranks of the shard dimension with the same
         tensor-parallel place (which compute the same tokens: each such slice dispatches on its
-        own)."""
+        own). `tensor_dim`: expert_tensor kept at size 1 too (transformers' dispatch asks for it)."""
         names = ("pipeline", "expert_replica", "expert", "expert_tensor")
         sizes = (self.pipeline, self.replicate * self.shard // self.expert, self.expert, self.tensor)
-        kept = [i for i, n in enumerate(names) if n in ("expert_replica", "expert") or sizes[i] > 1]
+        always = ("expert_replica", "expert", "expert_tensor") if tensor_dim else ("expert_replica", "expert")
+        kept = [i for i, n in enumerate(names) if n in always or sizes[i] > 1]
         mesh = init_device_mesh(device_type, tuple(sizes[i] for i in kept), mesh_dim_names=tuple(names[i] for i in kept))
         return mesh[tuple(n for n in names[1:] if n in mesh.mesh_dim_names)] if self.pipeline > 1 else mesh
 

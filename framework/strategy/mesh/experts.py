@@ -21,6 +21,7 @@ from torch import nn
 
 from framework.console import human_bytes
 from framework.errors import ConfigError
+from framework.strategy.mesh import hf_experts
 
 EXPERT_WEIGHTS = ("w1", "b1", "w2", "b2")
 
@@ -31,15 +32,14 @@ def expert_layers(model: nn.Module) -> list[nn.Module]:
             if hasattr(m, "token_group") and hasattr(getattr(m, "experts", None), "num_experts")]
 
 
-def expert_problems(model: nn.Module | None, expert: int) -> list[str]:
-    """Why `expert` ranks cannot spread `model`'s experts (before launch)."""
+def expert_problems(model: nn.Module | None, expert: int, tensor: int = 1, pipeline: int = 1) -> list[str]:
+    """Why `expert` ranks cannot spread `model`'s experts (before launch), at `tensor` tensor-parallel
+    ranks and `pipeline` stages."""
     if expert == 1 or model is None:
         return []
     layers = expert_layers(model)
-    if not layers and any(type(m).__name__.endswith("Experts") for m in model.modules()):
-        return [f"strategy.expert_parallel_size={expert}: {type(model).__name__}'s experts (a Hugging Face family) are "
-                "not spread by the framework yet: every rank holds them all; set expert_parallel_size=1 (fsdp still "
-                "shards them), or train the built-in GPT's experts (model.moe)."]
+    if not layers and hf_experts.expert_modules(model):
+        return _hf_problems(model, expert, tensor, pipeline)
     if not layers:
         return [f"strategy.expert_parallel_size={expert}: {type(model).__name__} has no mixture-of-experts layers to "
                 "spread; set model.moe.num_experts (the built-in GPT), or expert_parallel_size=1."]
@@ -47,6 +47,23 @@ def expert_problems(model: nn.Module | None, expert: int) -> list[str]:
     if any(n % expert for n in counts):
         return [f"strategy.expert_parallel_size={expert} does not divide the model's {counts[0]} experts per layer; "
                 "choose a size that divides model.moe.num_experts."]
+    return []
+
+
+def _hf_problems(model: nn.Module, expert: int, tensor: int, pipeline: int) -> list[str]:
+    name = type(model).__name__
+    if hf_experts.plan_of(model) is None:
+        return [f"strategy.expert_parallel_size={expert}: {name}'s family ships no expert-parallel plan "
+                "(its config's base_model_ep_plan) to spread its experts by; set expert_parallel_size=1 (fsdp still "
+                "shards them)."]
+    if tensor > 1 or pipeline > 1:
+        return [f"strategy.expert_parallel_size={expert} with a Hugging Face model ({name}) takes data-parallel "
+                "ranks only: set strategy.tensor_parallel_size=1 and pipeline_parallel_size=1, or train the built-in "
+                "GPT's experts (model.moe), which spread under tensor parallelism and pipeline stages too."]
+    counts = sorted({int(m.num_experts) for m in hf_experts.expert_modules(model)})
+    if any(n % expert for n in counts):
+        return [f"strategy.expert_parallel_size={expert} does not divide the model's {counts[0]} experts per layer; "
+                "choose a size that divides model.config.num_experts (num_local_experts)."]
     return []
 
 
@@ -75,7 +92,9 @@ class ExpertParallel:
 def apply_expert_parallel(model: nn.Module, mesh, token_group, data_parallel: int) -> ExpertParallel:
     """Spread every layer's experts over `mesh` (dims expert_replica, expert, and expert_tensor under
     tensor parallelism: placements Replicate, Shard(0), Replicate); the layers dispatch over its
-    expert dimension and count their tokens over `token_group` (the data-parallel ranks)."""
+    expert dimension and count their tokens over `token_group` (the data-parallel ranks). A Hugging
+    Face family's experts go by transformers' own plan over the expert dimension
+    (framework/strategy/mesh/hf_experts.py)."""
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     params = []
@@ -91,6 +110,8 @@ def apply_expert_parallel(model: nn.Module, mesh, token_group, data_parallel: in
             params.append(spread)
         experts.group = group
         layer.token_group = token_group
+    if not params and hf_experts.expert_modules(model):
+        params = hf_experts.spread(model, mesh["expert"], mesh["expert_tensor"])
     if not params:
         raise ConfigError("strategy.expert_parallel_size: the model has no mixture-of-experts layers to spread.")
     replicas = mesh.size(0)
@@ -99,7 +120,8 @@ def apply_expert_parallel(model: nn.Module, mesh, token_group, data_parallel: in
 
 def expert_parameters(model: nn.Module) -> set[nn.Parameter]:
     """The experts' weights (FSDP2 leaves them to the expert-parallel applier)."""
-    return {getattr(layer.experts, name) for layer in expert_layers(model) for name in EXPERT_WEIGHTS}
+    own = {getattr(layer.experts, name) for layer in expert_layers(model) for name in EXPERT_WEIGHTS}
+    return own or set(hf_experts.expert_weights(model))
 
 
 def trainable(model: nn.Module) -> int:
@@ -126,13 +148,15 @@ def describe(model: nn.Module, expert: int, tokens: int = 0, element_bytes: int 
     rank sends by all-to-all per step: each token's top-k copies to other ranks' experts and their
     outputs back, forward, and the same again in backward."""
     layers = expert_layers(model)
-    n = layers[0].experts.num_experts if layers else 0
+    if layers:
+        n, width, fraction = layers[0].experts.num_experts, layers[0].experts.w1.shape[1], layers[0].experts.active_fraction
+    else:  # a Hugging Face family's
+        layers = hf_experts.expert_modules(model)
+        n, width, fraction = hf_experts.sizes(model)
     line = (f"expert parallel: {expert} ranks, {n // max(expert, 1)} of {n} experts each in {len(layers)} "
             "mixture-of-experts layer(s); tokens travel to their experts by all-to-all")
-    if not tokens or not layers:
+    if not tokens or not layers or not width:
         return line
-    width = layers[0].experts.w1.shape[1]
-    copies = tokens * round(layers[0].experts.active_fraction * n)
+    copies = tokens * round(fraction * n)
     sent = 4 * copies * width * element_bytes * len(layers) * (expert - 1) / expert
     return line + f", about {human_bytes(sent)} sent per rank per step (even routing)"
-

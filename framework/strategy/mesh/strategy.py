@@ -164,7 +164,7 @@ class MeshStrategy(ParallelStrategy):
             if self.cpu_offload:
                 return [f"strategy={self.name} with cpu_offload and expert_parallel_size={dims.expert}: the experts are "
                         "spread, not sharded by FSDP, and would stay on the device; drop one of them."]
-            return experts.expert_problems(model, dims.expert)
+            return experts.expert_problems(model, dims.expert, dims.tensor, dims.pipeline)
         if dims.tensor == 1:
             return []
         label = f"auto ({dims.tensor})" if self.dims_settings.tensor == "auto" else str(dims.tensor)
@@ -237,8 +237,8 @@ class MeshStrategy(ParallelStrategy):
         ignored = set()
         if dims.expert > 1:  # the tokens counted over the data-parallel ranks (not the tensor ranks or other stages)
             tokens = "default" if dims.tensor == 1 and not self.pipelined else self.mesh["shard"].get_group()
-            self._experts = experts.apply_expert_parallel(model, dims.build_expert_mesh(self.root_device.type),
-                                                          tokens, dims.data_parallel)
+            mesh = dims.build_expert_mesh(self.root_device.type, tensor_dim=not experts.expert_layers(model))
+            self._experts = experts.apply_expert_parallel(model, mesh, tokens, dims.data_parallel)
             ignored = experts.expert_parameters(model)
             self._say(f"{self.name}: {experts.describe(model, dims.expert)}")
         elif self.pipelined or dims.tensor > 1:  # the routing statistics counted over the data-parallel ranks only
