@@ -89,3 +89,21 @@ def test_a_moe_family_exports_to_the_class_transformers_loads(tmp_path, family):
     ids = torch.randint(0, 64, (2, 16))
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+def test_spreading_a_familys_experts_says_what_stops_it(monkeypatch):
+    """strategy.expert_parallel_size on a Hugging Face family (framework/strategy/mesh/hf_experts.py):
+    transformers' plan, the model's own names, and each refusal naming the key and the fix."""
+    from framework.strategy.mesh import hf_experts
+    from framework.strategy.mesh.experts import expert_parameters, expert_problems
+
+    model = causal_lm(config={**SMALL, **FAMILIES["qwen3_moe"]})
+    assert list(hf_experts.concrete_plan(model, hf_experts.plan_of(model))) == [
+        "model.layers.0.mlp.experts.gate_up_proj", "model.layers.1.mlp.experts.gate_up_proj",
+        "model.layers.0.mlp.experts.down_proj", "model.layers.1.mlp.experts.down_proj",
+        "model.layers.0.mlp.experts", "model.layers.1.mlp.experts"]  # the weights before their modules
+    assert len(expert_parameters(model)) == 4 and expert_problems(model, 2) == []
+    assert "does not divide the model's 8 experts" in expert_problems(model, 3)[0]
+    assert "takes data-parallel ranks only" in expert_problems(model, 2, tensor=2)[0]
+    monkeypatch.setattr(hf_experts, "installed", lambda: "5.22.0")
+    assert "from transformers 5.24 on (installed: 5.22.0); upgrade transformers" in expert_problems(model, 2)[0]

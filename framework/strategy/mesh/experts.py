@@ -56,6 +56,11 @@ def _hf_problems(model: nn.Module, expert: int, tensor: int, pipeline: int) -> l
         return [f"strategy.expert_parallel_size={expert}: {name}'s family ships no expert-parallel plan "
                 "(its config's base_model_ep_plan) to spread its experts by; set expert_parallel_size=1 (fsdp still "
                 "shards them)."]
+    if not hf_experts.supported():
+        return [f"strategy.expert_parallel_size={expert} with a Hugging Face model ({name}) spreads its experts with "
+                f"transformers' own expert-parallel plan, which this framework uses from transformers "
+                f"{hf_experts.SINCE} on (installed: {hf_experts.installed()}); upgrade transformers, or set "
+                "expert_parallel_size=1 (fsdp still shards the experts)."]
     if tensor > 1 or pipeline > 1:
         return [f"strategy.expert_parallel_size={expert} with a Hugging Face model ({name}) takes data-parallel "
                 "ranks only: set strategy.tensor_parallel_size=1 and pipeline_parallel_size=1, or train the built-in "

@@ -17,6 +17,26 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+SINCE = "5.24"  # the first transformers whose apply_expert_parallelism this module was verified against
+
+
+def installed() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("transformers")
+    except PackageNotFoundError:
+        return "none"
+
+
+def supported() -> bool:
+    """Whether the installed transformers has the expert-parallel API used here (SINCE or newer)."""
+    found = installed()
+    if found == "none":
+        return False
+    parts = [int(p) if p.isdigit() else 0 for p in re.split(r"[.+-]", found)[:2]]
+    return tuple(parts) >= tuple(int(p) for p in SINCE.split("."))
+
 
 def plan_of(model: nn.Module) -> dict[str, str] | None:
     """The model config's expert-parallel plan (transformers' names, relative to its base model), or
