@@ -10,6 +10,8 @@ ratio is the median of the rounds' ratios of mean step time, with the spread of 
 resolution: the ratio is known to about the half-width of its middle half).
 
     .venv/bin/python benchmarks/step_overhead.py          (about 2 minutes)
+    ROUNDS=25 STEPS=1200 .venv/bin/python benchmarks/step_overhead.py   (more, shorter rounds: a
+                                                          machine whose speed drifts spoils fewer)
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ import framework
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = int(os.environ.get("ROUNDS", 9))
-STEPS, WARMUP = 3000, 300
+STEPS, WARMUP = int(os.environ.get("STEPS", 3000)), 300
 OVERRIDES = ["model=mlp", "data=digits", "task=classification", "model.dropout=0.0", "trainer.val_at_start=false",
              "trainer.val_every=1000000", "callbacks.checkpoint.every_n_steps=1000000", "trainer.progress_bar=false",
              "trainer.plot=false", "seed=0", f"trainer.max_steps={STEPS}", "data.batch_size=64",

@@ -4,7 +4,8 @@ needs of it), one example batch through model and task (the shapes fit; the acti
 micro-batch keeps for backward, measured), the metrics a validation logs."""
 from __future__ import annotations
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+from torch.nn.parameter import UninitializedParameter
 
 from framework.config.build import build
 from framework.construction.activation_checkpointing import checkpoint_units
@@ -46,15 +47,40 @@ def build_components(cfg: DictConfig, plugins: Plugins | None = None,
         raise ConfigError(f"framework predict: the task ({type(task).__name__}) defines no predict_step; give it one "
                           "(what it predicts for each sample: framework/tasks/base.py), or use a built-in task.")
     batch_size = int(cfg.data.get("batch_size", 2) or 2)
-    logged = validation_metric_names(model, data, task)
+    whole, logged = _fitted(cfg, model, data, task, batch_size, device_type(plugins))
     if plugins is not None and cfg.trainer.get("compile"):
         check_compilable(model, data, task, plugins.strategy, bool(cfg.trainer.get("activation_checkpointing")))
     if plugins is None or not cfg.trainer.get("activation_checkpointing"):
-        return model, check_fit(model, data, task, batch_size, device_type(plugins)), logged
-    whole = check_fit(model, data, task, batch_size, device_type(plugins))
+        return model, whole, logged
     count = checkpoint_units(plugins.strategy.units(model))
     kept = check_fit(model, data, task, batch_size, device_type(plugins))
     return model, kept + (max(whole - kept, 0) // count if count else 0), logged
+
+
+_FITTED: dict[str, tuple[int, set[str] | None]] = {}  # a process's fit checks that passed, by what they depend on
+_FITTED_KEPT = 64
+
+
+def _fitted(cfg: DictConfig, model, data, task, batch_size: int, device: str) -> tuple[int, set[str] | None]:
+    """check_fit's activation bytes and the validation's metric names: run once per process for
+    the same model, adapter, task, data, batch and device (the meta forwards are most of a
+    preparation; a sweep's jobs, or one recipe under every strategy, share them), else again. A
+    model with lazy modules is always run (the forward gives them their shapes)."""
+    try:
+        nodes = [cfg.get(name) for name in ("model", "adapter", "task", "data")]
+        key = "\n".join([OmegaConf.to_yaml(n, resolve=True) if isinstance(n, DictConfig) else repr(n) for n in nodes]
+                        + [str(batch_size), device])
+    except Exception:  # a value that does not resolve here: no memo, the checks run
+        key = None
+    lazy = any(isinstance(p, UninitializedParameter) for p in model.parameters())
+    if key is not None and not lazy and key in _FITTED:
+        return _FITTED[key]
+    found = check_fit(model, data, task, batch_size, device), validation_metric_names(model, data, task)
+    if key is not None and not lazy:
+        if len(_FITTED) >= _FITTED_KEPT:
+            _FITTED.pop(next(iter(_FITTED)))
+        _FITTED[key] = found
+    return found
 
 
 def device_type(plugins: Plugins | None) -> str:
