@@ -231,14 +231,15 @@ def test_the_planned_activations_are_within_a_quarter_of_the_measured_peak(tmp_p
     same model, weights and optimizer), against what plan says the longer context adds. With
     dropout the CPU's attention takes the math path (T x T weights kept); without, its flash kernel.
     Freed buffers go back to the OS at once (accelerator.return_freed_memory), so the peak is what
-    was live, as plan counts it: measured 663 MB and 1043 MB against 620 and 968 planned, the same
-    to a few MB run after run. (With glibc keeping freed memory, the peak reads 0.74-0.89 GB and
-    varies by 150 MB between runs: the allocator's, not the model's.)"""
+    was live, as plan counts it: measured 658 MB and 1036 MB against 630 and 968 planned, the same
+    to a few MB run after run (one step: a second, 663 and 1043, adds nothing but time). (With
+    glibc keeping freed memory, the peak reads 0.74-0.89 GB and varies by 150 MB between runs: the
+    allocator's, not the model's.)"""
     import json
 
     def peak_and_plan(overrides: list[str]) -> tuple[int, int]:
         out = tmp_path / str(abs(hash(tuple(overrides))))
-        result = run_train([*overrides, "data.val_batch_size=8", "trainer.val_batches=1", "trainer.max_steps=2",
+        result = run_train([*overrides, "data.val_batch_size=8", "trainer.val_batches=1", "trainer.max_steps=1",
                             "trainer.val_at_start=false", "callbacks=[memory_monitor]", "logger=[]",
                             "accelerator=cpu", "accelerator.return_freed_memory=true",
                             f"hydra.run.dir={out}"], tmp_path)
