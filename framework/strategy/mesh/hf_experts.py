@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from contextlib import contextmanager
+from importlib.metadata import PackageNotFoundError, version
 
 import torch
 from torch import nn
@@ -21,8 +22,6 @@ SINCE = "5.24"  # the first transformers whose apply_expert_parallelism this mod
 
 
 def installed() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("transformers")
     except PackageNotFoundError:
