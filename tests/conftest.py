@@ -121,6 +121,27 @@ def metric_values(output_dir: Path, key: str = "train/loss") -> list[float]:
         return [float(row[key]) for row in csv.DictReader(f) if row.get(key)]
 
 
+def assert_close_metrics(run: Path, reference: Path, keys, steps: int, tol: float = 1e-5) -> None:
+    """Every logged value of each of `keys` in `run` (`steps` of them) is `reference`'s, within `tol`."""
+    import torch
+
+    for key in keys:
+        values = metric_values(run, key)
+        assert len(values) == steps, key
+        torch.testing.assert_close(torch.tensor(values), torch.tensor(metric_values(reference, key)), rtol=tol,
+                                   atol=tol, msg=key)
+
+
+def assert_close_weights(reference: Path, ckpt: Path) -> None:
+    """A checkpoint's weights are the reference checkpoint's, name for name (float32 rounding)."""
+    import torch
+
+    a, b = load_model_state(reference), load_model_state(ckpt)
+    assert set(a) == set(b)
+    for name, value in a.items():
+        torch.testing.assert_close(b[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
 def _load_saved(ckpt: Path, name: str) -> dict:
     """`name` ("model" or "optimizer") as saved, from either layout (a sharded one read whole)."""
     if (ckpt / "state").is_dir():

@@ -150,7 +150,7 @@ CASES = [
      "MLP has no tensor-parallel plan (the built-in GPT and Hugging Face models whose config has a base_model_tp_plan"),
     (TRAIN + ["strategy=hsdp", "devices=4", "strategy.shard_size=3"],
      "strategy.shard_size=3 does not divide the 4 ranks of a node (devices)"),
-    # mixtures of experts: routing settings, expert parallelism's sizes, a Hugging Face balancing loss pooled over stages
+    # mixtures of experts: routing settings, expert parallelism's sizes, a Hugging Face family's routing under stages
     (TRAIN + ["model.moe.num_experts=4", "model.moe.top_k=5"], "model.moe.top_k=5 is more than model.moe.num_experts=4"),
     (TRAIN + ["model.moe.num_experts=4", "model.moe.layers=[3]"], "model.moe.layers=[3]: [3] not among the model's "
                                                                  "Blocks 0..1"),
@@ -168,8 +168,10 @@ CASES = [
               "model.moe.num_experts=4"], "strategy=fsdp with cpu_offload and expert_parallel_size=2: the experts are "
                                           "spread, not sharded by FSDP, and would stay on the device"),
     (TRAIN + ["strategy=pipeline", "devices=2", "model=hf_causal_lm", "model/config=qwen3_moe"],
-     "the Hugging Face model's config adds a balancing loss (router_aux_loss_coef), which transformers pools over "
-     "every layer's routing into one product, but under strategy=pipeline the layers lie on different pipeline"),
+     "a Hugging Face mixture of experts' routing is counted over every layer at once"),
+    (TRAIN + ["strategy=pipeline", "devices=2", "model=hf_causal_lm", "model/config=qwen3_moe",
+              "model.config.router_aux_loss_coef=0"],  # no loss, but the same watch: refused alike
+     "under strategy=pipeline the layers lie on different pipeline stages; use strategy=fsdp"),
     # trainer.compile where it cannot work
     (TRAIN + ["trainer.compile=true", "strategy=deepspeed_stage_2", "devices=2"],
      "trainer.compile=true with strategy=deepspeed_stage_2: its engine wraps and drives the model's modules itself"),

@@ -203,12 +203,12 @@ RULES: list[Rule] = [
         "summed_loss(outputs, targets) (framework/tasks/base.py), or use strategy=fsdp.",
     ),
     Rule(
-        lambda p: p.strategy.pipelined and p.loop.model_losses == "pooled",
-        lambda p: f"the Hugging Face model's config adds a balancing loss (router_aux_loss_coef), which transformers "
-        "pools over every layer's routing into one product, but under strategy="
-        f"{_strat(p)} the layers lie on different pipeline stages; set model.config.router_aux_loss_coef=0, use "
-        "strategy=fsdp, or the built-in GPT's experts (model.moe: each layer's own balancing loss, which "
-        "pipeline stages take).",
+        lambda p: p.strategy.pipelined and p.loop.pooled_routing,
+        lambda p: f"a Hugging Face mixture of experts' routing is counted over every layer at once (its balancing "
+        "loss, router_aux_loss_coef, pools them into one product, as transformers computes it; its load is logged "
+        f"from the same watch), but under strategy={_strat(p)} the layers lie on different pipeline stages; use "
+        "strategy=fsdp (strategy.expert_parallel_size spreads its experts), or the built-in GPT's experts "
+        "(model.moe: each layer's own routing and losses, which pipeline stages take).",
     ),
     Rule(
         lambda p: p.loop.position_ids and not p.strategy.passes_position_ids,

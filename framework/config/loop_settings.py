@@ -25,9 +25,8 @@ class LoopSettings:
     position_ids: bool = False  # the batches carry position_ids (packed rows: several samples a row)
     task: str = ""  # the task's class name, as messages say it
     stage_split: bool = True  # the task says how a batch goes through pipeline stages (pipeline_split, summed_loss)
-    # the model's own losses: "" none, "per_layer" (model.moe's balancing or z-loss, each layer's
-    # own), "pooled" (a Hugging Face family's balancing loss, pooled over every layer)
-    model_losses: str = ""
+    # a Hugging Face mixture of experts: its routers watched as one pool over every layer (framework/models/hf_routers.py)
+    pooled_routing: bool = False
 
 
 def loop_settings(cfg: DictConfig) -> LoopSettings:
@@ -44,22 +43,12 @@ def loop_settings(cfg: DictConfig) -> LoopSettings:
                         task=task.__name__, stage_split=getattr(task, "pipeline_split", None) is not None
                         and getattr(task, "summed_loss", None) is not None,
                         adapter=cfg.adapter._target_.rsplit(".", 1)[-1].lower() if cfg.get("adapter") else None,
-                        model_losses=router_losses(cfg))
+                        pooled_routing=hf_routed(cfg))
 
 
-def router_losses(cfg: DictConfig) -> str:
-    """The losses the model adds of its own to the task's: "per_layer" for the built-in GPT's
-    model.moe balancing or z-loss (framework/models/moe.py: each layer's from its own routing),
-    "pooled" for a Hugging Face mixture of experts' config with a router_aux_loss_coef
-    (framework/models/hf_routers.py: one loss from every layer's routing), "" for none."""
+def hf_routed(cfg: DictConfig) -> bool:
+    """Whether the model is a Hugging Face mixture of experts (its config routes tokens to experts),
+    whose routers are watched as one pool over every layer (framework/models/hf_routers.py)."""
     model = cfg.get("model")
-    if not isinstance(model, DictConfig):
-        return ""
-    moe, config = model.get("moe"), model.get("config")
-    if isinstance(moe, DictConfig) and moe.get("num_experts", 0):
-        adds = ((moe.get("balance", "loss") == "loss" and moe.get("balance_coef", 0.01) > 0)
-                or moe.get("z_loss_coef", 0.0) > 0)
-        return "per_layer" if adds else ""
-    if isinstance(config, DictConfig) and config.get("num_experts_per_tok"):
-        return "pooled" if config.get("router_aux_loss_coef", 0.0) else ""
-    return ""
+    config = model.get("config") if isinstance(model, DictConfig) else None
+    return bool(isinstance(config, DictConfig) and config.get("num_experts_per_tok"))

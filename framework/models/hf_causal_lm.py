@@ -16,6 +16,7 @@ DeepSpeed's partitioned init) and every rank keeps only its shards:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import json
 import os
@@ -89,6 +90,7 @@ def hf_config(config: dict | None = None, config_dir: str | None = None, pretrai
         directory = local_directory(config_dir or pretrained, sources[0])
         loaded = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
         check_fields(type(loaded), fields)
+        fields = as_declared(type(loaded), fields)
         for key, value in fields.items():
             setattr(loaded, key, value)
         check_heads(loaded)
@@ -103,9 +105,11 @@ def hf_config(config: dict | None = None, config_dir: str | None = None, pretrai
         raise ConfigError(f"model.config.model_type={model_type!r} is not an architecture transformers "
                           f"{transformers.__version__} knows.{close} List them: {LIST_MODEL_TYPES}")
     check_fields(known[model_type], fields)
+    from huggingface_hub.errors import StrictDataclassError  # transformers' own dependency
+
     try:
-        cfg = transformers.AutoConfig.for_model(model_type, **fields)
-    except ValueError as err:
+        cfg = transformers.AutoConfig.for_model(model_type, **as_declared(known[model_type], fields))
+    except (ValueError, StrictDataclassError) as err:
         raise ConfigError(f"model.config (model_type={model_type}): {str(err).splitlines()[0]}") from err
     check_heads(cfg)
     return cfg
@@ -131,6 +135,19 @@ def check_fields(config_class, fields: dict) -> None:
                  "write model.config whole.")
     raise ConfigError(f"model.config: {model_type} has no field {', '.join(unknown)}.{said} {model_type}'s fields: "
                       f"{', '.join(sorted(own))}.")
+
+
+def as_declared(config_class, fields: dict) -> dict:
+    """`fields` with a whole number given for a float field as that float: YAML and the command line
+    read `router_aux_loss_coef=0` as an int, which transformers' strict configs refuse."""
+    declared = {f.name: f.type for f in dataclasses.fields(config_class)} if dataclasses.is_dataclass(config_class) else {}
+
+    def floating(kind) -> bool:
+        return kind is float or (isinstance(kind, str) and kind.replace(" ", "") in ("float", "float|None")) or (
+            float in getattr(kind, "__args__", ()))
+
+    return {key: float(value) if type(value) is int and floating(declared.get(key)) else value
+            for key, value in fields.items()}
 
 
 def _named_fields(config_class) -> set[str]:

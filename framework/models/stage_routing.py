@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from framework.models.moe_stats import load_values, routed_modules, router_terms
+from framework.models.moe_stats import load_values, routed_modules, router_losses, router_terms
 
 
 class LossGradient(torch.autograd.Function):
@@ -71,10 +71,9 @@ class StageRouting:
                 return None
             modules = [m for m in self._modules[index] if m.record is not None]
             self._seen[index].append((router_terms(modules), [load for m in modules for load in m.loads()]))
-            losses = [loss for m in modules if (loss := m.losses(self._summed)) is not None]
-            if not losses or self._weight is None:
+            loss = router_losses(module, self._summed) if self._weight is not None else None
+            if loss is None:
                 return None
-            loss = sum(losses[1:], losses[0])
             if isinstance(output, torch.Tensor):
                 return LossGradient.apply(output, loss, self._weight)
             # a stage returning several tensors (torch's pipelining passes tuples on): the first carries it

@@ -107,3 +107,12 @@ def test_spreading_a_familys_experts_says_what_stops_it(monkeypatch):
     assert "takes data-parallel ranks only" in expert_problems(model, 2, tensor=2)[0]
     monkeypatch.setattr(hf_experts, "installed", lambda: "5.22.0")
     assert "from transformers 5.24 on (installed: 5.22.0); upgrade transformers" in expert_problems(model, 2)[0]
+
+
+def test_a_whole_number_for_a_float_field_is_taken_as_the_float():
+    """`model.config.router_aux_loss_coef=0`, as a user (and the pipeline's refusal) writes it: YAML
+    reads an int, which transformers' strict config classes refuse; the field's declared float
+    is given instead (an int field stays an int)."""
+    config = causal_lm(config={**SMALL, **FAMILIES["qwen3_moe"], "router_aux_loss_coef": 0}).config
+    assert config.router_aux_loss_coef == 0.0 and type(config.router_aux_loss_coef) is float
+    assert type(config.hidden_size) is int

@@ -12,7 +12,14 @@ import pytest
 import torch
 
 from framework.cli import main as framework_main
-from tests.conftest import checkpoint_at, load_model_state, metric_values, run_inprocess
+from tests.conftest import (
+    assert_close_metrics,
+    assert_close_weights,
+    checkpoint_at,
+    load_model_state,
+    metric_values,
+    run_inprocess,
+)
 from tests.helpers.run_cache import trained_run
 from tests.helpers.two_ranks import BASE, STEPS
 
@@ -48,16 +55,10 @@ def test_every_layout_gives_one_processs_numbers(layout):
     """Same global batch (16): each step's loss, clipped gradient norm and balancing loss as one
     process computes them: the tokens per expert are counted over the micro-batch of every rank."""
     one, other = run_of("one"), run_of(layout)
-    for key in ("train/loss", "train/grad_norm", "train/moe_balance_loss", "train/moe_z_loss", "train/moe_load_max/0"):
-        values = metric_values(other, key)
-        assert len(values) == STEPS, key
-        torch.testing.assert_close(torch.tensor(values), torch.tensor(metric_values(one, key)), rtol=1e-5, atol=1e-5,
-                                   msg=key)
+    assert_close_metrics(other, one, ("train/loss", "train/grad_norm", "train/moe_balance_loss", "train/moe_z_loss",
+                                      "train/moe_load_max/0"), STEPS)
     assert min(metric_values(other, "train/grad_norm")) > 0.5  # above the clip: the norm spans every expert
-    a, b = load_model_state(checkpoint_at(one, STEPS)), load_model_state(checkpoint_at(other, STEPS))
-    assert set(a) == set(b)
-    for name, value in a.items():
-        torch.testing.assert_close(b[name], value, rtol=1e-5, atol=1e-6, msg=name)
+    assert_close_weights(checkpoint_at(one, STEPS), checkpoint_at(other, STEPS))
 
 
 def test_the_checkpoint_holds_every_expert_under_the_models_names(tmp_path):
@@ -156,15 +157,11 @@ def test_pipeline_stages_add_their_experts_losses_as_one_process_with_their_micr
     single = [*extra, "strategy=single_device", "devices=1", f"data.batch_size={8 // stages}",
               f"trainer.accumulate={2 * stages}"]
     one = trained_run(single)
-    for key in ("train/loss", "train/grad_norm", "train/moe_balance_loss", "train/moe_z_loss"):
-        values = metric_values(staged, key)
-        assert len(values) == STEPS, key
-        torch.testing.assert_close(torch.tensor(values), torch.tensor(metric_values(one, key)), rtol=1e-5, atol=1e-5,
-                                   msg=key)
-    a, b = load_model_state(checkpoint_at(one, STEPS)), load_model_state(checkpoint_at(staged, STEPS))
-    for name, value in a.items():
-        torch.testing.assert_close(b[name], value, rtol=1e-5, atol=1e-6, msg=name)
+    assert_close_metrics(staged, one, ("train/loss", "train/grad_norm", "train/moe_balance_loss", "train/moe_z_loss"),
+                         STEPS)
+    assert_close_weights(checkpoint_at(one, STEPS), checkpoint_at(staged, STEPS))
     if schedule == "1f1b":  # the losses trained the routers: without them the first Block's ends elsewhere
         plain = trained_run([*single, "model.moe.balance_coef=0", "model.moe.z_loss_coef=0"])
         router = "blocks.0.moe.router.weight"
-        assert (load_model_state(checkpoint_at(plain, STEPS))[router] - a[router]).abs().max() > 1e-4
+        trained = load_model_state(checkpoint_at(one, STEPS))[router]
+        assert (load_model_state(checkpoint_at(plain, STEPS))[router] - trained).abs().max() > 1e-4

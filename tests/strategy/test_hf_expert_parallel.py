@@ -8,7 +8,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import TINY_GPT, checkpoint_at, load_model_state, metric_values, run_inprocess
+from tests.conftest import (
+    TINY_GPT,
+    assert_close_metrics,
+    assert_close_weights,
+    checkpoint_at,
+    load_model_state,
+    metric_values,
+    run_inprocess,
+)
 from tests.helpers.run_cache import trained_run
 
 pytestmark = pytest.mark.slow
@@ -32,16 +40,11 @@ LAYOUTS = {
 @pytest.mark.parametrize("layout", ["ep2", "ep2xfsdp2"])
 def test_transformers_plan_spreads_the_experts_and_gives_one_processs_numbers(layout):
     one, other = trained_run([*BASE, *LAYOUTS["one"]]), trained_run([*BASE, *LAYOUTS[layout]])
-    for key in ("train/loss", "train/grad_norm", "train/moe_balance_loss", "train/moe_load_max/1"):
-        values = metric_values(other, key)
-        assert len(values) == STEPS, key
-        torch.testing.assert_close(torch.tensor(values), torch.tensor(metric_values(one, key)), rtol=1e-5, atol=1e-5,
-                                   msg=key)
-    a, b = load_model_state(checkpoint_at(one, STEPS)), load_model_state(checkpoint_at(other, STEPS))
-    assert set(a) == set(b)
-    assert b["model.layers.0.mlp.experts.gate_up_proj"].shape == (4, 64, 32)  # every expert, transformers' names
-    for name, value in a.items():
-        torch.testing.assert_close(b[name], value, rtol=1e-5, atol=1e-6, msg=name)
+    assert_close_metrics(other, one, ("train/loss", "train/grad_norm", "train/moe_balance_loss", "train/moe_load_max/1"),
+                         STEPS)
+    # every expert, under transformers' names
+    assert load_model_state(checkpoint_at(other, STEPS))["model.layers.0.mlp.experts.gate_up_proj"].shape == (4, 64, 32)
+    assert_close_weights(checkpoint_at(one, STEPS), checkpoint_at(other, STEPS))
 
 
 def test_a_checkpoint_of_spread_experts_resumes_sample_exact_in_one_process(tmp_path):

@@ -19,6 +19,7 @@ from framework.strategy.pipeline import PipelineStrategy
 from tests.conftest import (
     DIGITS,
     TINY_GPT,
+    assert_close_weights,
     checkpoint_at,
     checkpoints,
     load_model_state,
@@ -217,13 +218,6 @@ def runs(tmp_path_factory):
     return out
 
 
-def _assert_same_weights(a, b):
-    a, b = load_model_state(a), load_model_state(b)
-    assert set(a) == set(b)
-    for name, value in a.items():
-        torch.testing.assert_close(b[name], value, rtol=1e-5, atol=1e-6, msg=name)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", PIPELINES)
 def test_every_layout_gives_one_processs_losses_norms_and_weights(runs, name):
@@ -238,7 +232,7 @@ def test_every_layout_gives_one_processs_losses_norms_and_weights(runs, name):
                                atol=1e-6)
     torch.testing.assert_close(torch.tensor(metric_values(runs[name], "val/loss")), torch.tensor(metric_values(runs["one"], "val/loss")),
                                rtol=1e-5, atol=1e-5)
-    _assert_same_weights(checkpoint_at(runs["one"], STEPS), checkpoint_at(runs[name], STEPS))
+    assert_close_weights(checkpoint_at(runs["one"], STEPS), checkpoint_at(runs[name], STEPS))
 
 
 @pytest.mark.slow
@@ -268,7 +262,7 @@ def test_a_checkpoint_resumes_at_another_stage_count_and_strategy(runs, tmp_path
     run_inprocess([*BASE, *into, f"ckpt_path={checkpoint_at(runs[source], 2)}"], tmp_path)
     torch.testing.assert_close(torch.tensor(metric_values(tmp_path)), torch.tensor(metric_values(runs["one"])[2:]), rtol=1e-5,
                                atol=1e-5)
-    _assert_same_weights(checkpoint_at(runs["one"], STEPS), checkpoint_at(tmp_path, STEPS))
+    assert_close_weights(checkpoint_at(runs["one"], STEPS), checkpoint_at(tmp_path, STEPS))
 
 
 @pytest.mark.slow
@@ -296,7 +290,7 @@ def test_the_classifier_pipelined_gives_one_processs_numbers(tmp_path):
                                rtol=1e-5, atol=1e-5)
     for key in ("val/loss", "val/accuracy"):
         assert metric_values(tmp_path / "pp", key) == pytest.approx(metric_values(tmp_path / "one", key), abs=1e-5)
-    _assert_same_weights(checkpoints(tmp_path / "one")[-1], checkpoints(tmp_path / "pp")[-1])
+    assert_close_weights(checkpoints(tmp_path / "one")[-1], checkpoints(tmp_path / "pp")[-1])
 
 
 @pytest.mark.slow
@@ -313,7 +307,7 @@ def test_lora_adapters_pipelined_train_save_and_resume_as_in_one_process(tmp_pat
     run_inprocess([*lora, "strategy=single_device", f"ckpt_path={checkpoint_at(tmp_path / 'pp', 2)}"], tmp_path / "resumed")
     torch.testing.assert_close(torch.tensor(metric_values(tmp_path / "resumed")), torch.tensor(metric_values(tmp_path / "one")[2:]),
                                rtol=1e-5, atol=1e-5)
-    _assert_same_weights(checkpoint_at(tmp_path / "one", STEPS), checkpoint_at(tmp_path / "resumed", STEPS))
+    assert_close_weights(checkpoint_at(tmp_path / "one", STEPS), checkpoint_at(tmp_path / "resumed", STEPS))
 
 
 @pytest.mark.slow
@@ -329,7 +323,7 @@ def test_looped_bfs_without_clipping_sums_the_tied_heads_gradient_as_one_process
         assert len(metric_values(tmp_path / "one", key)) == (3 if key == "train/loss" else 1)
         torch.testing.assert_close(torch.tensor(metric_values(tmp_path / "pp", key)),
                                    torch.tensor(metric_values(tmp_path / "one", key)), rtol=1e-5, atol=1e-5, msg=key)
-    _assert_same_weights(checkpoint_at(tmp_path / "one", 3), checkpoint_at(tmp_path / "pp", 3))
+    assert_close_weights(checkpoint_at(tmp_path / "one", 3), checkpoint_at(tmp_path / "pp", 3))
 
 
 @pytest.mark.slow
@@ -433,7 +427,7 @@ def test_hugging_face_families_pipelined_give_one_processs_numbers(tmp_path, fam
     for key in ("train/loss", "train/grad_norm", "val/loss"):
         torch.testing.assert_close(torch.tensor(metric_values(tmp_path / "pp", key)),
                                    torch.tensor(metric_values(tmp_path / "one", key)), rtol=1e-5, atol=1e-5, msg=key)
-    _assert_same_weights(checkpoints(tmp_path / "one")[-1], checkpoints(tmp_path / "pp")[-1])
+    assert_close_weights(checkpoints(tmp_path / "one")[-1], checkpoints(tmp_path / "pp")[-1])
 
 
 @pytest.mark.slow

@@ -63,8 +63,8 @@ def _hf_problems(model: nn.Module, expert: int, tensor: int, pipeline: int) -> l
                 "expert_parallel_size=1 (fsdp still shards the experts)."]
     if tensor > 1 or pipeline > 1:
         return [f"strategy.expert_parallel_size={expert} with a Hugging Face model ({name}) takes data-parallel "
-                "ranks only: set strategy.tensor_parallel_size=1 and pipeline_parallel_size=1, or train the built-in "
-                "GPT's experts (model.moe), which spread under tensor parallelism and pipeline stages too."]
+                "ranks only: set strategy.tensor_parallel_size=1 and strategy.pipeline_parallel_size=1, or train the "
+                "built-in GPT's experts (model.moe), which spread under tensor parallelism and pipeline stages too."]
     counts = sorted({int(m.num_experts) for m in hf_experts.expert_modules(model)})
     if any(n % expert for n in counts):
         return [f"strategy.expert_parallel_size={expert} does not divide the model's {counts[0]} experts per layer; "
