@@ -58,9 +58,8 @@ def _configure() -> bool:
         "SelectTypeParameters=CR_Core", "StateSaveLocation=/var/spool/slurmctld", "SlurmdSpoolDir=/var/spool/slurmd",
         "SlurmctldLogFile=/var/log/slurm/slurmctld.log", "SlurmdLogFile=/var/log/slurm/slurmd.log",
         "ReturnToService=2", "MpiDefault=none", "JobRequeue=1", "KillWait=5",
-        # A requeued job may start again only once its old credential expired (default 120 s), and
-        # then at the backfill scheduler's next pass (default every 30 s).
-        "AuthInfo=cred_expire=10", "SchedulerParameters=bf_interval=1",
+        # A requeued job may start again only once its old credential expired (default 120 s).
+        "AuthInfo=cred_expire=10",
         f"NodeName={host} CPUs={os.cpu_count()} RealMemory={_memory_mb()} State=UNKNOWN",
         f"PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES",
     ]) + "\n"
