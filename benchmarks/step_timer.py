@@ -1,4 +1,5 @@
-"""A user's callback that stamps the clock at the end of every optimizer step (benchmarks/step_overhead.py)."""
+"""Users' callbacks that time optimizer steps: benchmarks/step_overhead.py (InterleavedTimer) and
+benchmarks/gpu_check.py (SyncClock)."""
 from __future__ import annotations
 
 import json
@@ -9,14 +10,30 @@ import torch
 from framework.callbacks.base import Callback
 
 
-class StepTimer(Callback):
-    stamps: list[float] = []
+class InterleavedTimer(Callback):
+    """Times the framework's steps and, after every `block` of them, runs the next `block` steps of
+    a hand-written loop (`raw`, a generator yielding after each step) in the same process, timing
+    those too: the two loops take turns every fraction of a second, so a machine whose speed drifts
+    slows both alike. A framework step's time runs from the end of the previous one (or of the raw
+    block that followed it) to the end of this one, so the raw steps are never counted in it."""
+
+    raw = None  # the hand-written loop's generator, set by the benchmark before the run
+    block = 100
+    framework: list[float] = []
+    hand_written: list[float] = []
 
     def on_fit_start(self, loop) -> None:
-        StepTimer.stamps.append(time.perf_counter())
+        self._last = time.perf_counter()
 
     def on_train_step_end(self, loop) -> None:
-        StepTimer.stamps.append(time.perf_counter())
+        now = time.perf_counter()
+        InterleavedTimer.framework.append(now - self._last)
+        if len(InterleavedTimer.framework) % self.block == 0:
+            for _ in range(self.block):
+                start = time.perf_counter()
+                next(self.raw)
+                InterleavedTimer.hand_written.append(time.perf_counter() - start)
+        self._last = time.perf_counter()
 
 
 class SyncClock(Callback):

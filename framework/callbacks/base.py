@@ -37,3 +37,12 @@ class Callback:
         return {}
 
     def load_state_dict(self, state: dict) -> None: ...
+
+
+def hook_methods(callbacks, name: str) -> list:
+    """The callbacks' `name` methods that do something: those a callback's class (or the callback
+    itself) defines, not the base class's empty ones (the loop calls some hooks every step)."""
+    inherited = getattr(Callback, name, None)
+    return [getattr(callback, name) for callback in callbacks
+            if inherited is None or getattr(type(callback), name, None) is not inherited
+            or name in getattr(callback, "__dict__", {})]

@@ -15,6 +15,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from framework.adapter.lora import is_adapted, trainable_names
+from framework.callbacks.base import hook_methods
 from framework.checkpoint.format import newest_finite
 from framework.console import warn
 from framework.data.loaders import release_workers
@@ -47,6 +48,7 @@ class FitLoop:
         # tens of microseconds, which a tiny model's step notices).
         self.trainer = _plain(trainer)
         self.callbacks, self.loggers, self.preemption = run.callbacks, run.loggers, run.preemption
+        self._hooks: dict[str, list] = {}  # a hook's name -> the callbacks' methods that do something
         self.output_dir = Path(run.output_dir)
         self.checkpoint_dir = self.output_dir / "checkpoints"
         self.run = run
@@ -89,8 +91,11 @@ class FitLoop:
             warn(message)
 
     def hook(self, name: str, *args) -> None:
-        for callback in self.callbacks.values():
-            getattr(callback, name)(self, *args)
+        methods = self._hooks.get(name)
+        if methods is None:
+            methods = self._hooks[name] = hook_methods(self.callbacks.values(), name)
+        for method in methods:
+            method(self, *args)
 
     # ---- fit ----------------------------------------------------------------------------
     def fit(self, resume_from: Path | None = None) -> FitResult:

@@ -12,22 +12,36 @@ import torch
 
 
 class StepSums:
-    """One optimizer step's micro-batches, until the step is taken."""
+    """One optimizer step's micro-batches, until the step is taken. The loss is summed in float64:
+    on the device as a tensor (read once per log), on the CPU as a Python float (a host read costs
+    a microsecond there, the tensor operations it saves several: a tiny model's step notices)."""
 
-    __slots__ = ("loss", "batches", "items")
+    __slots__ = ("host", "total", "batches", "items")
 
     def __init__(self, device):
-        self.loss = torch.zeros((), dtype=torch.float64, device=device)
+        self.host = torch.device(device).type == "cpu"
+        self.total = 0.0 if self.host else torch.zeros((), dtype=torch.float64, device=device)
         self.batches = 0
         self.items = 0
 
     def add(self, loss: torch.Tensor, items: int) -> None:
-        self.loss += loss.detach().double()
+        if self.host:
+            self.total += loss.item()  # a float32's value is exact in a float64: the same sum as on a device
+        else:
+            self.total += loss.detach().double()
         self.batches += 1
         self.items += items
 
+    @property
+    def loss(self) -> torch.Tensor:
+        """The step's summed loss as a float64 tensor (on the device; on the CPU a new one)."""
+        return torch.tensor(self.total, dtype=torch.float64) if self.host else self.total
+
     def clear(self) -> None:
-        self.loss.zero_()
+        if self.host:
+            self.total = 0.0
+        else:
+            self.total.zero_()
         self.batches = self.items = 0
 
 
@@ -36,7 +50,8 @@ class MetricWindow:
 
     def __init__(self, device):
         self.device = device
-        self.loss = torch.zeros((), dtype=torch.float64, device=device)
+        self.host = torch.device(device).type == "cpu"
+        self.total = 0.0 if self.host else torch.zeros((), dtype=torch.float64, device=device)  # as StepSums'
         self.values: dict[str, torch.Tensor] = {}
         self.batches = 0
         self.items = 0
@@ -46,9 +61,9 @@ class MetricWindow:
         """A taken step; with replica groups, `groups_loss` is its loss averaged over the groups that
         took part: train/loss, the same in every group's log; this group's own is train/group_loss."""
         if groups_loss is None:
-            self.loss += step.loss
+            self.total += step.total
         else:
-            self.loss += groups_loss
+            self.total += groups_loss.item() if self.host else groups_loss
             own = self.values.get("group_loss")
             self.values["group_loss"] = step.loss.clone() if own is None else own + step.loss
         self.batches += step.batches
@@ -72,7 +87,7 @@ class MetricWindow:
     def sums(self, with_loss: bool) -> dict[str, torch.Tensor]:
         sums = dict(self.values)
         if with_loss and self.batches:  # none: every step of the window was skipped
-            sums["loss"] = self.loss
+            sums["loss"] = torch.tensor(self.total, dtype=torch.float64) if self.host else self.total
         return sums
 
     def means(self, sums: dict[str, torch.Tensor], reduce) -> dict[str, float]:
@@ -95,17 +110,21 @@ class MetricWindow:
         return means
 
     def reset(self) -> None:
-        self.loss.zero_()
+        if self.host:
+            self.total = 0.0
+        else:
+            self.total.zero_()
         self.values = {}
         self.batches = self.items = 0
         self.start = time.perf_counter()
 
     def state_dict(self) -> dict:
-        return {"loss": self.loss.cpu(), "batches": self.batches, "items": self.items,
+        loss = torch.tensor(self.total, dtype=torch.float64) if self.host else self.total.cpu()
+        return {"loss": loss, "batches": self.batches, "items": self.items,
                 "values": {k: v.cpu() for k, v in self.values.items()}}
 
     def load_state_dict(self, state: dict) -> None:
-        self.loss = state["loss"].to(self.device)
+        self.total = float(state["loss"]) if self.host else state["loss"].to(self.device, torch.float64)
         self.batches, self.items = state["batches"], state["items"]
         # values: a training_step's other outputs (older checkpoints lack them)
         self.values = {k: v.to(self.device) for k, v in state.get("values", {}).items()}

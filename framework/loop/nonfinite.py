@@ -98,13 +98,13 @@ class NonFiniteGuard:
         # handful of tensor operations per step cost a tiny model's step ~0.1 ms; a read costs ~1 us).
         self._host = device.type == "cpu"
         self._host_loss_bad = False
+        self._host_flagged = False  # on the CPU: whether _flags holds anything (read every step)
 
     # ---- per micro-batch and per step: device operations only (host reads on the CPU) -----------
     def observe_loss(self, loss: torch.Tensor) -> None:
         if self._host:
-            loss = loss.detach()
             self._host_loss_bad |= not (math.isfinite(loss.item()) if loss.numel() == 1
-                                        else bool(torch.isfinite(loss).all()))
+                                        else bool(torch.isfinite(loss.detach()).all()))
             return
         self._step_loss_bad |= ~torch.isfinite(loss.detach()).all()
 
@@ -134,12 +134,11 @@ class NonFiniteGuard:
 
     def _observe_on_host(self, step: int, grad_norm, stepped: bool) -> None:
         gradients_bad = (grad_norm is not None and not self.scaled
-                         and not math.isfinite(float(grad_norm.detach()) if torch.is_tensor(grad_norm)
-                                               else float(grad_norm)))
-        now = [self._host_loss_bad, gradients_bad]
-        self._host_loss_bad = False
-        if not any(now) or (not stepped and self.policy == "skip"):  # a skip: counted, not a divergence
+                         and not math.isfinite(grad_norm.item() if torch.is_tensor(grad_norm) else float(grad_norm)))
+        loss_bad, self._host_loss_bad = self._host_loss_bad, False
+        if not (loss_bad or gradients_bad) or (not stepped and self.policy == "skip"):  # a skip: not a divergence
             return
+        now = [loss_bad, gradients_bad]
         flags, first = self._flags.tolist(), self._first.tolist()
         for i, bad in enumerate(now):
             if bad:
@@ -147,6 +146,7 @@ class NonFiniteGuard:
                 first[i] = step if first[i] < 0 else first[i]
         self._flags = torch.tensor(flags, dtype=torch.bool, device=self.device)
         self._first = torch.tensor(first, dtype=torch.long, device=self.device)
+        self._host_flagged = True
 
     def skips_step(self, grad_norm: torch.Tensor | None) -> bool:
         """The skip policy, before the optimizer steps: whether this step's gradient norm is
@@ -174,7 +174,7 @@ class NonFiniteGuard:
         if self.distributed:
             return None
         if self.device.type == "cpu":
-            return self._verdict(self._flags.tolist(), self._first.tolist())
+            return self._verdict(self._flags.tolist(), self._first.tolist()) if self._host_flagged else None
         if self._copy is not None and self._copy[2].query():
             return self._verdict(self._copy[0].tolist(), self._copy[1].tolist())
         return None

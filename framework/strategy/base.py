@@ -223,7 +223,10 @@ class Strategy:
         return getattr(model, "module", model)
 
     def batch_to_device(self, batch: Any) -> Any:
-        return self.precision.convert_input(map_tensors(batch, lambda t: t.to(self.root_device, non_blocking=True)))
+        device = self.root_device
+        if device.type != "cpu":  # the loaders' tensors are on the CPU already: no walk over the batch there
+            batch = map_tensors(batch, lambda t: t.to(device, non_blocking=True))
+        return self.precision.convert_input(batch)
 
     def forward_context(self) -> ContextManager:
         return self.precision.forward_context()
@@ -251,7 +254,7 @@ class Strategy:
         if values:
             loss_of({"loss": logged, **values})  # logged beside the loss, as a training_step's dict is
         total = loss if extra is None else loss + (extra if scale is None else extra * scale)
-        self.backward(total / group if scale is None else total)
+        self.backward(total / group if scale is None and group > 1 else total)  # x / 1: an op for nothing
         return loss, logged
 
     def no_backward_sync(self, model: torch.nn.Module, skip: bool) -> ContextManager:

@@ -96,6 +96,8 @@ class Task(ABC):
         experts' balancing and z-losses: framework/models/moe_stats.py): summed over the micro-batch's
         tokens (`summed=True`: weighted as training_sums' sum is) or as a mean, None where the
         model adds none; and the values to log beside the loss (train/<key>)."""
+        if not moe_stats.routed_modules(model):  # a dense model: asked every micro-batch, answered at once
+            return None, {}
         return moe_stats.router_losses(model, summed), moe_stats.router_values(model)
 
     def stage_routing(self, stages: dict[int, torch.nn.Module]) -> StageRouting:
