@@ -32,10 +32,10 @@ train: setup
 lint: setup
 	$(BIN)/ruff check framework tests benchmarks examples hydra_plugins train.py setup.py
 
-# Three pytest-xdist workers, a file's tests together on one (tests/conftest.py says why): on the
-# 2-core machine a third fills the time the others' multi-process tests wait (rendezvous, heals,
-# SLURM's scheduler); TEST_WORKERS=0 runs the suite in this process, one test at a time.
-TEST_WORKERS ?= 3
+# Four pytest-xdist workers, a file's tests together on one (tests/conftest.py says why): on the
+# 2-core machine the extra workers fill the time the others' multi-process tests wait (rendezvous,
+# heals, SLURM's scheduler); TEST_WORKERS=0 runs the suite in this process, one test at a time.
+TEST_WORKERS ?= 4
 
 # DeepSpeed's CPU ops (shared-memory comm, NVMe's async_io) compiled once per environment as part of
 # the set-up, into the environment's own folder: torch names its default cache by Python version only,

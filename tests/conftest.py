@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -39,21 +40,22 @@ elastic.EXTRA_PRELOAD += ["torchmetrics", "transformers", "peft"]
 if not os.environ.get("FRAMEWORK_FLOOR_SMOKE"):
     collect_ignore.append("floor")
 
-# `make test` runs the suite on three pytest-xdist workers, a test file's tests on one worker (its
-# module fixtures built once). Much of the suite waits on subprocesses, so three workers on two
-# cores overlap the waits. The slowest files go first so that the workers end together (worker-seconds per file on the
-# 2-core machine, 2026-11-29: 383, 243, 240, 155, 155, 139, 111, 107, 102, 98, 98, 96, 96, 94, ...;
-# DeepSpeed's op builds are make test's set-up since, not a test's). The order changes only the wall
-# time, never a result.
+# `make test` runs the suite on pytest-xdist workers (Makefile TEST_WORKERS), a test file's tests on
+# one worker (its module fixtures built once). Much of the suite waits on subprocesses, so more
+# workers than cores overlap the waits. The slowest files go first so that the workers end together
+# (worker-seconds per file on the 2-core machine, 2026-11-29, three workers: 305, 300, 223, 192, 146,
+# 139, 138, 119, 115, 97, 90, 89, 75, 73, 71, 68, ...; DeepSpeed's op builds are make test's set-up,
+# not a test's). The order changes only the wall time, never a result.
 SLOWEST_FIRST = (
-    "recipes/test_recipes.py", "test_docs.py", "fault_tolerance/test_torchft.py", "adapter/test_lora.py",
-    "strategy/test_pipeline.py", "cluster/test_slurm.py", "strategy/test_equivalence.py", "data/test_stream.py",
-    "test_your_model_doc.py", "loop/test_preemption.py", "loop/test_test_mode.py", "strategy/test_multiprocess.py",
-    "test_gpu_check.py", "cli/test_trained_run.py", "test_error_table.py", "faults/test_disk_full.py",
-    "strategy/test_resume_two_ranks.py", "test_sweeps.py", "recipes/test_hf_recipe.py",
-    "strategy/test_expert_parallel.py", "config/test_trust.py", "checkpoint/test_portable.py",
-    "strategy/test_model_parallel.py", "data/test_store.py", "extension/test_plugin_package.py",
-    "precision/test_quantized.py", "test_train_e2e.py", "adapter/test_chat_finetune.py", "strategy/test_nvme_offload.py",
+    "fault_tolerance/test_torchft.py", "recipes/test_recipes.py", "construction/test_compile.py", "test_gpu_check.py",
+    "cluster/test_slurm.py", "test_docs.py", "strategy/test_pipeline.py", "test_error_table.py",
+    "strategy/test_equivalence.py", "strategy/test_expert_parallel.py", "extension/test_plugin_package.py",
+    "checkpoint/test_portable.py", "strategy/test_multiprocess.py", "test_sweeps.py", "strategy/test_model_parallel.py",
+    "cli/test_trained_run.py", "cli/test_plan.py", "precision/test_quantized.py", "strategy/test_nvme_offload.py",
+    "strategy/test_resume_two_ranks.py", "data/test_store.py", "loop/test_preemption.py", "faults/test_hung_rank.py",
+    "test_your_model_doc.py", "adapter/test_lora.py", "recipes/test_hf_recipe.py", "test_train_e2e.py",
+    "config/test_compose.py", "checkpoint/test_faults.py", "faults/test_disk_full.py", "cluster/test_mpi.py",
+    "loop/test_resume.py",
 )
 
 
@@ -64,6 +66,19 @@ def pytest_sessionfinish(session):
 
         for name in MADE_HERE:
             shutil.rmtree(os.environ[name], ignore_errors=True)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """FRAMEWORK_TEST_TIMELINE=<file>: each test's start and end (wall clock) and its worker appended
+    there, to see where a suite's workers idle or end apart (how SLOWEST_FIRST was ordered)."""
+    timeline = os.environ.get("FRAMEWORK_TEST_TIMELINE")
+    start = time.time()
+    yield
+    if timeline:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(timeline, "a") as f:
+            f.write(f"{worker}\t{start:.2f}\t{time.time():.2f}\t{item.nodeid}\n")
 
 
 def pytest_collection_modifyitems(items):

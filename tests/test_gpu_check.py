@@ -30,6 +30,8 @@ def test_the_gpu_check_runs_its_rows_on_the_cpu(tmp_path):
     # the CPU against itself: two runs of one job, within float32 rounding (bit-equal on an idle
     # machine; 4.8e-07 apart once on an AMX CPU under load, see docs/checkpoints.md, "Reproducibility")
     assert outcome == "ok" and float(diff) < 1e-5
+    outcome, last, diff, _, why = rows[("single_device", "32", "torch", "1", "trainer.compile=true")]
+    assert outcome == "ok" and float(diff) < 1e-5  # compiled against the eager CPU reference (the same key)
     assert rows[("single_device", "te_fp8", "torch", "1", "")][0] == "refused"
     assert "transformer_engine" in rows[("single_device", "te_fp8", "torch", "1", "")][4]
     outcome, last, diff, _, why = rows[("ddp", "32", "dcp", "1", "3 steps + resume + 3")]

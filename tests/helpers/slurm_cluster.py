@@ -58,8 +58,9 @@ def _configure() -> bool:
         "SelectTypeParameters=CR_Core", "StateSaveLocation=/var/spool/slurmctld", "SlurmdSpoolDir=/var/spool/slurmd",
         "SlurmctldLogFile=/var/log/slurm/slurmctld.log", "SlurmdLogFile=/var/log/slurm/slurmd.log",
         "ReturnToService=2", "MpiDefault=none", "JobRequeue=1", "KillWait=5",
-        # A requeued job may start again only once its old credential expired (default 120 s).
-        "AuthInfo=cred_expire=10",
+        # A requeued job may start again only once its old credential expired (default 120 s), and
+        # then at the main scheduler's next pass over pending jobs (default every 60 s).
+        "AuthInfo=cred_expire=10", "SchedulerParameters=sched_interval=5",
         f"NodeName={host} CPUs={os.cpu_count()} RealMemory={_memory_mb()} State=UNKNOWN",
         f"PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES",
     ]) + "\n"

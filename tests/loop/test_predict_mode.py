@@ -68,30 +68,41 @@ def test_two_processes_write_the_rows_one_process_writes(digits_run, one_process
     assert not list(tmp_path.glob(".*parts"))  # the ranks' parts are merged and removed
 
 
+@pytest.fixture(scope="module")
+def language_model_run(tmp_path_factory):
+    """A tiny GPT trained 3 steps and tested at its end, with its predictions in one process."""
+    out = tmp_path_factory.mktemp("lm") / "run"
+    run_inprocess(TINY_GPT + ["trainer.max_steps=3", "trainer.test_at_end=true", "trainer.test_batches=2"], out)
+    assert framework_main(["predict", str(out), "-o", str(out.parent / "p.jsonl")]) == 0
+    return out, rows_of(out.parent / "p.jsonl")
+
+
 @pytest.mark.parametrize("task", ["language_model", "gan"])
-def test_every_built_in_task_predicts(task, tmp_path):
-    out = tmp_path / "run"
-    if task == "language_model":
-        run_inprocess(TINY_GPT + ["trainer.max_steps=3", "trainer.test_at_end=true", "trainer.test_batches=2"], out)
-    else:
-        run_inprocess(GAN + ["trainer.max_steps=4", "trainer.val_every=2", "trainer.plot=false", "data.train_size=512",
-                             "data.val_size=128", "data.test_size=64"], out)
-    assert framework_main(["predict", str(out), "-o", str(tmp_path / "p.jsonl")]) == 0
-    rows = rows_of(tmp_path / "p.jsonl")
+def test_every_built_in_task_predicts(task, tmp_path, request):
     if task == "language_model":  # test_batches=2 of val_batch_size=32 blocks of 32 tokens
+        out, rows = request.getfixturevalue("language_model_run")
         assert len(rows) == 64 and all(row["tokens"] == 32 for row in rows)
         assert all(row["perplexity"] == pytest.approx(math.exp(row["loss"]), rel=1e-5) for row in rows)
         tested = json.loads((out / "test_metrics.json").read_text())["metrics"]
         assert sum(row["loss"] for row in rows) / len(rows) == pytest.approx(tested["test/loss"], abs=1e-5)
-        # two tensor-parallel ranks compute each batch together: one of them writes its rows
-        assert framework_main(["predict", str(out), "strategy=model_parallel", "devices=2",
-                               "-o", str(tmp_path / "tp.jsonl")]) == 0
-        split = rows_of(tmp_path / "tp.jsonl")
-        assert [r["index"] for r in split] == [r["index"] for r in rows]
-        assert [r["loss"] for r in split] == pytest.approx([r["loss"] for r in rows], abs=1e-5)
-    else:
-        assert len(rows) == 64 and all(0 <= row["real_probability"] <= 1 and len(row["generated"]) == 2
-                                       for row in rows)
+        return
+    out = tmp_path / "run"
+    run_inprocess(GAN + ["trainer.max_steps=4", "trainer.val_every=2", "trainer.plot=false", "data.train_size=512",
+                         "data.val_size=128", "data.test_size=64"], out)
+    assert framework_main(["predict", str(out), "-o", str(tmp_path / "p.jsonl")]) == 0
+    rows = rows_of(tmp_path / "p.jsonl")
+    assert len(rows) == 64 and all(0 <= row["real_probability"] <= 1 and len(row["generated"]) == 2 for row in rows)
+
+
+@pytest.mark.slow
+def test_two_tensor_parallel_ranks_write_the_rows_of_one_process(language_model_run, tmp_path):
+    """Two tensor-parallel ranks compute each batch together: one of them writes its rows."""
+    out, rows = language_model_run
+    assert framework_main(["predict", str(out), "strategy=model_parallel", "devices=2",
+                           "-o", str(tmp_path / "tp.jsonl")]) == 0
+    split = rows_of(tmp_path / "tp.jsonl")
+    assert [r["index"] for r in split] == [r["index"] for r in rows]
+    assert [r["loss"] for r in split] == pytest.approx([r["loss"] for r in rows], abs=1e-5)
 
 
 def test_what_cannot_be_predicted_is_refused(digits_run, tmp_path, capsys):
