@@ -41,8 +41,9 @@ if not os.environ.get("FRAMEWORK_FLOOR_SMOKE"):
     collect_ignore.append("floor")
 
 # `make test` runs the suite on pytest-xdist workers (Makefile TEST_WORKERS), a test file's tests on
-# one worker (its module fixtures built once). Much of the suite waits on subprocesses, so more
-# workers than cores overlap the waits. The slowest files go first so that the workers end together
+# one worker (its module fixtures built once). Workers beyond the cores fill the waits of
+# multi-process tests (the cores stayed busy throughout on 2026-11-29). The slowest files go first so
+# that the workers end together (within half a minute of each other that day)
 # (worker-seconds per file on the 2-core machine, 2026-11-29, three workers: 305, 300, 223, 192, 146,
 # 139, 138, 119, 115, 97, 90, 89, 75, 73, 71, 68, ...; DeepSpeed's op builds are make test's set-up,
 # not a test's). The order changes only the wall time, never a result.
