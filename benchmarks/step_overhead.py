@@ -13,7 +13,7 @@ The ratio reported is the median over blocks of (framework's block time / the ha
 that followed it), with the middle half of those ratios as its resolution, and beside it the
 ratio of all the kept steps' summed times.
 
-    .venv/bin/python benchmarks/step_overhead.py          (about 2 minutes)
+    .venv/bin/python benchmarks/step_overhead.py          (about 70 s)
 """
 from __future__ import annotations
 
