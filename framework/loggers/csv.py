@@ -27,7 +27,7 @@ step (a checkpoint's test scores, logged after training) join that step's row. A
         self.columns: list[str] = ["step"]
         self.rows: list[dict[str, Any]] = []
         self._last_row_at: int | None = None  # byte offset where the last row starts in the file
-        self._file = None  # kept open between rows (opening the file for each cost ~0.1 ms a log)
+        self._file = None  # opened once and kept open between rows, not opened and closed for each
         if self.path.exists():  # a resumed run in the same directory continues the file
             with open(self.path, newline="") as f:
                 reader = csv.DictReader(f)
