@@ -143,15 +143,27 @@ def framework_frame(err: BaseException) -> str:
     return ", called from ".join(reversed(named))
 
 
+PF_EXITING = 0x4  # the kernel's task flag: set when a process starts to exit, before its sockets close
+
+
+def process_state(stat: str) -> str:
+    """A process's state letter from its /proc/<pid>/stat line (R, S, T, Z, ...), "X" once it has
+    begun to exit. A SIGKILLed process closes its sockets (its peers' collectives fail at once)
+    before it turns zombie, so a peer that looked only at the letter could find it still running."""
+    fields = stat.rsplit(")", 1)[1].split()  # the command name in parentheses may hold spaces
+    state, flags = fields[0], int(fields[6])
+    return "X" if flags & PF_EXITING and state not in ("Z", "X") else state
+
+
 def _peer_states(failure_dir: Path, me: int) -> dict[int, str | None]:
-    """Each other local rank's process state in /proc (R, S, T, Z, ...), None where it has none."""
+    """Each other local rank's process state (process_state), None where it has none in /proc."""
     states = {}
     for pid_file in failure_dir.glob("pid*"):
         rank = int(pid_file.name[3:])
         if rank == me:
             continue
         try:
-            states[rank] = Path(f"/proc/{int(pid_file.read_text())}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            states[rank] = process_state(Path(f"/proc/{int(pid_file.read_text())}/stat").read_text())
         except (OSError, ValueError, IndexError):
             states[rank] = None
     return states
@@ -163,7 +175,8 @@ def stopped_ranks(failure_dir: Path, me: int) -> list[int]:
 
 
 def dead_ranks(failure_dir: Path, me: int) -> list[int]:
-    """Local ranks whose process has already ended (gone from /proc, or a zombie not yet reaped)."""
+    """Local ranks whose process has ended or is ending (gone from /proc, exiting, or a zombie not
+    yet reaped)."""
     return sorted(r for r, state in _peer_states(failure_dir, me).items() if state in (None, "Z", "X"))
 
 

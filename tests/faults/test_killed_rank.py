@@ -8,9 +8,10 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
-from framework.launch.elastic import WorkerFailed, dead_ranks, stopped_ranks
+from framework.launch.elastic import PF_EXITING, WorkerFailed, dead_ranks, process_state, stopped_ranks
 
 PEER_LOST = "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:41000"
 
@@ -34,6 +35,23 @@ def test_a_peer_that_has_ended_is_dead_and_a_running_one_is_not(tmp_path):
     finally:
         running.kill()
         running.wait()
+
+
+def test_a_process_that_has_begun_to_exit_counts_as_dead_before_it_is_a_zombie():
+    """A SIGKILLed rank's sockets close (its peer's collective fails) before it turns zombie: the
+    peer, looking at that moment, must already see it dead, or the report blames the peer."""
+    me = Path("/proc/self/stat").read_text()
+    assert process_state(me) == "R"
+    head, rest = me.rsplit(")", 1)
+    fields = rest.split()
+    fields[6] = str(int(fields[6]) | PF_EXITING)
+    exiting = f"{head}) {' '.join(fields)}"
+    assert process_state(exiting) == "X"
+    fields[0] = "Z"
+    assert process_state(f"{head}) {' '.join(fields)}") == "Z"
+    # a command name with spaces and parentheses does not shift the fields
+    odd = me.replace(me[me.index("("):me.rindex(")") + 1], "(a b) c)", 1)
+    assert process_state(odd) == "R"
 
 
 def failed_group(tmp_path, agent_saw: dict[int, int], dead_at_failure: list[int], oom_kills: int = 0) -> str:
