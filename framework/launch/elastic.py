@@ -120,7 +120,11 @@ def worker_entry(config: dict, output_dir: str, threads: int, failure_dir: str, 
                   "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc(),
                   "timed_out": is_collective_timeout(err), "where": framework_frame(err),
                   "stopped": stopped_ranks(Path(failure_dir), rank), "dead": dead_ranks(Path(failure_dir), rank)}
-        (Path(failure_dir) / f"rank{rank}-attempt{attempt}.json").write_text(json.dumps(record))
+        # written whole or not at all: the agent may SIGTERM this process mid-write once a peer failed
+        final = Path(failure_dir) / f"rank{rank}-attempt{attempt}.json"
+        partial = final.with_name(f".{final.name}.partial")
+        partial.write_text(json.dumps(record))
+        partial.replace(final)
         for peer in record["stopped"]:  # let a stopped peer take the agent's SIGTERM now, not after 30 s
             _continue(Path(failure_dir), peer)
         raise
@@ -236,6 +240,15 @@ def launch_local_workers(config: dict, output_dir: Path, plugins, nproc: int, mo
     return results[0]
 
 
+def _read_record(path: Path) -> dict | None:
+    """A rank's failure record; None for one that cannot be read (a rank's own report of its failure
+    must never hide the failure: that rank then counts as one that left no record)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _exit_code(code: int | None) -> str:
     return f"exit code {code}" if code is not None else "no Python error recorded, gone before the others failed"
 
@@ -249,7 +262,7 @@ class WorkerFailed(RuntimeError):
     usually consequences (a collective that lost its peer)."""
 
     def __init__(self, err, failure_dir: Path, oom_kills: int = 0, memory_limit: int | None = None):
-        records = [json.loads(p.read_text()) for p in failure_dir.glob("rank*.json")]
+        records = [record for p in failure_dir.glob("rank*.json") if (record := _read_record(p)) is not None]
         last_attempt = max((r["attempt"] for r in records), default=0)  # earlier attempts were restarted
         records = sorted((r for r in records if r["attempt"] == last_attempt), key=lambda r: r["time_ns"])
         started = {int(p.name[3:]) for p in failure_dir.glob("pid*")}

@@ -88,3 +88,12 @@ def test_a_rank_alive_when_its_peer_failed_is_not_blamed(tmp_path):
     assert message.startswith("worker rank 0 failed first: RuntimeError"), message
     assert message.rstrip().endswith("worker rank 1 died abruptly (no Python error recorded): killed by a signal, "
                                      "the out-of-memory killer, or a crash in native code")
+
+
+def test_a_record_cut_short_by_the_agents_sigterm_does_not_hide_the_failure(tmp_path):
+    """Rank 1 was stopped while writing its record (an empty file): the report still names rank 0's
+    failure, and rank 1 as one that left no record."""
+    (tmp_path / "rank1-attempt0.json").write_text("")
+    message = failed_group(tmp_path, agent_saw={0: 1}, dead_at_failure=[])
+    assert message.startswith("worker rank 0 failed first: RuntimeError"), message
+    assert "worker rank 1 died abruptly (no Python error recorded)" in message
