@@ -191,14 +191,25 @@ def _continue(failure_dir: Path, rank: int) -> None:
         pass
 
 
+def worker_threads(nproc: int) -> int:
+    """Each worker's torch threads: its share of this node's cores (or of the share that a command
+    running several groups here gave this one), at most OMP_NUM_THREADS where that is set (as
+    torchrun reads it: the threads a process may use)."""
+    threads = max(1, int(os.environ.get(CORES_ENV) or os.cpu_count() or 1) // nproc)
+    try:
+        cap = int(os.environ.get("OMP_NUM_THREADS", ""))
+    except ValueError:  # unset, or not a number (OpenMP's own "4,2" nesting form): no cap
+        return threads
+    return max(1, min(threads, cap))
+
+
 def launch_local_workers(config: dict, output_dir: Path, plugins, nproc: int, mode: RunMode = RunMode()) -> FitResult:
     """Run `nproc` workers on this node and return rank zero's result (a user error any rank
     returned is raised here, as the user's error)."""
     # Worker failures are reported once, by WorkerFailed, not again by the agent's own logging.
     for name in ("torch.distributed.elastic", "torch.multiprocessing"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
-    # this node's cores, or the share a command that runs several groups here gave this one
-    threads = max(1, int(os.environ.get(CORES_ENV) or os.cpu_count() or 1) // nproc)
+    threads = worker_threads(nproc)
     if plugins.strategy.start_method == "forkserver":
         # Workers forked from a server that imported torch and the framework share those pages
         # (framework/launch/preload.py). Takes effect when the server starts: at the first launch
