@@ -8,7 +8,7 @@ TORCH_VERSION ?= 2.13.0
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup train lint test test-fast docs docs-serve test-xla test-floor gpu-check bench clean
+.PHONY: setup bytecode train lint test test-fast docs docs-serve test-xla test-floor gpu-check bench clean
 
 # $(call install_venv,DIR,TORCH,PACKAGE): a virtual environment with torch installed first (TORCH:
 # pip arguments), then the framework (PACKAGE: pip arguments after -e).
@@ -48,13 +48,20 @@ $(OPS_DIR)/.built: $(BIN)/.installed
 	TORCH_EXTENSIONS_DIR=$(OPS_DIR) $(BIN)/python -m tests.helpers.deepspeed_ops
 	touch $@
 
+# The project's own modules compiled ahead (up to date: a third of a second), also where
+# PYTHONDONTWRITEBYTECODE is set: the suite starts hundreds of interpreters, each of which would
+# otherwise compile the ~160 modules it imports (0.36 s of CPU for all 276 on the 2-core machine).
+# A module edited since is compiled afresh by Python as usual.
+bytecode: setup
+	$(BIN)/python -m compileall -q -j 0 framework hydra_plugins tests benchmarks train.py
+
 test: export TORCH_EXTENSIONS_DIR = $(OPS_DIR)
-test: setup $(OPS_DIR)/.built
+test: setup $(OPS_DIR)/.built bytecode
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=15 $(PYTEST_ARGS)
 
 # The inner loop: the tests not marked slow (multi-process and end-to-end runs left out).
 test-fast: export TORCH_EXTENSIONS_DIR = $(OPS_DIR)
-test-fast: setup $(OPS_DIR)/.built
+test-fast: setup $(OPS_DIR)/.built bytecode
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder -m "not slow" --durations=5 $(PYTEST_ARGS)
 
 # The documentation site from docs/ (mkdocs.yml): strict, so a broken link or anchor, a page missing
