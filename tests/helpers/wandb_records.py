@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 BLOCK = 32768
@@ -39,6 +40,11 @@ def offline_run(run_dir: Path) -> dict:
     """{"config": {...}, "history": [{key: value, "_step": step}], "summary": {...}} of the one
     offline W&B run under `run_dir`."""
     (log,) = Path(run_dir).glob("wandb/offline-run-*/run-*.wandb")
+    # wandb's service process may still be writing the log when run.finish() has returned (once in
+    # seven test-fast runs it held the header alone): read it once its closing `exit` record is there
+    deadline = time.monotonic() + 60
+    while not any(r.WhichOneof("record_type") == "exit" for r in _readable(log)) and time.monotonic() < deadline:
+        time.sleep(0.1)
     run = {"config": {}, "history": [], "summary": {}, "name": None}
     for record in records(log):
         kind = record.WhichOneof("record_type")
@@ -53,3 +59,11 @@ def offline_run(run_dir: Path) -> dict:
             run["summary"].update({i.key or "/".join(i.nested_key): json.loads(i.value_json)
                                    for i in record.summary.update})
     return run
+
+
+def _readable(log: Path):
+    """The records of a log still being written, up to the first one not yet whole."""
+    try:
+        yield from records(log)
+    except Exception:  # a record cut short by the writer: not there yet
+        return
