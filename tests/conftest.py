@@ -13,7 +13,7 @@ import pytest
 
 # One torch thread a process, in the test processes and every process they start (as torchrun gives
 # its workers): the suite runs four pytest workers, and their runs' workers, on two cores, where a
-# second thread a process only waited its turn (test-fast took 18% more CPU and 15% more time with
+# second thread a process only waited its turn (test-fast took 19% more CPU and 18% more time with
 # two, 2026-11-30). Set before torch starts its thread pool; a value of the user's is kept.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402

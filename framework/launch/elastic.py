@@ -33,6 +33,7 @@ from framework.launch.rendezvous_names import name_rendezvous_events_cheaply
 from framework.launch.signal_forwarder import SignalForwarder
 from framework.loop.preemption import Preempted
 from framework.loop.state import FitResult, RunMode
+from framework.results import write_json
 from framework.trainer import train_worker
 
 LAUNCH_FIELDS = {f.name for f in dataclasses.fields(LaunchConfig)}
@@ -120,11 +121,8 @@ def worker_entry(config: dict, output_dir: str, threads: int, failure_dir: str, 
                   "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc(),
                   "timed_out": is_collective_timeout(err), "where": framework_frame(err),
                   "stopped": stopped_ranks(Path(failure_dir), rank), "dead": dead_ranks(Path(failure_dir), rank)}
-        # written whole or not at all: the agent may SIGTERM this process mid-write once a peer failed
-        final = Path(failure_dir) / f"rank{rank}-attempt{attempt}.json"
-        partial = final.with_name(f".{final.name}.partial")
-        partial.write_text(json.dumps(record))
-        partial.replace(final)
+        # whole or not at all: the agent may SIGTERM this process mid-write once a peer failed
+        write_json(Path(failure_dir) / f"rank{rank}-attempt{attempt}.json", record)
         for peer in record["stopped"]:  # let a stopped peer take the agent's SIGTERM now, not after 30 s
             _continue(Path(failure_dir), peer)
         raise

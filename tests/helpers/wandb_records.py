@@ -40,8 +40,8 @@ def offline_run(run_dir: Path) -> dict:
     """{"config": {...}, "history": [{key: value, "_step": step}], "summary": {...}} of the one
     offline W&B run under `run_dir`."""
     (log,) = Path(run_dir).glob("wandb/offline-run-*/run-*.wandb")
-    # wandb's service process may still be writing the log when run.finish() has returned (once in
-    # seven test-fast runs it held the header alone): read it once its closing `exit` record is there
+    # wandb's service process may still be writing the log when run.finish() has returned (in one
+    # test-fast run of eight its `run` record was not there yet): read it once its `exit` record is
     deadline = time.monotonic() + 60
     while not any(r.WhichOneof("record_type") == "exit" for r in _readable(log)) and time.monotonic() < deadline:
         time.sleep(0.1)
