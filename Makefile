@@ -8,7 +8,7 @@ TORCH_VERSION ?= 2.13.0
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup bytecode train lint test test-fast docs docs-serve test-xla test-floor gpu-check bench clean
+.PHONY: setup bytecode train lint test test-fast docs docs-serve test-xla test-floor gpu-check gpu-bundle bench clean
 
 # $(call install_venv,DIR,TORCH,PACKAGE): a virtual environment with torch installed first (TORCH:
 # pip arguments), then the framework (PACKAGE: pip arguments after -e).
@@ -112,6 +112,14 @@ $(GPU_VENV)/bin/.installed: pyproject.toml
 
 gpu-check: $(if $(filter $(GPU_VENV)/bin/python,$(GPU_PYTHON)),$(GPU_VENV)/bin/.installed)
 	$(GPU_PYTHON) benchmarks/gpu_check.py $(ARGS)
+
+# For a GPU machine without network that has a CUDA torch: .gpu/ holds what else the framework
+# needs, for that machine's Python (GPU_PY_VERSION), to copy with the source tree; there
+# `OUT=DIR benchmarks/gpu_session.sh` runs the check under a time limit (docs/gpus.md).
+GPU_PY_VERSION ?= 3.12
+
+gpu-bundle: setup
+	$(BIN)/python benchmarks/gpu_bundle.py --python-version $(GPU_PY_VERSION) $(ARGS)
 
 # Side-by-side measurements (not tests); results and how to read them: benchmarks/README.md.
 # They run in their own environment, which also holds PyTorch Lightning (compared against, never

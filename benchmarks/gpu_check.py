@@ -17,11 +17,21 @@ Rows:
   ddp and of fsdp, the groups' average over gloo and over nccl (refused where groups share a GPU),
   their mean loss against the CPU's at the groups' global batch and their final weights equal; and
   group 1 killed after step 3 of 30: restarted, healed from group 0, the same final weights;
+- mixtures of experts (Row.job, JOBS): the GPT's 8 experts on one GPU in 32 and bf16 and compiled; under
+  fsdp with the experts spread over the GPUs (strategy.expert_parallel_size, all-to-all over nccl)
+  in 32 and bf16, resumed from dcp, compiled; under model_parallel beside 2-way tensor parallelism
+  and beside 2 pipeline stages (tensor parallelism over all where the GPUs do not pair up); inside
+  each of 2 replica groups; and Qwen3-MoE (model=hf_causal_lm) spread by transformers' own plan;
 - performance (`--perf`, on by default on CUDA): a GPT of 12 x 768, context 1024, batch 16, bf16
   autocast, AdamW, clipping: steady ms per step (steps 15-55, a synchronised clock) of a raw PyTorch
   loop eager and with torch.compile(model), of the framework eager and with trainer.compile=true,
   and of Lightning (where installed) eager and compiled, as ratios to the raw loop; the
   framework's throughput meter against a synchronised clock, and model-FLOPs utilisation.
+Every layout trains the reference's global batch (8 sequences a device): where ranks split layers or
+stages instead of reading their own batch, data.batch_size grows to match. Rows the published table
+(`--before`) does not show ok or refused run first, then the performance runs with the GPU to
+themselves, then the rest; `--deadline S` starts nothing after S seconds (what is left is listed as
+not run) and `--out` is rewritten as each row ends, so a run under a time limit keeps what it did.
 A combination the compatibility table refuses is recorded as refused, with its reason; a failed
 row shows the exception's own last line. Float precisions are compared with the same job on the
 CPU in float32; a quantized one (bnb_*) and 16_true with the same precision on the CPU (bitsandbytes
@@ -39,6 +49,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import re
 import subprocess
@@ -53,7 +64,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_table import publish  # noqa: E402
+from results_table import RESULTS, publish  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ["model.n_layer=2", "model.n_embd=64", "model.n_head=4", "model.block_size=64", "model.dropout=0.0",
@@ -76,6 +87,14 @@ MULTI = ["ddp", "ddp_spawn", "fsdp", "fsdp_cpu_offload", "hsdp", "model_parallel
          "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_2_offload", "deepspeed_stage_3",
          "deepspeed_stage_3_offload"]
 COMPILED = ["trainer.compile=true"]
+# The models a row trains (Row.job), as overrides after BASE's: the dense GPT; its mixture of
+# experts (framework/models/moe.py: 8 experts, top-2, in both Blocks, the balancing loss); Qwen3-MoE
+# through transformers (conf/model/config/qwen3_moe.yaml: 2 layers of 8 experts, top-2)
+EXPERTS = 8
+JOBS = {"": BASE,
+        "moe": [*BASE, f"model.moe.num_experts={EXPERTS}", "model.moe.top_k=2"],
+        "qwen3_moe": [*(o for o in BASE if not o.startswith("model.")), "model=hf_causal_lm", "model/config=qwen3_moe",
+                      "data.block_size=64"]}
 
 
 @dataclass
@@ -90,11 +109,17 @@ class Row:
     groups: int = 1  # fault_tolerance=torchft's replica groups (devices is each group's)
     heal: bool = False  # group 1 is killed mid-run and must heal
     steps: int = STEPS
+    job: str = ""  # a key of JOBS: the model trained (its CPU reference trains the same one)
 
     @property
     def key(self) -> str:
         groups = ("/torchft-heal" if self.heal else "/torchft") if self.groups > 1 else ""
-        return f"{self.strategy}/{self.precision}/{self.checkpoint_io}{groups}"
+        return f"{self.strategy}/{self.precision}/{self.checkpoint_io}{groups}{'/' + self.job if self.job else ''}"
+
+    @property
+    def identity(self) -> tuple[str, ...]:
+        """The table's first five columns, which tell its rows apart."""
+        return self.strategy, self.precision, self.checkpoint_io, str(self.devices), self.note
 
     @property
     def reference_devices(self) -> int:
@@ -104,17 +129,19 @@ class Row:
 
 def rows(gpus: int) -> list[Row]:
     out = [Row("single_device", p, "torch", 1) for p in TOLERANCE]
+    out += [Row("single_device", p, "torch", 1, note="moe", job="moe") for p in ("32", "bf16")]
     for devices in sorted({1, gpus} if gpus == 1 else {gpus}):
         for strategy in MULTI:
             for precision in ("32", "bf16", "16"):
-                out.append(Row(strategy, precision, "torch", devices))
+                out.append(Row(strategy, precision, "torch", devices, layout_batch(strategy, devices)))
         for stage in ("deepspeed_stage_2", "deepspeed_stage_3"):
             out.append(Row(stage, "bf16", "torch", devices, [DEEPSPEED_OWN_OPTIMIZER], "DeepSpeed's own AdamW"))
         for strategy in ("ddp", "fsdp", "deepspeed_stage_3", "model_parallel"):
             for io in ("torch", "async", "dcp"):
-                out.append(Row(strategy, "32", io, devices, note="3 steps + resume + 3", resume=True))
-        out.append(Row("model_parallel", "bf16", "torch", devices, ["strategy.sequence_parallel=true"],
-                       "sequence parallel"))
+                out.append(Row(strategy, "32", io, devices, layout_batch(strategy, devices), "3 steps + resume + 3",
+                               resume=True))
+        out.append(Row("model_parallel", "bf16", "torch", devices,
+                       ["strategy.sequence_parallel=true", *layout_batch("model_parallel", devices)], "sequence parallel"))
         stages = pipeline_stages(devices)
         for precision in ("32", "bf16", "16"):  # 16: refused (its loss scaling cannot reach the schedule's backward)
             out.append(Row("pipeline", precision, "torch", devices, stages, "pipeline stages"))
@@ -122,10 +149,26 @@ def rows(gpus: int) -> list[Row]:
             out.append(Row("pipeline", "32", io, devices, stages, "3 steps + resume + 3", resume=True))
         out.append(Row("pipeline", "bf16", "torch", devices, [*stages, *COMPILED], "trainer.compile=true"))
         for strategy in ("ddp", "fsdp", "hsdp", "model_parallel"):
-            out.append(Row(strategy, "bf16", "torch", devices, COMPILED, "trainer.compile=true"))
+            out.append(Row(strategy, "bf16", "torch", devices, [*layout_batch(strategy, devices), *COMPILED],
+                           "trainer.compile=true"))
         out += replica_group_rows(devices)
+        out += expert_rows(devices)
     out.append(Row("single_device", "32", "torch", 1, COMPILED, "trainer.compile=true"))
+    out.append(Row("single_device", "bf16", "torch", 1, COMPILED, "moe, trainer.compile=true", job="moe"))
     return out
+
+
+def global_batch(devices: int, data_parallel: int) -> list[str]:
+    """data.batch_size for a layout where only `data_parallel` of the `devices` ranks read their own
+    batch (the others split layers or stages), so that the global batch is the reference's (8 a
+    device); nothing where every rank reads its own."""
+    return [] if data_parallel == devices else [f"data.batch_size={8 * devices // data_parallel}"]
+
+
+def layout_batch(strategy: str, devices: int) -> list[str]:
+    """model_parallel's tensor parallelism spans the devices of a node by default (one batch for
+    all of them); every other strategy's ranks each read their own."""
+    return global_batch(devices, 1) if strategy == "model_parallel" else []
 
 
 REPLICA_GROUPS = ["fault_tolerance=torchft", "fault_tolerance.replica_groups=2", "fault_tolerance.heartbeat_timeout_ms=1000",
@@ -147,12 +190,41 @@ def replica_group_rows(devices: int) -> list[Row]:
                 heal=True, steps=30)]
 
 
+def expert_rows(devices: int) -> list[Row]:
+    """Mixtures of experts at `devices` GPUs: the built-in GPT's experts spread over the ranks
+    (strategy.expert_parallel_size: tokens dispatched by all-to-all) under fsdp, resumed from DCP
+    and compiled; beside tensor parallelism and pipeline stages under model_parallel; inside each of
+    2 replica groups; and Qwen3-MoE's experts spread by transformers' own plan."""
+    ep = math.gcd(devices, EXPERTS)
+    spread, over = [f"strategy.expert_parallel_size={ep}"], f"experts over {ep} rank(s)"
+    out = [Row("fsdp", p, "torch", devices, spread, f"moe, {over}", job="moe") for p in ("32", "bf16")]
+    out.append(Row("fsdp", "32", "dcp", devices, spread, f"moe, {over}, 3 steps + resume + 3", resume=True, job="moe"))
+    out.append(Row("fsdp", "bf16", "torch", devices, [*spread, *COMPILED], f"moe, {over}, trainer.compile=true",
+                   job="moe"))
+    if devices % 2 == 0:  # halves: 2-way tensor parallelism or 2 stages, the experts over the other half
+        half = math.gcd(devices // 2, EXPERTS)
+        for split, what in (("strategy.tensor_parallel_size=2", "tensor parallel 2"),
+                            ("strategy.pipeline_parallel_size=2", "2 pipeline stages")):
+            out.append(Row("model_parallel", "bf16", "torch", devices,
+                           [split, f"strategy.expert_parallel_size={half}", *global_batch(devices, devices // 2)],
+                           f"moe, {what} x experts over {half} rank(s)", job="moe"))
+    else:  # tensor parallel over every device, each holding every expert
+        out.append(Row("model_parallel", "bf16", "torch", devices, layout_batch("model_parallel", devices),
+                       "moe, tensor parallel, experts whole", job="moe"))
+    each = max(1, devices // 2)
+    out.append(Row("fsdp", "bf16", "torch", each, [*REPLICA_GROUPS, f"strategy.expert_parallel_size={math.gcd(each, EXPERTS)}"],
+                   f"moe, 2 replica groups, experts over {math.gcd(each, EXPERTS)} rank(s) in each", groups=2, job="moe"))
+    out.append(Row("fsdp", "bf16", "torch", devices, spread, f"qwen3_moe, {over} by transformers' plan",
+                   job="qwen3_moe"))
+    return out
+
+
 def pipeline_stages(devices: int) -> list[str]:
     """strategy=pipeline's settings at `devices` GPUs: 2 stages x FSDP2 over the rest where they pair
     up (the base GPT has 2 blocks), each data-parallel group's batch doubled so that the global
     batch is the reference's (8 a device); one stage over every GPU otherwise."""
     if devices > 1 and devices % 2 == 0:
-        return ["strategy.pipeline_parallel_size=2", "data.batch_size=16"]
+        return ["strategy.pipeline_parallel_size=2", *global_batch(devices, devices // 2)]
     return ["strategy.pipeline_parallel_size=1"]
 
 
@@ -165,6 +237,18 @@ def failure_reason(stderr: str) -> str:
         return first.removeprefix("error: ")
     named = [line for line in lines if re.match(r"^[\w.]*(Error|Exception|Interrupt)\b", line)]
     return (named or [line for line in lines if not line.startswith("Error executing job")] or [""])[-1]
+
+
+def refusal(returncode: int, stderr: str) -> str | None:
+    """The reason the framework refused the run before it trained (its configuration error: exit 2
+    and a paragraph; under HYDRA_FULL_ERROR=1 or debug=true, a traceback of its ConfigError), else None."""
+    if returncode == 2 and "configuration error:" in stderr:
+        detail = stderr.split("configuration error:", 1)[1].strip().splitlines()
+        return " ".join(line.strip(" -") for line in [d for d in detail if not d.startswith("(set debug")][:2])
+    reason = failure_reason(stderr)
+    if reason.startswith("framework.errors.ConfigError: "):
+        return reason.removeprefix("framework.errors.ConfigError: ")
+    return None
 
 
 def _run(args: list[str], cwd: Path, env: dict | None = None) -> tuple[subprocess.CompletedProcess, float]:
@@ -206,16 +290,22 @@ def reference_precision(precision: str) -> str:
     return precision if precision in OWN_REFERENCE else "32"
 
 
-def reference_losses(devices: int, precision: str, workdir: Path, cache: dict) -> list[float]:
-    """The CPU single_device losses for the global batch of `devices` processes, in float32 (a
-    quantized precision: in that precision)."""
-    key = (devices, reference_precision(precision))
+def reference_key(row: Row) -> tuple[int, str, str]:
+    """What a row's CPU reference depends on: the global batch's processes, the precision, the model."""
+    return row.reference_devices, reference_precision(row.precision), row.job
+
+
+def reference_losses(key: tuple[int, str, str], workdir: Path, cache: dict, env: dict | None = None) -> list[float]:
+    """The CPU single_device losses of `key`'s model for the global batch of its processes, in
+    float32 (a quantized precision: in that precision); each computed once."""
+    devices, precision, job = key
     if key not in cache:
-        out = workdir / f"reference-{devices}-{key[1]}"
-        result, _ = _run([*BASE, "accelerator=cpu", "strategy=single_device", f"data.batch_size={8 * devices}",
-                          f"precision={key[1]}", f"trainer.max_steps={STEPS}", f"hydra.run.dir={out}"], workdir)
+        out = workdir / f"reference-{devices}-{precision}-{job or 'gpt'}"
+        result, _ = _run([*JOBS[job], "accelerator=cpu", "strategy=single_device", f"data.batch_size={8 * devices}",
+                          f"precision={precision}", f"trainer.max_steps={STEPS}", f"hydra.run.dir={out}"], workdir,
+                         env)
         if result.returncode:
-            raise RuntimeError(f"the CPU reference run failed: {failure_reason(result.stderr)}")
+            raise RuntimeError(f"the CPU reference run {' '.join(map(str, key))} failed: {failure_reason(result.stderr)}")
         cache[key] = _losses(out)
     return cache[key]
 
@@ -229,20 +319,16 @@ def check(row: Row, accelerator: str, reference: list[float], workdir: Path) -> 
     with _names_lock:
         number = next(_names)
     name = f"{row.strategy}-{row.precision}-{row.checkpoint_io}-{row.devices}-{number}"
-    args = [*BASE, f"accelerator={accelerator}", f"strategy={row.strategy}", f"precision={row.precision}",
+    args = [*JOBS[row.job], f"accelerator={accelerator}", f"strategy={row.strategy}", f"precision={row.precision}",
             f"checkpoint_io={row.checkpoint_io}", f"devices={row.devices}", *row.extra]
     env = {"PYTHONPATH": str(ROOT), "FRAMEWORK_TRUST_ALLOW": "tests.helpers."} if row.heal else None  # its killer
     result, seconds = _run([*args, f"trainer.max_steps={row.steps}", f"hydra.run.dir={workdir / name}"], workdir, env)
     if result.returncode != 0:
-        refused = result.returncode == 2 and "configuration error" in result.stderr
-        if FAILED_LOGS is not None and not refused:  # the whole traceback, for the note
+        refused = refusal(result.returncode, result.stderr)
+        if FAILED_LOGS is not None and refused is None:  # the whole traceback, for the note
             (FAILED_LOGS / f"{name}.log").write_text(" ".join(args) + "\n\n" + result.stderr[-20000:])
-        detail = (result.stderr.split("configuration error:", 1)[-1].strip().splitlines() if refused else
-                  [failure_reason(result.stderr)])
-        detail = [line for line in detail if not line.startswith("(set debug")]
-        reason = " ".join(line.strip(" -") for line in detail[:2])[:240]
-        return {"result": "refused" if refused else f"FAILED (exit {result.returncode})", "why": reason,
-                "seconds": seconds}
+        return {"result": "refused" if refused is not None else f"FAILED (exit {result.returncode})",
+                "why": (refused if refused is not None else failure_reason(result.stderr))[:240], "seconds": seconds}
     losses = _losses(workdir / name / "replica_0" if row.heal else workdir / name)
     if row.heal:  # group 0 stepped alone on its share while group 1 was away: no reference to meet
         why = replica_outcome(row, workdir / name) or ("" if losses[-1] < losses[0] else "the loss did not fall")
@@ -429,18 +515,46 @@ def performance(accelerator: str, workdir: Path) -> list[str]:
     return lines
 
 
+FAILURES = ("FAILED", "LOSS", "RESUME", "HEAL", "WEIGHTS")
+NOT_RUN = "not run (deadline)"
+
+
+def ran_before(table: Path) -> set[tuple[str, ...]]:
+    """The rows (their first five columns) a published GPU table shows ok or refused: the check runs
+    every other row first, then the performance runs, then these."""
+    if not table.exists():
+        return set()
+    cells = ([c.strip() for c in line.split("|")[1:-1]] for line in table.read_text().splitlines())
+    return {tuple(row[:5]) for row in cells if len(row) == 10 and row[5].startswith(("ok", "refused"))}
+
+
+def _line(row: Row, out: dict) -> str:
+    last = f"{out['last']:.4f}" if "last" in out else ""
+    diff = f"{out['diff']:.1e}" if "diff" in out else ""
+    return (f"| {row.strategy} | {row.precision} | {row.checkpoint_io} | {row.devices} | {row.note} | "
+            f"{out['result']} | {last} | {diff} | {out['seconds']:.0f} | {out['why']} |")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--accelerator", default="cuda", help="cuda (the check) or cpu (to check this script)")
-    parser.add_argument("--rows", default="", help="comma-separated strategy/precision/checkpoint_io to run only")
+    parser.add_argument("--rows", default="", help="comma-separated keys (strategy/precision/checkpoint_io[/torchft]"
+                                                   "[/job]) to run only")
     parser.add_argument("--devices", type=int, default=None, help="GPUs to use (default: all)")
     parser.add_argument("--parallel", type=int, default=None, help="rows run side by side (default: 6 on CUDA, 1 on "
                                                                    "the CPU)")
     parser.add_argument("--perf", choices=["on", "off"], default=None,
                         help="the performance rows (default: on for CUDA when every row is run)")
-    parser.add_argument("--out", default=None, help="write the table here instead of benchmarks/results/")
+    parser.add_argument("--deadline", type=float, default=None,
+                        help="seconds after which no row (nor the performance runs) starts: those left are listed "
+                             "as not run, so that a run under a time limit ends with its table")
+    parser.add_argument("--before", default=str(RESULTS / "gpu_check.md"),
+                        help="a GPU table whose ok and refused rows run last (default: the published one)")
+    parser.add_argument("--out", default=None, help="write the table here instead of benchmarks/results/ (rewritten "
+                                                    "as each row ends)")
     parser.add_argument("--failed-logs", default=None, help="a folder for each failed row's whole stderr")
     args = parser.parse_args()
+    started = time.monotonic()
     if args.failed_logs:
         global FAILED_LOGS
         FAILED_LOGS = Path(args.failed_logs)
@@ -453,41 +567,75 @@ def main() -> int:
     gpus = args.devices or (torch.cuda.device_count() if args.accelerator == "cuda" else 2)
     wanted = set(filter(None, args.rows.split(",")))
     chosen = [r for r in rows(gpus) if not wanted or r.key in wanted]
+    unknown = wanted - {r.key for r in rows(gpus)}
+    if unknown:
+        print(f"gpu_check: no row has the key(s) {', '.join(sorted(unknown))} at {gpus} device(s)", file=sys.stderr)
+        return 2
     parallel = args.parallel or (6 if args.accelerator == "cuda" else 1)
     perf = args.perf == "on" or (args.perf is None and args.accelerator == "cuda" and not wanted)
+    seen = ran_before(Path(args.before))
     device = torch.cuda.get_device_name(0) if args.accelerator == "cuda" else "CPU (self-check of the script)"
-    lines = [f"{device} x {gpus}, torch {torch.__version__}; GPT 2x64, {STEPS} steps, batch 8 x 64 tokens per "
-             "process; the reference is the same job on the CPU (single_device) in float32, or for bnb_* and 16_true in "
-             f"that precision. {parallel} row(s) side by side. Run {time.strftime('%Y-%m-%d')}.",
-             "", "| strategy | precision | checkpoint_io | devices | note | result | last loss | vs CPU | seconds | why |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    header = [f"{device} x {gpus}, torch {torch.__version__}; {STEPS} steps, batch 8 x 64 tokens per process of a GPT "
+              "2x64 (job moe: its mixture of 8 experts; qwen3_moe: Qwen3-MoE's 2 layers of 8 experts through "
+              "transformers); the reference is the same job on the CPU (single_device) in float32, or for bnb_* and "
+              f"16_true in that precision. {parallel} row(s) side by side; rows {args.before} did not show ok ran "
+              f"first. Run {time.strftime('%Y-%m-%d')}.",
+              "", "| strategy | precision | checkpoint_io | devices | note | result | last loss | vs CPU | seconds | "
+              "why |", "|---|---|---|---|---|---|---|---|---|---|"]
+    done: dict[int, str] = {}
+    perf_lines: list[str] = []
+    lock = threading.Lock()
+
+    def write(final: bool) -> None:
+        lines = [*header, *(done[i] for i in sorted(done)), *perf_lines]
+        if not final:  # what a run killed by a time limit leaves
+            lines.insert(1, f"\nIn progress: {len(done)} of {len(chosen)} rows ended.")
+        if args.out:
+            Path(args.out).write_text("\n".join(lines) + "\n")
+        elif final:
+            publish("gpu_check", lines)
+        else:
+            (RESULTS / "gpu_check.md").write_text("\n".join(lines) + "\n")
+
+    def past_deadline() -> bool:
+        return args.deadline is not None and time.monotonic() - started > args.deadline
+
     with tempfile.TemporaryDirectory() as tmp:
         workdir, cache = Path(tmp), {}
-        for row in chosen:  # the CPU references first, one after another
-            reference_losses(row.reference_devices, row.precision, workdir, cache)
-
-        def one(row: Row) -> str:
-            out = check(row, args.accelerator, reference_losses(row.reference_devices, row.precision, workdir, cache),
-                        workdir)
-            last = f"{out['last']:.4f}" if "last" in out else ""
-            diff = f"{out['diff']:.1e}" if "diff" in out else ""
-            line = (f"| {row.strategy} | {row.precision} | {row.checkpoint_io} | {row.devices} | {row.note} | "
-                    f"{out['result']} | {last} | {diff} | {out['seconds']:.0f} | {out['why']} |")
-            print(line, flush=True)
-            return line
-
+        keys = sorted({reference_key(r) for r in chosen if not r.heal})
+        # the CPU references side by side, the cores shared among them
+        threads = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // parallel))}
         with ThreadPoolExecutor(max_workers=parallel) as pool:
-            table = list(pool.map(one, chosen))  # in the rows' order, whatever order they finish in
-        lines += table
-        failed = sum(line.split(" | ")[5].startswith(("FAILED", "LOSS", "RESUME", "HEAL", "WEIGHTS")) for line in table)
-        if perf:
-            lines += performance(args.accelerator, workdir)
-            print("\n".join(lines[-10:]), flush=True)
-    if args.out:
-        Path(args.out).write_text("\n".join(lines) + "\n")
-    else:
-        publish("gpu_check", lines)
-    return 1 if failed else 0
+            list(pool.map(lambda key: reference_losses(key, workdir, cache, threads), keys))
+
+        def one(item: tuple[int, Row]) -> None:
+            index, row = item
+            if past_deadline():
+                line = _line(row, {"result": NOT_RUN, "seconds": 0, "why": f"--deadline {args.deadline:g} s"})
+            else:
+                reference = [] if row.heal else reference_losses(reference_key(row), workdir, cache)
+                line = _line(row, check(row, args.accelerator, reference, workdir))
+                print(line, flush=True)
+            with lock:
+                done[index] = line
+                write(final=False)
+
+        first = [(i, r) for i, r in enumerate(chosen) if r.identity not in seen]
+        last = [(i, r) for i, r in enumerate(chosen) if r.identity in seen]
+        with ThreadPoolExecutor(max_workers=parallel) as pool:
+            list(pool.map(one, first))
+        if perf and not past_deadline():  # the GPU to itself: between the two sets of rows
+            perf_lines = performance(args.accelerator, workdir)
+            print("\n".join(perf_lines), flush=True)
+        with ThreadPoolExecutor(max_workers=parallel) as pool:
+            list(pool.map(one, last))
+    write(final=True)
+    results = [line.split(" | ")[5] for line in done.values()]
+    failed = sum(result.startswith(FAILURES) for result in results)
+    not_run = results.count(NOT_RUN)
+    if failed or not_run:
+        print(f"gpu_check: {failed} row(s) failed, {not_run} not run", file=sys.stderr)
+    return 1 if failed or not_run else 0
 
 
 if __name__ == "__main__":
