@@ -16,7 +16,8 @@ Rows:
 - fault_tolerance=torchft: 2 replica groups (each half the GPUs, or sharing the one there is) of
   ddp and of fsdp, the groups' average over gloo and over nccl (refused where groups share a GPU),
   their mean loss against the CPU's at the groups' global batch and their final weights equal; and
-  group 1 killed after step 3 of 30: restarted, healed from group 0, the same final weights;
+  group 1 killed after step 3 of 30 (ddp; fsdp, whose heal writes into DTensors): restarted, healed
+  from group 0, the same final weights;
 - mixtures of experts (Row.job, JOBS): the GPT's 8 experts on one GPU in 32 and bf16 and compiled; under
   fsdp with the experts spread over the GPUs (strategy.expert_parallel_size, all-to-all over nccl)
   in 32 and bf16, resumed from dcp, compiled; under model_parallel beside 2-way tensor parallelism
@@ -187,7 +188,10 @@ def replica_group_rows(devices: int) -> list[Row]:
             Row("ddp", "32", "torch", each, nccl, "2 replica groups, nccl between", groups=2),
             Row("fsdp", "bf16", "torch", each, nccl, "2 replica groups, nccl between", groups=2),
             Row("ddp", "32", "torch", each, [*REPLICA_GROUPS, *HEAL], "group 1 killed after step 3, heals", groups=2,
-                heal=True, steps=30)]
+                heal=True, steps=30),
+            # the heal writes group 0's sharded state into the restarted group's DTensors on the GPU
+            Row("fsdp", "bf16", "torch", each, [*REPLICA_GROUPS, *HEAL], "group 1 killed after step 3, heals",
+                groups=2, heal=True, steps=30)]
 
 
 def expert_rows(devices: int) -> list[Row]:
@@ -525,7 +529,9 @@ def ran_before(table: Path) -> set[tuple[str, ...]]:
     if not table.exists():
         return set()
     cells = ([c.strip() for c in line.split("|")[1:-1]] for line in table.read_text().splitlines())
-    return {tuple(row[:5]) for row in cells if len(row) == 10 and row[5].startswith(("ok", "refused"))}
+    # a table merged from two runs says so in the note ("...; run 2 (run 1: FAILED (exit 1))")
+    return {(*row[:4], re.sub(r"(^|;\s*)run \d+ \(.*\)$", "", row[4])) for row in cells
+            if len(row) == 10 and row[5].startswith(("ok", "refused"))}
 
 
 def _line(row: Row, out: dict) -> str:

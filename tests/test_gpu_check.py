@@ -191,6 +191,12 @@ def test_rows_a_gpu_has_not_passed_run_first_and_a_deadline_ends_the_run_with_it
                       "seconds | why |\n|---|---|---|---|---|---|---|---|---|---|\n"
                       + "".join(f"| {' | '.join(r.identity)} | {'FAILED (exit 1)' if r.precision == '16' else 'ok'} "
                                 f"| 4.0 | 0.0 | 1 | |\n" for r in every if r.key.startswith("single_device/") and not r.job))
+    assert gpu_check.ran_before(before) >= {("single_device", "32", "torch", "1", "")}
+    merged = tmp_path / "merged.md"  # two runs' table: the note says which run a row's result is from
+    merged.write_text("| fsdp | 16 | torch | 1 | run 2 (run 1: FAILED (exit 1)) | ok | 5.0 | 0.0 | 16 |  |\n"
+                      "| hsdp | bf16 | torch | 1 | trainer.compile=true; run 2 (run 1: not reached) | ok | 5.0 | 0.0 | 33 |  |\n")
+    assert gpu_check.ran_before(merged) == {("fsdp", "16", "torch", "1", ""),
+                                            ("hsdp", "bf16", "torch", "1", "trainer.compile=true")}
     table = tmp_path / "table.md"
     keys = "single_device/32/torch,single_device/16/torch,single_device/32/torch/moe"
     started, status = run_main(gpu_check, monkeypatch, tmp_path, "--rows", keys, "--before", str(before), "--out",
