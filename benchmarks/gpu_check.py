@@ -34,7 +34,8 @@ stages instead of reading their own batch, data.batch_size grows to match. Rows 
 themselves, then the rest; `--deadline S` starts nothing after S seconds (what is left is listed as
 not run) and `--out` is rewritten as each row ends, so a run under a time limit keeps what it did.
 A combination the compatibility table refuses is recorded as refused, with its reason; a failed
-row shows the exception's own last line. Float precisions are compared with the same job on the
+row shows the exception's own last line; a row whose CPU reference failed says NO REFERENCE and why,
+and the others go on. Float precisions are compared with the same job on the
 CPU in float32; a quantized one (bnb_*) and 16_true with the same precision on the CPU (bitsandbytes
 computes on both; float16 Adam trains unlike float32 on every device). Independent rows run side by
 side (`--parallel`, 6 on CUDA: 62 rows took 4 minutes on an H100 that way, about 15 one after
@@ -308,10 +309,20 @@ def reference_losses(key: tuple[int, str, str], workdir: Path, cache: dict, env:
         result, _ = _run([*JOBS[job], "accelerator=cpu", "strategy=single_device", f"data.batch_size={8 * devices}",
                           f"precision={precision}", f"trainer.max_steps={STEPS}", f"hydra.run.dir={out}"], workdir,
                          env)
-        if result.returncode:
-            raise RuntimeError(f"the CPU reference run {' '.join(map(str, key))} failed: {failure_reason(result.stderr)}")
-        cache[key] = _losses(out)
+        cache[key] = _losses(out) if result.returncode == 0 else RuntimeError(
+            f"the CPU reference ({devices} x 8 sequences, {precision}, {job or 'gpt'}) failed: "
+            f"{failure_reason(result.stderr)}")
+    if isinstance(cache[key], Exception):  # failed once: its rows say why, the others go on
+        raise cache[key]
     return cache[key]
+
+
+def _reference_or_error(key: tuple[int, str, str], workdir: Path, cache: dict, env: dict) -> None:
+    """reference_losses, its failure kept in `cache` for the rows that need it."""
+    try:
+        reference_losses(key, workdir, cache, env)
+    except RuntimeError:
+        pass
 
 
 FAILED_LOGS: Path | None = None  # --failed-logs: each failed row's stderr is written there
@@ -519,7 +530,7 @@ def performance(accelerator: str, workdir: Path) -> list[str]:
     return lines
 
 
-FAILURES = ("FAILED", "LOSS", "RESUME", "HEAL", "WEIGHTS")
+FAILURES = ("FAILED", "LOSS", "RESUME", "HEAL", "WEIGHTS", "NO REFERENCE")
 NOT_RUN = "not run (deadline)"
 
 
@@ -612,15 +623,21 @@ def main() -> int:
         # the CPU references side by side, the cores shared among them
         threads = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // parallel))}
         with ThreadPoolExecutor(max_workers=parallel) as pool:
-            list(pool.map(lambda key: reference_losses(key, workdir, cache, threads), keys))
+            list(pool.map(lambda key: _reference_or_error(key, workdir, cache, threads), keys))
 
         def one(item: tuple[int, Row]) -> None:
             index, row = item
             if past_deadline():
                 line = _line(row, {"result": NOT_RUN, "seconds": 0, "why": f"--deadline {args.deadline:g} s"})
             else:
-                reference = [] if row.heal else reference_losses(reference_key(row), workdir, cache)
-                line = _line(row, check(row, args.accelerator, reference, workdir))
+                try:
+                    reference = [] if row.heal else reference_losses(reference_key(row), workdir, cache)
+                    outcome = check(row, args.accelerator, reference, workdir)
+                except RuntimeError as error:  # its CPU reference failed: nothing to compare with
+                    outcome = {"result": "NO REFERENCE", "seconds": 0, "why": str(error)[:240]}
+                except Exception as error:  # this script's own failure on one row loses no other row
+                    outcome = {"result": "FAILED (gpu_check)", "seconds": 0, "why": f"{type(error).__name__}: {error}"}
+                line = _line(row, outcome)
                 print(line, flush=True)
             with lock:
                 done[index] = line
@@ -631,7 +648,10 @@ def main() -> int:
         with ThreadPoolExecutor(max_workers=parallel) as pool:
             list(pool.map(one, first))
         if perf and not past_deadline():  # the GPU to itself: between the two sets of rows
-            perf_lines = performance(args.accelerator, workdir)
+            try:
+                perf_lines = performance(args.accelerator, workdir)
+            except Exception as error:  # the rows' table still ends whole
+                perf_lines = ["", f"The performance runs failed: {type(error).__name__}: {error}"]
             print("\n".join(perf_lines), flush=True)
         with ThreadPoolExecutor(max_workers=parallel) as pool:
             list(pool.map(one, last))

@@ -27,7 +27,8 @@ fi
 [ -d "$bundle/site" ] && export PYTHONPATH="$bundle/site${PYTHONPATH:+:$PYTHONPATH}" PATH="$bundle/site/bin:$PATH"
 if [ -d "$bundle/hf-site" ]; then  # installed by an earlier run
   export PYTHONPATH="$bundle/hf-site${PYTHONPATH:+:$PYTHONPATH}"
-elif ! "$python" -c 'import sys, transformers; sys.exit(int(transformers.__version__.split(".")[0]) < 5)' 2>/dev/null \
+elif ! "$python" -c 'import importlib.metadata as m, sys; sys.exit(int(m.version("transformers").split(".")[0]) < 5)' \
+    2>/dev/null \
     && compgen -G "$bundle/hf/*.whl" > /dev/null; then
   "$python" -m pip install --quiet --no-deps --no-index --no-compile --target "$bundle/hf-site" "$bundle"/hf/*.whl \
     && export PYTHONPATH="$bundle/hf-site${PYTHONPATH:+:$PYTHONPATH}"
@@ -35,7 +36,8 @@ fi
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" PYTHONUNBUFFERED=1
 
 # Where the source tree is not installed: its YAML trees as the packages framework.conf and
-# framework.recipes (setup.py installs them so), linked for this run only
+# framework.recipes (setup.py installs them so), linked for this run only (every process using this
+# tree meanwhile sees the links: run it in a copy, as the device machine's is)
 linked=()
 if ! "$python" -c 'import framework.conf, framework.recipes' 2>/dev/null; then
   for tree in conf recipes; do

@@ -61,10 +61,11 @@ def test_the_gpu_check_runs_its_rows_on_the_cpu(tmp_path):
     assert ("ddp", "32", "torch", "1", "group 1 killed after step 3, heals") not in rows  # its own key: torchft-heal
 
 
-@pytest.mark.slow
-def test_without_cuda_it_says_so():
-    result = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and "run it on a machine with NVIDIA GPUs" in result.stderr
+def test_without_cuda_it_says_so(monkeypatch, capsys):
+    gpu_check = load_script()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py"])
+    assert gpu_check.main() == 2 and "run it on a machine with NVIDIA GPUs" in capsys.readouterr().err
 
 
 def load_script():
@@ -163,20 +164,26 @@ def test_the_expert_rows_spread_the_experts_over_the_gpus():
     assert "strategy.expert_parallel_size=2" in next(r for r in gpu_check.rows(6) if r.key == "fsdp/32/torch/moe").extra
 
 
-def run_main(gpu_check, monkeypatch, tmp_path, *argv, seconds=0.0):
-    """gpu_check.main() with each row's run and reference replaced by a stand-in: the rows in the
-    order they started, and the exit status."""
-    import time
-
+def run_main(gpu_check, monkeypatch, tmp_path, *argv, broken_job=None, broken_row=None):
+    """gpu_check.main() with each row's run and reference replaced by a stand-in (the reference of
+    `broken_job` failing; the script's check raising on the row whose note is `broken_row`): the rows
+    in the order they started, and the exit status."""
     started, out = [], Path(argv[argv.index("--out") + 1]) if "--out" in argv else None
-    monkeypatch.setattr(gpu_check, "reference_losses", lambda *a, **k: [5.0, 4.0])
+
+    def reference_losses(key, *args, **kwargs):
+        if key[2] == broken_job:
+            raise RuntimeError(f"the CPU reference ({key[2]}) failed: ImportError: no transformers")
+        return [5.0, 4.0]
 
     def check(row, accelerator, reference, workdir):
         if out is not None and started:  # what a run killed now would leave: the rows ended so far
             assert out.read_text().count("| ok |") == len(started) and "In progress" in out.read_text()
         started.append(row.identity)
-        time.sleep(seconds)
-        return {"result": "ok", "last": 4.0, "diff": 0.0, "seconds": seconds, "why": ""}
+        if row.note == broken_row:
+            raise KeyError("train/loss")
+        return {"result": "ok", "last": 4.0, "diff": 0.0, "seconds": 0, "why": ""}
+
+    monkeypatch.setattr(gpu_check, "reference_losses", reference_losses)
 
     monkeypatch.setattr(gpu_check, "check", check)
     monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--accelerator", "cpu", "--devices", "1", *argv])
@@ -230,3 +237,18 @@ def test_a_refusal_is_told_from_a_failure_with_its_reason():
     traced = "Traceback (most recent call last):\n  File ...\nframework.errors.ConfigError: NCCL joins GPUs; use gloo.\n"
     assert gpu_check.refusal(1, traced) == "NCCL joins GPUs; use gloo."
     assert gpu_check.refusal(1, "Traceback ...\nRuntimeError: CUDA error: an illegal memory access\n") is None
+
+
+def test_a_failed_reference_or_a_row_the_script_cannot_read_loses_no_other_row(monkeypatch, tmp_path):
+    gpu_check = load_script()
+    table = tmp_path / "table.md"
+    started, status = run_main(gpu_check, monkeypatch, tmp_path, "--rows", "single_device/32/torch,single_device/32/"
+                               "torch/moe", "--out", str(table), broken_job="moe", broken_row="trainer.compile=true")
+    rows = {tuple(c.strip() for c in line.split("|")[1:6]): [c.strip() for c in line.split("|")[6:-1]]
+            for line in table.read_text().splitlines()[4:]}
+    assert status == 1 and len(rows) == 3
+    assert rows[("single_device", "32", "torch", "1", "")][0] == "ok"
+    outcome, *_, why = rows[("single_device", "32", "torch", "1", "moe")]
+    assert outcome == "NO REFERENCE" and "no transformers" in why
+    outcome, *_, why = rows[("single_device", "32", "torch", "1", "trainer.compile=true")]
+    assert outcome == "FAILED (gpu_check)" and why == "KeyError: 'train/loss'"

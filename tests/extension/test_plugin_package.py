@@ -47,9 +47,11 @@ def test_list_shows_the_plugin_options_with_their_package(on_path, tmp_path):
     # a fresh interpreter: the installed packages' entry points are read once per process
     result = framework_cmd("list", "strategy", "checkpoint_io", "cluster", cwd=tmp_path, env=on_path, in_process=False)
     assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
     for name in ("hooked_ddp", "hooked_ddp_one_mb_buckets", "bucket", "mysched"):
-        line = next(line for line in result.stdout.splitlines() if line.strip().startswith(name + " "))
-        assert " yes " in line and "[from framework-plugin-example]" in line, line
+        at = next(i for i, line in enumerate(lines) if line.strip().startswith(name + " "))
+        # on failure, the line after it too: the reason the option is not usable here
+        assert " yes " in lines[at] and "[from framework-plugin-example]" in lines[at], "\n".join(lines[at:at + 2])
 
 
 def test_the_plugin_classes_pass_the_contract_suites(on_path):
