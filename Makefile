@@ -33,8 +33,9 @@ lint: setup
 	$(BIN)/ruff check framework tests benchmarks examples hydra_plugins train.py setup.py
 
 # Four pytest-xdist workers, a file's tests together on one (tests/conftest.py says why). On the
-# 2-core machine both cores stay busy through the whole suite with four (18.5 min on 2026-11-30, one
-# torch thread a process: tests/conftest.py); TEST_WORKERS=0 runs it in this process, one at a time.
+# 2-core machine both cores stay busy through the whole suite with four (18.5 to 23.6 min on
+# 2026-11-30 by the hour, one torch thread a process: tests/conftest.py); TEST_WORKERS=0 runs it in
+# this process, one at a time.
 TEST_WORKERS ?= 4
 
 # DeepSpeed's CPU ops (shared-memory comm, NVMe's async_io) compiled once per environment as part of

@@ -12,7 +12,7 @@ Python, ready to travel with the source tree.
 - torch, its CUDA libraries and what torch itself needs are the machine's own.
 
 Its pip uses pip's own configuration (pip.conf, PIP_INDEX_URL). The requirement ranges are
-pyproject.toml's.
+pyproject.toml's, read from the installed framework's metadata (make setup installs it).
 
     python benchmarks/gpu_bundle.py                                  (Python 3.12, CUDA 13.x libraries)
     python benchmarks/gpu_bundle.py --python-version 3.11 --bnb-cuda 128,130
@@ -28,21 +28,21 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from importlib.metadata import requires
 from pathlib import Path
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    tomllib = None
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[1]
-# built here from their sources (no wheels are published): pure Python once built
-FROM_SOURCE = {"antlr4-python3-runtime": "==4.9.3", "fairscale": None, "deepspeed": None}
-# from pyproject.toml's dependencies and extras, by name (its ranges); rich, psutil, numpy and
-# scikit-learn are on the GPU machines (benchmarks/gpu_session.sh says which of the framework's
-# imports fail there)
-WANTED = ["hydra-core", "omegaconf", "torchdata", "bitsandbytes", "torchft",
-          "safetensors", "fairscale", "deepspeed"]
+# built here from their sources (no wheels are published): pure Python once built; antlr4 at the
+# version hydra-core and omegaconf pin
+FROM_SOURCE = ["antlr4-python3-runtime", "fairscale", "deepspeed"]
+PINNED = {"antlr4-python3-runtime": "==4.9.3"}
+# by name, at the ranges of the framework's own requirements (pyproject.toml, as installed); rich,
+# psutil, numpy and scikit-learn are on the GPU machines (benchmarks/gpu_session.sh says where each
+# package the framework needs is found there)
+WANTED = ["hydra-core", "omegaconf", "torchdata", "bitsandbytes", "torchft", "safetensors", "fairscale", "deepspeed"]
 HF = ["transformers", "tokenizers"]
 # on any machine with torch: torch itself, its CUDA libraries and its own dependencies
 THE_MACHINES = re.compile(r"^(torch|triton|nvidia-.*|cuda-.*|numpy|scipy|sympy|mpmath|networkx|jinja2|markupsafe|"
@@ -51,20 +51,10 @@ PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x
              "manylinux2014_x86_64", "any"]
 
 
-def requirement_ranges() -> dict[str, str]:
-    """Each requirement's name (lower case) -> its specifier from pyproject.toml."""
-    text = (ROOT / "pyproject.toml").read_text()
-    if tomllib is not None:
-        project = tomllib.loads(text)["project"]
-        specs = [*project["dependencies"], *(s for extra in project["optional-dependencies"].values() for s in extra)]
-    else:
-        specs = re.findall(r'"([A-Za-z0-9_.\-]+(?:[<>=!~][^"]*)?)"', text)
-    ranges = {}
-    for spec in specs:
-        match = re.match(r"^([A-Za-z0-9_.\-]+)\s*(.*)$", spec)
-        if match:
-            ranges.setdefault(match.group(1).lower(), match.group(2).strip())
-    return ranges
+def requirement_specs() -> dict[str, str]:
+    """Each package to bundle -> its requirement, at the framework's own range (extras included)."""
+    ranges = {canonicalize_name(r.name): str(r.specifier) for r in map(Requirement, requires("framework") or [])}
+    return {name: name + (PINNED.get(name) or ranges.get(name, "")) for name in [*FROM_SOURCE, *WANTED, *HF]}
 
 
 def pip(*args: str, env: dict | None = None) -> None:
@@ -102,23 +92,22 @@ def main() -> int:
     for folder in (wheels, site, hf):
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
-    ranges = requirement_ranges()
-    spec = {name: f"{name}{FROM_SOURCE.get(name) or ranges.get(name, '')}" for name in [*WANTED, *HF]}
+    spec = requirement_specs()
 
     # 1. the ones published only as sources, built into wheels here (DeepSpeed without its ops)
-    pip("wheel", "--quiet", "--no-deps", "-w", str(wheels), *(spec.get(n, f"{n}{v or ''}") for n, v in FROM_SOURCE.items()),
+    pip("wheel", "--quiet", "--no-deps", "-w", str(wheels), *(spec[name] for name in FROM_SOURCE),
         env={**os.environ, "DS_BUILD_OPS": "0"})
     # 2. the rest of what they need, as wheels for the GPU machine
     needed = resolve([spec[name] for name in WANTED], wheels, args.python_version)
-    built = {re.sub(r"[-_.]+", "-", p.name.split("-")[0]).lower() for p in wheels.glob("*.whl")}
-    fetch = [f"{name}=={version}" for name, version in needed if re.sub(r"[-_.]+", "-", name).lower() not in built]
+    built = {canonicalize_name(p.name.split("-")[0]) for p in wheels.glob("*.whl")}
+    fetch = [f"{name}=={version}" for name, version in needed if canonicalize_name(name) not in built]
     pip("download", "--quiet", "--no-deps", "-d", str(wheels), *target(args.python_version), *fetch)
     pip("install", "--quiet", "--no-deps", "--no-compile", "--target", str(site), *target(args.python_version),
         *map(str, sorted(wheels.glob("*.whl"))))
     # 3. transformers and its hub, as wheels, for machines whose transformers is older than 5
-    have = {re.sub(r"[-_.]+", "-", n).lower() for n, _ in needed}
-    hf_needed = [f"{n}=={v}" for n, v in resolve([spec[name] for name in HF], wheels, args.python_version)
-                 if re.sub(r"[-_.]+", "-", n).lower() not in have]
+    have = {canonicalize_name(name) for name, _ in needed}
+    hf_needed = [f"{name}=={version}" for name, version in resolve([spec[n] for n in HF], wheels, args.python_version)
+                 if canonicalize_name(name) not in have]
     pip("download", "--quiet", "--no-deps", "-d", str(hf), *target(args.python_version), *hf_needed)
 
     # bitsandbytes ships a library per CUDA version (20-26 MB each): those asked for only
@@ -137,9 +126,8 @@ def main() -> int:
         files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
         return sum(p.stat().st_size for p in files) / 2**20
 
-    print(f"{site}: {size(site):.1f} MiB, packed {size(packed):.1f} MiB; {hf}: {size(hf):.1f} MiB. To carry: "
-          f"{packed.relative_to(ROOT) if packed.is_relative_to(ROOT) else packed} and "
-          f"{hf.relative_to(ROOT) if hf.is_relative_to(ROOT) else hf} (a tree carries 64 MiB in all)")
+    print(f"{site}: {size(site):.1f} MiB, packed {size(packed):.1f} MiB; {hf}: {size(hf):.1f} MiB. To carry: {packed} "
+          f"and {hf} (a tree carries 64 MiB in all)")
     return 0
 
 

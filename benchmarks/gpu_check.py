@@ -300,29 +300,17 @@ def reference_key(row: Row) -> tuple[int, str, str]:
     return row.reference_devices, reference_precision(row.precision), row.job
 
 
-def reference_losses(key: tuple[int, str, str], workdir: Path, cache: dict, env: dict | None = None) -> list[float]:
+def reference_losses(key: tuple[int, str, str], workdir: Path, env: dict | None = None) -> list[float]:
     """The CPU single_device losses of `key`'s model for the global batch of its processes, in
-    float32 (a quantized precision: in that precision); each computed once."""
+    float32 (a quantized precision: in that precision); RuntimeError saying why where the run failed."""
     devices, precision, job = key
-    if key not in cache:
-        out = workdir / f"reference-{devices}-{precision}-{job or 'gpt'}"
-        result, _ = _run([*JOBS[job], "accelerator=cpu", "strategy=single_device", f"data.batch_size={8 * devices}",
-                          f"precision={precision}", f"trainer.max_steps={STEPS}", f"hydra.run.dir={out}"], workdir,
-                         env)
-        cache[key] = _losses(out) if result.returncode == 0 else RuntimeError(
-            f"the CPU reference ({devices} x 8 sequences, {precision}, {job or 'gpt'}) failed: "
-            f"{failure_reason(result.stderr)}")
-    if isinstance(cache[key], Exception):  # failed once: its rows say why, the others go on
-        raise cache[key]
-    return cache[key]
-
-
-def _reference_or_error(key: tuple[int, str, str], workdir: Path, cache: dict, env: dict) -> None:
-    """reference_losses, its failure kept in `cache` for the rows that need it."""
-    try:
-        reference_losses(key, workdir, cache, env)
-    except RuntimeError:
-        pass
+    out = workdir / f"reference-{devices}-{precision}-{job or 'gpt'}"
+    result, _ = _run([*JOBS[job], "accelerator=cpu", "strategy=single_device", f"data.batch_size={8 * devices}",
+                      f"precision={precision}", f"trainer.max_steps={STEPS}", f"hydra.run.dir={out}"], workdir, env)
+    if result.returncode:
+        raise RuntimeError(f"the CPU reference ({devices} x 8 sequences, {precision}, {job or 'gpt'}) failed: "
+                           f"{failure_reason(result.stderr)}")
+    return _losses(out)
 
 
 FAILED_LOGS: Path | None = None  # --failed-logs: each failed row's stderr is written there
@@ -582,12 +570,13 @@ def main() -> int:
               "(make gpu-check builds .venv-gpu with a CUDA build of torch).", file=sys.stderr)
         return 2
     gpus = args.devices or (torch.cuda.device_count() if args.accelerator == "cuda" else 2)
+    every = rows(gpus)
     wanted = set(filter(None, args.rows.split(",")))
-    chosen = [r for r in rows(gpus) if not wanted or r.key in wanted]
-    unknown = wanted - {r.key for r in rows(gpus)}
+    unknown = wanted - {r.key for r in every}
     if unknown:
         print(f"gpu_check: no row has the key(s) {', '.join(sorted(unknown))} at {gpus} device(s)", file=sys.stderr)
         return 2
+    chosen = [r for r in every if not wanted or r.key in wanted]
     parallel = args.parallel or (6 if args.accelerator == "cuda" else 1)
     perf = args.perf == "on" or (args.perf is None and args.accelerator == "cuda" and not wanted)
     seen = ran_before(Path(args.before))
@@ -595,52 +584,58 @@ def main() -> int:
     header = [f"{device} x {gpus}, torch {torch.__version__}; {STEPS} steps, batch 8 x 64 tokens per process of a GPT "
               "2x64 (job moe: its mixture of 8 experts; qwen3_moe: Qwen3-MoE's 2 layers of 8 experts through "
               "transformers); the reference is the same job on the CPU (single_device) in float32, or for bnb_* and "
-              f"16_true in that precision. {parallel} row(s) side by side; rows {args.before} did not show ok ran "
+              f"16_true in that precision. {parallel} row(s) side by side; the rows not shown ok in {args.before} ran "
               f"first. Run {time.strftime('%Y-%m-%d')}.",
               "", "| strategy | precision | checkpoint_io | devices | note | result | last loss | vs CPU | seconds | "
               "why |", "|---|---|---|---|---|---|---|---|---|---|"]
-    done: dict[int, str] = {}
+    target = Path(args.out) if args.out else RESULTS / "gpu_check.md"
+    lines: dict[int, str] = {}  # the table's rows by their place in `chosen`, as they end
+    results: dict[int, str] = {}
     perf_lines: list[str] = []
     lock = threading.Lock()
 
     def write(final: bool) -> None:
-        lines = [*header, *(done[i] for i in sorted(done)), *perf_lines]
+        table = [*header, *(lines[i] for i in sorted(lines)), *perf_lines]
         if not final:  # what a run killed by a time limit leaves
-            lines.insert(1, f"\nIn progress: {len(done)} of {len(chosen)} rows ended.")
-        if args.out:
-            Path(args.out).write_text("\n".join(lines) + "\n")
-        elif final:
-            publish("gpu_check", lines)
+            table.insert(1, f"\nIn progress: {len(lines)} of {len(chosen)} rows ended.")
+        if final and not args.out:
+            publish("gpu_check", table)  # benchmarks/results/gpu_check.md, and printed
         else:
-            (RESULTS / "gpu_check.md").write_text("\n".join(lines) + "\n")
+            target.write_text("\n".join(table) + "\n")
 
     def past_deadline() -> bool:
         return args.deadline is not None and time.monotonic() - started > args.deadline
 
     with tempfile.TemporaryDirectory() as tmp:
-        workdir, cache = Path(tmp), {}
-        keys = sorted({reference_key(r) for r in chosen if not r.heal})
-        # the CPU references side by side, the cores shared among them
+        workdir = Path(tmp)
+        # the CPU references side by side, the cores shared among them; a failed one marks its rows only
         threads = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // parallel))}
+
+        def reference(key: tuple[int, str, str]) -> list[float] | RuntimeError:
+            try:
+                return reference_losses(key, workdir, threads)
+            except RuntimeError as error:
+                return error
+
+        keys = sorted({reference_key(r) for r in chosen if not r.heal})
         with ThreadPoolExecutor(max_workers=parallel) as pool:
-            list(pool.map(lambda key: _reference_or_error(key, workdir, cache, threads), keys))
+            references = dict(zip(keys, pool.map(reference, keys)))
 
         def one(item: tuple[int, Row]) -> None:
             index, row = item
+            expected = [] if row.heal else references[reference_key(row)]
             if past_deadline():
-                line = _line(row, {"result": NOT_RUN, "seconds": 0, "why": f"--deadline {args.deadline:g} s"})
+                outcome = {"result": NOT_RUN, "seconds": 0, "why": f"--deadline {args.deadline:g} s"}
+            elif isinstance(expected, RuntimeError):  # nothing to compare with
+                outcome = {"result": "NO REFERENCE", "seconds": 0, "why": str(expected)[:240]}
             else:
                 try:
-                    reference = [] if row.heal else reference_losses(reference_key(row), workdir, cache)
-                    outcome = check(row, args.accelerator, reference, workdir)
-                except RuntimeError as error:  # its CPU reference failed: nothing to compare with
-                    outcome = {"result": "NO REFERENCE", "seconds": 0, "why": str(error)[:240]}
+                    outcome = check(row, args.accelerator, expected, workdir)
                 except Exception as error:  # this script's own failure on one row loses no other row
                     outcome = {"result": "FAILED (gpu_check)", "seconds": 0, "why": f"{type(error).__name__}: {error}"}
-                line = _line(row, outcome)
-                print(line, flush=True)
+                print(_line(row, outcome), flush=True)
             with lock:
-                done[index] = line
+                lines[index], results[index] = _line(row, outcome), outcome["result"]
                 write(final=False)
 
         first = [(i, r) for i, r in enumerate(chosen) if r.identity not in seen]
@@ -656,9 +651,8 @@ def main() -> int:
         with ThreadPoolExecutor(max_workers=parallel) as pool:
             list(pool.map(one, last))
     write(final=True)
-    results = [line.split(" | ")[5] for line in done.values()]
-    failed = sum(result.startswith(FAILURES) for result in results)
-    not_run = results.count(NOT_RUN)
+    failed = sum(result.startswith(FAILURES) for result in results.values())
+    not_run = list(results.values()).count(NOT_RUN)
     if failed or not_run:
         print(f"gpu_check: {failed} row(s) failed, {not_run} not run", file=sys.stderr)
     return 1 if failed or not_run else 0
