@@ -8,7 +8,7 @@ TORCH_VERSION ?= 2.13.0
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup bytecode train lint test test-fast docs docs-serve test-xla test-floor gpu-check gpu-bundle bench clean
+.PHONY: setup bytecode train lint test test-fast reference docs docs-serve test-xla test-floor gpu-check gpu-bundle bench clean
 
 # $(call install_venv,DIR,TORCH,PACKAGE): a virtual environment with torch installed first (TORCH:
 # pip arguments), then the framework (PACKAGE: pip arguments after -e).
@@ -30,7 +30,7 @@ train: setup
 
 # The linter (rules in pyproject.toml [tool.ruff]); CI runs it before the tests.
 lint: setup
-	$(BIN)/ruff check framework tests benchmarks examples hydra_plugins train.py setup.py
+	$(BIN)/ruff check framework tests benchmarks examples hydra_plugins docs/_hooks train.py setup.py
 
 # Four pytest-xdist workers, a file's tests together on one (tests/conftest.py says why). On the
 # 2-core machine both cores stay busy through the whole suite with four (18.5 to 23.6 min on
@@ -65,14 +65,34 @@ test-fast: export TORCH_EXTENSIONS_DIR = $(OPS_DIR)
 test-fast: setup $(OPS_DIR)/.built bytecode
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder -m "not slow" --durations=5 $(PYTEST_ARGS)
 
-# The documentation site from docs/ (mkdocs.yml): strict, so a broken link or anchor, a page missing
-# from the navigation or a navigation entry without a page fails the build. NO_MKDOCS_2_WARNING: the
-# theme's banner about its successor, printed at every build, is not a problem of the docs.
-docs: setup
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+# The pages of the manual generated from the code (framework/reference): the config reference, the
+# support matrix (it reruns the pre-launch checks of every strategy x precision and collects the
+# tests marked `matrix`: about two minutes) and the keys the docs' prose may name. Committed;
+# tests/docs/test_reference.py fails when one is stale.
+reference: setup
+	$(BIN)/python -m framework.reference
 
-docs-serve: setup
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+# The documentation site from docs/ (mkdocs.yml): strict, so a broken link or anchor, a page missing
+# from the navigation, a navigation entry without a page, or a config key, option or path named in
+# the prose that does not exist (docs/_hooks/claims.py) fails the build, naming the page and line.
+# Its own environment holds the `docs` extra alone, no torch: the generated pages are committed and
+# the API reference is read from the source (docs/_hooks/extra.py lists the extra from pyproject.toml).
+# NO_MKDOCS_2_WARNING: the theme's banner about its successor, printed at every build.
+DOCS_VENV ?= .venv-docs
+DOCS_BIN := $(DOCS_VENV)/bin
+
+$(DOCS_BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(DOCS_VENV)
+	$(DOCS_BIN)/pip install -q --upgrade pip
+	$(DOCS_BIN)/python docs/_hooks/extra.py docs > $(DOCS_VENV)/requirements.txt
+	$(DOCS_BIN)/pip install -q -r $(DOCS_VENV)/requirements.txt
+	touch $@
+
+docs: $(DOCS_BIN)/.installed
+	NO_MKDOCS_2_WARNING=1 $(DOCS_BIN)/mkdocs build --strict
+
+docs-serve: $(DOCS_BIN)/.installed
+	NO_MKDOCS_2_WARNING=1 $(DOCS_BIN)/mkdocs serve
 
 # The XLA family (accelerator=xla, strategy=single_xla/xla_spmd/xla_fsdp, checkpoint_io=xla,
 # cluster=xla) on the CPU through PJRT. torch-xla 2.9.0 needs torch 2.9.0 exactly, so it has an
@@ -149,6 +169,7 @@ bench: $(BENCH_BIN)/.installed
 	$(BENCH_BIN)/python benchmarks/fault_tolerance.py
 	$(BENCH_BIN)/python benchmarks/data_prep.py
 	$(BENCH_BIN)/python benchmarks/nvme_offload.py
+	$(BENCH_BIN)/python benchmarks/front_page.py --run
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) $(XLA_VENV) $(GPU_VENV) outputs multirun .pytest_cache site
+	rm -rf $(VENV) $(BENCH_VENV) $(XLA_VENV) $(GPU_VENV) $(DOCS_VENV) outputs multirun .pytest_cache site

@@ -88,6 +88,15 @@ def pytest_runtest_protocol(item, nextitem):
             f.write(f"{worker}\t{start:.2f}\t{time.time():.2f}\t{item.nodeid}\n")
 
 
+def pytest_collection_finish(session):
+    """FRAMEWORK_MATRIX_CELLS=<file>: the support matrix's tests written there by cell
+    (framework/reference/pages.py collects them for docs/reference/support-matrix.md)."""
+    if os.environ.get("FRAMEWORK_MATRIX_CELLS"):
+        from tests.helpers.matrix import write_matrix_cells
+
+        write_matrix_cells(session.items, os.environ["FRAMEWORK_MATRIX_CELLS"])
+
+
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
 

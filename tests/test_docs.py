@@ -215,3 +215,35 @@ def test_the_site_builds_without_a_warning(tmp_path):
     for page in sorted((ROOT / "docs").glob("*.md")):
         if page.name != "index.md":
             assert (tmp_path / "site" / page.stem / "index.html").is_file(), page.name
+
+
+def shown_transcripts() -> list[tuple[str, str, str]]:
+    """(page, command, shown output) of every `$ python train.py ...` transcript in a fenced block
+    of README.md and docs/ that shows the message it prints ("..." where the text is cut)."""
+    found = []
+    for doc in DOC_PAGES:
+        for block in re.findall(r"```[a-z]*\n(.*?)```", doc.read_text(), re.S):
+            parts = re.split(r"^\$ (python train\.py.*)$", block, flags=re.M)
+            found += [(doc.name, command, shown.strip()) for command, shown in zip(parts[1::2], parts[2::2])
+                      if shown.strip()]
+    return found
+
+
+TRANSCRIPTS = shown_transcripts()
+
+
+def test_the_docs_show_error_transcripts():
+    assert {page for page, _, _ in TRANSCRIPTS} >= {"errors.md"} and len(TRANSCRIPTS) >= 4
+
+
+@pytest.mark.parametrize("page,command,shown", TRANSCRIPTS, ids=[f"{p}: {c}" for p, c, _ in TRANSCRIPTS])
+def test_a_shown_error_message_is_the_one_printed(page, command, shown, tmp_path):
+    """The message a page shows is what the command prints today, up to its cuts ("..."): the
+    arguments a class takes, the options of a group, the fix."""
+    result = run_command(["train", *shlex.split(command)[2:]], tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    at = 0
+    for piece in (p.strip() for p in shown.split("...")):
+        found = result.stderr.find(piece, at)
+        assert found >= 0, f"{page} shows {piece!r}; the command prints:\n{result.stderr}"
+        at = found + len(piece)

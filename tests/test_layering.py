@@ -46,7 +46,7 @@ FLOORS = {
     "framework.modes": 15, "framework.sweep_job": 15,
     "framework.runner": 16,
     "framework.entry_guard": 17,
-    "framework.cli": 18, "framework.testing": 18,
+    "framework.cli": 18, "framework.testing": 18, "framework.reference": 18,
     "framework.__main__": 19,
 }
 
@@ -305,3 +305,25 @@ def test_the_checker_refuses_a_light_import_inside_a_function(tmp_path):
 def test_the_checker_refuses_a_framework_import_inside_a_function(tmp_path):
     problems = _checked(tmp_path, "framework.cli.sample", "def f():\n    from framework.paths import conf_dir\n")
     assert any("framework.paths inside a function" in p for p in problems), problems
+
+
+def test_every_repository_path_the_code_names_exists():
+    """A file named in a docstring, comment or message of the code (a module, a test, a YAML)
+    exists: a stale reference sends the reader nowhere. Placeholders (conf/X/Y.yaml, <name>,
+    globs) are not paths."""
+    pattern = re.compile(r"(?<![\w./-])((?:framework|conf|tests|recipes|benchmarks|docs|examples|hydra_plugins)/"
+                         r"[\w/.-]*\.(?:py|yaml|md|jsonl|json|sh))\b")
+    stale = []
+    for folder in ("framework", "conf", "tests", "benchmarks", "recipes", "examples", "hydra_plugins"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix not in (".py", ".yaml", ".md", ".sh") or "__pycache__" in path.parts \
+                    or path.parent == ROOT / "tests" / "docs":  # the docs tests name missing files on purpose
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                for match in pattern.finditer(line):
+                    named = match.group(1).rstrip(".")
+                    if re.search(r"[<>{}*]|/[A-Z]+[/.]", named):
+                        continue
+                    if not (ROOT / named).exists() and not (ROOT / "tests" / named).exists():
+                        stale.append(f"{path.relative_to(ROOT)}:{number}: {named}")
+    assert not stale, "\n".join(stale)

@@ -18,7 +18,8 @@ NONFINITE_POLICIES = ("stop", "skip", "warn")  # trainer.on_nonfinite (framework
 
 @dataclass
 class TrainerConfig:
-    """How long to train and how the loop behaves."""
+    """How long to train and how the loop behaves. The defaults are those of conf/trainer/default.yaml
+    (tests/config/test_schema_defaults.py keeps the two equal); docs/reference/config.md lists them."""
 
     max_steps: Optional[int] = 300
     """Stop after this many optimizer steps; null for no limit (then max_epochs must be set)."""
@@ -28,7 +29,7 @@ class TrainerConfig:
     """Validate every N optimizer steps (and always once at the end)."""
     val_at_start: bool = True
     """Validate once before the first step, so logs show where training started."""
-    val_batches: Optional[int] = None
+    val_batches: Optional[int] = 10
     """Score at most this many batches of data.val_batch_size per validation, counted over all ranks
     (the first val_batches x val_batch_size samples, shared between the ranks), so a metric does not
     depend on the number of processes; null for the whole validation set."""
@@ -42,7 +43,7 @@ class TrainerConfig:
     ranks like val_batches; null for the whole test split."""
     accumulate: int = 1
     """Gradient accumulation: micro-batches per optimizer step."""
-    clip_grad_norm: Optional[float] = None
+    clip_grad_norm: Optional[float] = 1.0
     """Clip the global gradient norm to this value (after unscaling); null for no clipping."""
     clip_grad_value: Optional[float] = None
     """Clamp every gradient element to [-v, v]; null for no clipping."""
@@ -62,9 +63,11 @@ class TrainerConfig:
     """Recompute each sharding unit's activations in backward instead of keeping them (less
     memory, about one more forward); the units are the strategy's (framework/construction/units.py)."""
     compile: bool = False
-    """torch.compile each unit (the transformer blocks; the whole model where it has none) in
-    place: faster steady steps after a slower first one (said at start); refused with the
-    strategies and precisions that cannot take it (the compatibility table says which)."""
+    """torch.compile the model in place: whole (one graph, as torch.compile(model)) under
+    single_device and ddp, each unit (the transformer blocks) under the sharding strategies and with
+    activation checkpointing, whose hooks sit between units (framework/construction/compile.py).
+    Faster steady steps after a slower first one (said at start); refused with the strategies and
+    precisions that cannot take it (the compatibility table says which)."""
     on_nonfinite: str = "stop"
     """What a step whose loss or gradient norm is NaN or infinite does: 'stop' ends the run at once
     (exit code 3; no checkpoint of non-finite weights is written, the finite ones are kept, summary.json

@@ -56,7 +56,7 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0,
                 mask: torch.Tensor | None = None) -> torch.Tensor:
         """`mask` (B, 1, T, T), True where a position may attend (packed rows); None: causal."""
-        qkv = self.qkv(x)  # under tensor parallelism: this rank's heads, all positions (framework/strategy/fsdp_tensor_parallel.py)
+        qkv = self.qkv(x)  # under tensor parallelism: this rank's heads, all positions (framework/construction/tensor_parallel.py)
         b, t, _ = qkv.shape
         q, k, v = (z.view(b, t, -1, self.head_dim).transpose(1, 2) for z in qkv.chunk(3, dim=2))
         causal = mask is None

@@ -130,7 +130,7 @@ def test_a_tokenizer_saved_again_with_a_post_processor_is_the_same_tokenizer(tmp
 
 def test_tokenizers_are_one_when_they_encode_alike_and_two_when_any_encoding_part_differs(tmp_path):
     """What a save may add or respell (truncation, padding, a decoder, merges as "a b" or ["a", "b"])
-    leaves one tokenizer; another normaliser, pre-tokeniser, merge list or vocabulary is another
+    leaves one tokenizer; another normaliser, pre-tokeniser, merge list, vocabulary or added token is another
     tokenizer (each turns some text into other ids, checked with the tokenizers library itself)."""
     from types import SimpleNamespace
 
@@ -164,7 +164,11 @@ def test_tokenizers_are_one_when_they_encode_alike_and_two_when_any_encoding_par
              "split_on_spaces": edited(pre_tokenizer={"type": "WhitespaceSplit"}),
              "fewer_merges": edited(model={"merges": merges[40:]}),
              "another_vocabulary": edited(model={"vocab": {token: (i + 7) % len(original["model"]["vocab"]) for i, token
-                                                           in enumerate(original["model"]["vocab"])}})}
+                                                           in enumerate(original["model"]["vocab"])}}),
+             # one more added token: the text's "SUM" becomes one id of its own
+             "an_added_token": edited(added_tokens=[*original["added_tokens"], {
+                 "id": len(original["model"]["vocab"]) + len(original["added_tokens"]), "content": "SUM",
+                 "single_word": False, "lstrip": False, "rstrip": False, "normalized": False, "special": True}])}
     own = tokenizer_behaviour(tmp_path / "tok" / "tokenizer.json")
     ids = Tokenizer.from_file(str(tmp_path / "tok" / "tokenizer.json")).encode(text).ids
     for name, spec in same.items():

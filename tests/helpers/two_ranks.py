@@ -1,5 +1,5 @@
 """The two-process runs the strategy tests share: the built-in GPT at 2 ranks, no dropout,
-accumulation and clipping on, a checkpoint every 3 of 6 steps. The same run is the reference of the
+accumulation and clipping on, a checkpoint half-way through its STEPS steps. The same run is the reference of the
 equivalence tests and the straight run of the resume tests (tests/helpers/run_cache.py trains it
 once a session)."""
 from __future__ import annotations

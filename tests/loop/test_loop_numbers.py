@@ -17,6 +17,7 @@ def _final_weights(tmp_path, name, extra):
     return load_model_state(checkpoints(out)[-1])
 
 
+@pytest.mark.matrix(strategy="single_device", precision="64")
 def test_accumulating_k_micro_batches_equals_one_batch_k_times_larger(tmp_path):
     """4 micro-batches of 8 with accumulate=4 take the same steps as batches of 32: the sampler
     yields the same permutation, and each micro-loss is divided by 4."""

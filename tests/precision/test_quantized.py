@@ -321,6 +321,7 @@ def _val_losses(run) -> list[float]:
 
 
 @pytest.mark.slow
+@pytest.mark.matrix(strategy="single_device", precision="bnb_nf4_dq")
 def test_single_device_trains_resumes_bit_exact_and_moves_to_float32(tmp_path):
     from tests.conftest import assert_resume_is_exact
 
@@ -335,6 +336,7 @@ def test_single_device_trains_resumes_bit_exact_and_moves_to_float32(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.matrix(strategy="ddp", precision="bnb_int8")
 def test_ddp_two_processes_keep_the_single_device_weights_and_resume_exact_through_dcp(tmp_path):
     """ddp keeps the small quantized model on each rank: its frozen weights are the single-device
     run's bit for bit; a ddp run saved with checkpoint_io=dcp and resumed equals a straight one."""

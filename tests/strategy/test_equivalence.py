@@ -27,6 +27,7 @@ def assert_a_whole_checkpoint_of(out, strategy):
 
 
 @pytest.mark.parametrize("precision", ["32", "bf16"])
+@pytest.mark.matrix(strategy="ddp")
 def test_the_ddp_reference_learns_and_saves_whole_weights(reference, precision):
     losses = reference[precision]
     assert len(losses) == STEPS and losses[-1] < losses[0]
@@ -35,6 +36,7 @@ def test_the_ddp_reference_learns_and_saves_whole_weights(reference, precision):
 
 @pytest.mark.parametrize("precision", ["32", "bf16"])
 @pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.matrix
 def test_strategy_matches_ddp(reference, strategy, precision):
     out = shared(strategy, precision)
     losses = train_losses(out)
@@ -53,6 +55,8 @@ def test_activation_checkpointing_keeps_the_losses(reference, strategy):
     torch.testing.assert_close(torch.tensor(train_losses(out)), torch.tensor(reference["32"]), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.matrix(strategy="ddp")
+@pytest.mark.matrix(strategy="single_device")
 def test_ddp_equals_single_device_on_the_same_global_batch(tmp_path):
     ddp = run_world(tmp_path, "ddp", "ddp", 2, ["data.batch_size=4"])
     single = run_world(tmp_path, "single", "single_device", 1, ["data.batch_size=8"])

@@ -131,6 +131,7 @@ def runs(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.matrix(strategy="model_parallel")
 def test_model_parallel_2x2_with_sequence_parallel_matches_ddp(runs):
     ddp, mp = metric_values(runs["ddp"]), metric_values(runs["model_parallel"])
     assert len(mp) == STEPS and mp[-1] < mp[0]
@@ -148,6 +149,7 @@ def test_model_parallel_2x2_with_sequence_parallel_matches_ddp(runs):
 
 
 @pytest.mark.slow
+@pytest.mark.matrix(strategy="hsdp")
 def test_hsdp_2x2_matches_ddp(runs):
     torch.testing.assert_close(torch.tensor(metric_values(runs["hsdp"])), torch.tensor(metric_values(runs["ddp"])), rtol=1e-5,
                                atol=1e-5)

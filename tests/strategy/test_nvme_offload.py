@@ -26,6 +26,7 @@ def _train_losses(run) -> list[float]:
 
 
 @pytest.mark.slow
+@pytest.mark.matrix(strategy="deepspeed_stage_3_offload_nvme")
 def test_nvme_offload_trains_like_zero3_in_memory(tmp_path):
     reason = ensure_libaio()
     if reason:

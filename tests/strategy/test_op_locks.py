@@ -93,3 +93,28 @@ def test_a_wait_for_a_lock_of_unknown_origin_says_what_it_waits_for(tmp_path, mo
     FileBaton(str(lock), wait_seconds=0.05).wait()
     said = capfd.readouterr().err
     assert "waiting" in said and f"remove {lock} and run again" in said
+
+
+@pytest.mark.parametrize("variable", ["TORCH_EXTENSIONS_DIR", "XDG_CACHE_HOME"])
+def test_an_unwritable_extensions_folder_is_refused_before_launch(tmp_path, variable):
+    """DeepSpeed compiles its ops into TORCH_EXTENSIONS_DIR (else $XDG_CACHE_HOME/torch_extensions):
+    a folder that cannot be created stops the run before launch, naming the variable and the fix,
+    instead of failing the first op build mid-run."""
+    from tests.conftest import TINY_GPT
+    from tests.helpers.in_process import run_command
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    env = {"TORCH_EXTENSIONS_DIR": str(blocker / "ext")} if variable == "TORCH_EXTENSIONS_DIR" else \
+        {"XDG_CACHE_HOME": str(blocker / "cache")}
+    saved = os.environ.pop("TORCH_EXTENSIONS_DIR", None)
+    try:
+        result = run_command(["train", "strategy=deepspeed_stage_1", "devices=2", *TINY_GPT], tmp_path, env=env)
+    finally:
+        if saved is not None:
+            os.environ["TORCH_EXTENSIONS_DIR"] = saved
+    shown = str(blocker / "ext") if variable == "TORCH_EXTENSIONS_DIR" else str(blocker / "cache" / "torch_extensions")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert (f"TORCH_EXTENSIONS_DIR={shown}: cannot be created, because {blocker} is a file, not a folder; set "
+            "TORCH_EXTENSIONS_DIR to a folder you can write") in result.stderr
+    assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").rglob("checkpoints"))

@@ -185,6 +185,34 @@ def test_plan_estimates_the_most_loaded_ranks_states_and_first_stage_activations
     assert layout.activation_share == pytest.approx(activations)
 
 
+TORCH_SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved_1f1b": "ScheduleInterleaved1F1B",
+                   "looped_bfs": "ScheduleLoopedBFS", "interleaved_zero_bubble": "ScheduleInterleavedZeroBubble",
+                   "zbv_zero_bubble": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV"}
+
+
+@pytest.mark.parametrize("name", TORCH_SCHEDULES)
+def test_the_schedule_a_step_runs_is_the_chosen_one_with_the_configured_microbatches(one_rank_group, name):
+    """What the worker's pipeline builds for a batch (framework/strategy/mesh/pipeline/run.py): torch's
+    class of the chosen schedule (never a fallback to another), cutting each batch into
+    strategy.microbatches (4 here, not the stage count), over the stages this rank holds."""
+    import torch.distributed as dist
+
+    from framework.strategy.mesh.dims import ParallelDims
+    from framework.strategy.mesh.pipeline.run import PipelineRun
+    from framework.strategy.mesh.pipeline.settings import PipelineSettings
+
+    looped = name in ("interleaved_1f1b", "looped_bfs", "interleaved_zero_bubble")
+    settings = PipelineSettings(schedule=name, microbatches=4, stages_per_rank=2 if looped else 1)
+    run = PipelineRun(settings, ParallelDims(pipeline=1), 0, torch.device("cpu"), "pipeline")
+    run.group = dist.group.WORLD
+    part = run.split(GPT(vocab_size=64, n_layer=4, n_embd=32, n_head=2, block_size=16))
+    schedule = run._schedule_for(part, torch.zeros(8, 16, dtype=torch.long))
+    assert type(schedule).__name__ == TORCH_SCHEDULES[name]
+    assert schedule._n_microbatches == 4
+    stages = 2 if looped or name in ("zbv_zero_bubble", "dualpipev") else 1  # a V holds both ends
+    assert schedule._num_stages == stages == len(part.stages)
+
+
 # ---- 2 and 4 processes ---------------------------------------------------------------------------
 
 STEPS = 4
@@ -220,6 +248,7 @@ def runs(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", PIPELINES)
+@pytest.mark.matrix(strategy="pipeline")
 def test_every_layout_gives_one_processs_losses_norms_and_weights(runs, name):
     """Same global batch (8): the losses and the clipped gradient's norm (over every stage, the tied
     head counted once) at every step, and the final weights, as one process computes them."""
@@ -351,17 +380,23 @@ def test_a_pipelined_run_that_diverges_stops_with_exit_3_keeping_its_finite_chec
     stop together, exit 3, no checkpoint of non-finite weights written."""
     with pytest.raises(RunExit) as stopped:
         run_inprocess([*BASE, "strategy=pipeline", "devices=2", "optimizer.lr=1e4", "trainer.max_steps=40",
-                       "trainer.log_every=4", "callbacks.checkpoint.every_n_steps=4"], tmp_path)
+                       "trainer.log_every=1", "callbacks.checkpoint.every_n_steps=1"], tmp_path)
     assert stopped.value.code == ExitCode.DIVERGED
     import json
 
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["status"] == "diverged" and summary["diverged"]["stopped_at"] < 40
-    for saved in (tmp_path / "checkpoints").glob("step_*"):
-        assert all(torch.isfinite(v).all() for v in load_model_state(saved).values() if v.is_floating_point()), saved
+    stopped_at = summary["diverged"]["stopped_at"]
+    assert summary["status"] == "diverged" and 1 < stopped_at < 40
+    saved = sorted((tmp_path / "checkpoints").glob("step_*"))
+    # a checkpoint every step: those before the non-finite one, each of finite weights, and none after
+    assert [int(s.name.split("_")[1]) for s in saved] == list(range(1, stopped_at))[-len(saved):] and saved
+    for checkpoint in saved:
+        state = load_model_state(checkpoint)
+        assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point()), checkpoint
 
 
 @pytest.mark.slow
+@pytest.mark.matrix(strategy="pipeline", precision="bf16")
 def test_bf16_autocast_pipelined_gives_one_processs_bf16_numbers(tmp_path):
     """bf16 autocast runs inside the schedule's forwards. Within bf16's rounding, not float32's: a
     microbatch's weight gradients are rounded to bf16 by its own matmuls, one process's by one over

@@ -7,7 +7,7 @@ one-process loss and gradients (tests/construction/test_pipeline_schedules.py); 
 rules are torch's own refusals, measured (1F1B: one microbatch per stage; DualPipeV: one per stage,
 counting both of a rank's; the interleaved ones: a multiple of their rounds), and checked against
 torch's schedules for every row at 2 and 4 ranks and 1 to 12 microbatches
-(tests/construction/test_schedule_table.py).
+(tests/strategy/test_pipeline_schedules_table.py).
 """
 from __future__ import annotations
 
