@@ -169,6 +169,7 @@ bench: $(BENCH_BIN)/.installed
 	$(BENCH_BIN)/python benchmarks/fault_tolerance.py
 	$(BENCH_BIN)/python benchmarks/data_prep.py
 	$(BENCH_BIN)/python benchmarks/nvme_offload.py
+	$(BENCH_BIN)/python benchmarks/chunked_loss.py
 	$(BENCH_BIN)/python benchmarks/front_page.py --run
 
 clean:

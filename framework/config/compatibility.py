@@ -63,6 +63,18 @@ RULES: list[Rule] = [
         "torch.compile does not trace; use trainer.compile=false, or a precision such as bf16 or 32.",
     ),
     Rule(
+        lambda p: p.loop.loss_chunked and p.strategy.pipelined,
+        lambda p: f"task.loss_chunk_tokens with strategy={_strat(p)} and pipeline stages: the last stage's loss is "
+        "computed by the schedule from that stage's whole logits (framework/strategy/mesh/pipeline/run.py), which "
+        "the chunked head does not reach; set task.loss_chunk_tokens=null, or use strategy=fsdp.",
+    ),
+    Rule(
+        lambda p: p.loop.loss_chunked and p.strategy.splits_layers and not p.strategy.pipelined,
+        lambda p: f"task.loss_chunk_tokens with strategy={_strat(p)}: under tensor parallelism the output head may be "
+        "split over the vocabulary (Hugging Face's plans split lm_head), and a chunk's loss would then need the "
+        "vocabulary-parallel cross-entropy, which is not built; set task.loss_chunk_tokens=null, or use strategy=fsdp.",
+    ),
+    Rule(
         lambda p: p.loop.adapter is not None and p.strategy.splits_layers,
         lambda p: f"adapter={p.loop.adapter} with strategy={_strat(p)}: the adapters wrap the very layers tensor "
         "parallelism splits, and their small matrices would have to be split the same way; use strategy=fsdp "

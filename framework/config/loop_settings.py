@@ -27,6 +27,7 @@ class LoopSettings:
     stage_split: bool = True  # the task says how a batch goes through pipeline stages (pipeline_split, summed_loss)
     # a Hugging Face mixture of experts: its routers watched as one pool over every layer (framework/models/hf_routers.py)
     pooled_routing: bool = False
+    loss_chunked: bool = False  # task.loss_chunk_tokens: the head and the loss by chunks (framework/tasks/chunked_loss.py)
 
 
 def loop_settings(cfg: DictConfig) -> LoopSettings:
@@ -43,7 +44,7 @@ def loop_settings(cfg: DictConfig) -> LoopSettings:
                         task=task.__name__, stage_split=getattr(task, "pipeline_split", None) is not None
                         and getattr(task, "summed_loss", None) is not None,
                         adapter=cfg.adapter._target_.rsplit(".", 1)[-1].lower() if cfg.get("adapter") else None,
-                        pooled_routing=hf_routed(cfg))
+                        pooled_routing=hf_routed(cfg), loss_chunked=cfg.task.get("loss_chunk_tokens") is not None)
 
 
 def hf_routed(cfg: DictConfig) -> bool:

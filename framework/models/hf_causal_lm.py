@@ -94,6 +94,7 @@ def hf_config(config: dict | None = None, config_dir: str | None = None, pretrai
         for key, value in fields.items():
             setattr(loaded, key, value)
         check_heads(loaded)
+        check_experts(loaded)
         return loaded
     model_type = fields.pop("model_type", None)
     if not model_type:
@@ -112,6 +113,7 @@ def hf_config(config: dict | None = None, config_dir: str | None = None, pretrai
     except (ValueError, StrictDataclassError) as err:
         raise ConfigError(f"model.config (model_type={model_type}): {str(err).splitlines()[0]}") from err
     check_heads(cfg)
+    check_experts(cfg)
     return cfg
 
 
@@ -173,6 +175,30 @@ def check_heads(cfg) -> None:
         raise ConfigError(f"model.config.num_key_value_heads={kv} does not divide model.config.{names['heads']}="
                           f"{heads}: key/value heads are shared by equal groups of attention heads; choose "
                           f"num_key_value_heads among {_divisors(heads)}.")
+
+
+def check_experts(cfg) -> None:
+    """A mixture of experts' routing fields, checked as the built-in GPT's model.moe is (top_k,
+    balance_coef): more experts per token than experts would fail in the router's first top-k, blamed
+    on the data, and a negative auxiliary-loss weight would reward imbalance and train on."""
+    experts_name = _field_name(cfg, ("num_local_experts", "num_experts"))
+    experts = getattr(cfg, experts_name, None) if experts_name else None
+    per_token = getattr(cfg, "num_experts_per_tok", None)
+    coef = getattr(cfg, "router_aux_loss_coef", None)
+    if not isinstance(per_token, int) or not isinstance(experts, int):
+        return  # not a mixture of experts (or a family that names its fields otherwise)
+    if experts < 1:
+        raise ConfigError(f"model.config.{experts_name}={experts}: a mixture of experts needs at least one expert "
+                          f"per layer; choose {experts_name} >= 1.")
+    if not 1 <= per_token <= experts:
+        raise ConfigError(f"model.config.num_experts_per_tok={per_token} is {'more' if per_token > experts else 'less'} "
+                          f"than {'model.config.' + experts_name + '=' + str(experts) if per_token > experts else '1'}: "
+                          f"each token is sent to num_experts_per_tok of the layer's {experts} experts; choose "
+                          f"num_experts_per_tok between 1 and {experts}.")
+    if isinstance(coef, (int, float)) and coef < 0:
+        raise ConfigError(f"model.config.router_aux_loss_coef={coef}: the balancing loss's weight must be 0 (none) "
+                          "or more; a negative weight rewards routing every token to the same experts. Choose "
+                          "router_aux_loss_coef >= 0 (the families' default: 0.001).")
 
 
 def _field_name(cfg, candidates: tuple[str, ...]) -> str | None:

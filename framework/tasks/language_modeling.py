@@ -18,8 +18,10 @@ from collections.abc import Mapping
 import torch
 from torch.nn import functional as F
 
+from framework.config.types import PositiveInt
 from framework.errors import ConfigError
 from framework.tasks.base import Task
+from framework.tasks.chunked_loss import chunked_head, scoring
 from framework.tasks.metrics import Metrics
 
 IGNORE_INDEX = -100
@@ -35,6 +37,18 @@ def output_logits(output) -> torch.Tensor:
                           "must return logits (B, T, vocab) as a tensor, a dict with 'logits' or an object with "
                           ".logits.")
     return logits
+
+
+def model_inputs_and_targets(batch) -> tuple[dict, torch.Tensor]:
+    """(the model's keyword inputs, each position's next-token label (B, T): -100 where none is
+    scored), the labels shifted before anything is cut (the last position predicts nothing)."""
+    if isinstance(batch, Mapping):
+        if "input_ids" not in batch:
+            raise ConfigError(f"task: a dict batch needs input_ids (it has {', '.join(batch)}).")
+        labels = batch.get("labels", batch["input_ids"])
+        return {k: v for k, v in batch.items() if k != "labels"}, F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
+    tokens, targets = batch
+    return {"input_ids": tokens}, targets
 
 
 def logits_and_targets(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,19 +70,43 @@ class LanguageModeling(Task):
 
     throughput_unit = "tokens"
 
-    def __init__(self, metrics: list | None = None):
+    def __init__(self, metrics: list | None = None, loss_chunk_tokens: PositiveInt | None = None):
         """metrics: torchmetrics metrics over the scored tokens besides loss and perplexity, e.g.
         [{metric: MulticlassAccuracy, top_k: 5, name: top5_accuracy}] (framework/tasks/metrics.py;
-        num_classes: the vocabulary)."""
+        num_classes: the vocabulary). loss_chunk_tokens: compute the output head and the loss this
+        many tokens at a time, never the whole logits (framework/tasks/chunked_loss.py); null: the
+        plain loss over the whole logits."""
         self.metrics = Metrics(metrics)
+        if loss_chunk_tokens is not None and metrics:
+            raise ConfigError("task.loss_chunk_tokens with task.metrics: the metrics are computed from the logits, "
+                              "which the chunked loss never makes whole; set task.metrics=[] or "
+                              "task.loss_chunk_tokens=null.")
+        self.loss_chunk_tokens = loss_chunk_tokens
+
+    def token_losses(self, model, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(each position's loss (N,), its target (N,)): through the chunked head where
+        task.loss_chunk_tokens is set, else from the whole logits."""
+        if self.loss_chunk_tokens is None:
+            logits, targets = logits_and_targets(model, batch)
+            return F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="none"), targets
+        inputs, targets = model_inputs_and_targets(batch)
+        with scoring(chunked_head(model, self.loss_chunk_tokens), targets):
+            losses = output_logits(model(**inputs))
+        return losses.reshape(-1), targets.reshape(-1)
 
     def training_step(self, model, batch) -> torch.Tensor:
+        if self.loss_chunk_tokens is not None:
+            losses, targets = self.token_losses(model, batch)
+            return losses.sum() / (targets != IGNORE_INDEX).sum().clamp(min=1)
         logits, targets = logits_and_targets(model, batch)
         return F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX)
 
     def training_sums(self, model, batch) -> tuple[torch.Tensor, torch.Tensor]:
         """The loss summed over the batch's scored tokens, and their number (the loop divides by the
         step's scored tokens on every rank: framework/tasks/base.py)."""
+        if self.loss_chunk_tokens is not None:
+            losses, targets = self.token_losses(model, batch)
+            return losses.sum(), (targets != IGNORE_INDEX).sum()
         logits, targets = logits_and_targets(model, batch)
         return F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum"), \
             (targets != IGNORE_INDEX).sum()
@@ -97,6 +135,9 @@ class LanguageModeling(Task):
                                ignore_index=IGNORE_INDEX, reduction="sum")
 
     def validation_step(self, model, batch) -> dict[str, torch.Tensor]:
+        if self.loss_chunk_tokens is not None:
+            losses, targets = self.token_losses(model, batch)
+            return {"loss_sum": losses.sum().double(), "tokens": (targets != IGNORE_INDEX).sum().double()}
         logits, targets = logits_and_targets(model, batch)
         loss_sum = F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")
         sums = {"loss_sum": loss_sum.double(), "tokens": (targets != IGNORE_INDEX).sum().double()}
@@ -110,8 +151,8 @@ class LanguageModeling(Task):
         """Each sequence's mean next-token loss over its scored tokens, its perplexity, and the
         number of tokens scored."""
         tokens = batch["input_ids"] if isinstance(batch, Mapping) else batch[0]
-        logits, targets = logits_and_targets(model, batch)
-        losses = F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="none").view(tokens.shape[0], -1)
+        losses, targets = self.token_losses(model, batch)
+        losses = losses.view(tokens.shape[0], -1)
         counts = (targets != IGNORE_INDEX).view(tokens.shape[0], -1).sum(dim=1)
         loss = losses.sum(dim=1) / counts.clamp(min=1)
         return {"loss": loss, "perplexity": loss.clamp(max=50.0).exp(), "tokens": counts}
