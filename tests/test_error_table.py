@@ -130,7 +130,6 @@ CASES = [
      "model.config.num_local_experts=0: a mixture of experts needs at least one expert per layer"),
     (TRAIN + ["model=hf_causal_lm", "model/config=olmoe", "model.config.router_aux_loss_coef=-1"],
      "model.config.router_aux_loss_coef=-1.0: the balancing loss's weight must be 0 (none) or more"),
-    (TRAIN + ["model.moe.num_experts=4", "model.moe.top_k=5"], "model.moe.top_k=5 is more than model.moe.num_experts=4"),
     (TRAIN + ["model=hf_causal_lm", "model.config.n_head=3"],
      "model.config.n_embd=128 is not divisible by model.config.n_head=3"),
     (FRAMEWORK + ["run", "hf_gpt2_text", "data.tokenizer={tmp}/nope.json"], "/nope.json': no such tokenizer.json"),
