@@ -64,13 +64,12 @@ def _placeholder(value: str) -> bool:
 
 def check_token(token: str, known: dict) -> str | None:
     """A problem with one whitespace-separated word of an inline code span, or None."""
-    token = token.strip(",;:()")
-    token = token.lstrip("+~")
-    if not token or "/" in token.split("=")[0] and "=" not in token or token.startswith("-"):
-        return None
+    token = token.strip(",;:()").lstrip("+~")
     name, eq, value = token.partition("=")
-    group = name.replace(".", "/") if name.replace(".", "/") in known["options"] else name
-    if eq and group in known["options"] and "." not in name or eq and name in ("model/config", "hydra/launcher"):
+    if not name or name.startswith("-") or ("/" in name and not eq):  # a flag, or a path (checked as one)
+        return None
+    if eq and name in known["options"]:  # group=option (model/config=llama too)
+        group = name
         value = value.strip("'\"")
         if not value or _placeholder(value) or value in ("null", "none"):
             return None

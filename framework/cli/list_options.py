@@ -19,6 +19,7 @@ from framework.config.compose import composer
 from framework.config.entry_points import REGISTERED, load_plugins, plugin_conf_dirs
 from framework.config.groups import PLUGIN_GROUPS
 from framework.config.targets import import_target, iter_target_nodes, missing_packages
+from framework.config.yaml_comments import yaml_description
 from framework.errors import ConfigError, ExitCode, UserError, did_you_mean, report
 from framework.paths import builtin_recipes, conf_dir
 from framework.preflight import prepare
@@ -33,20 +34,6 @@ class Option:
     description: str = ""
     problem: str | None = None  # why it cannot run here; None when it can
     note: str = ""  # e.g. a warning it would print, or "detected" for a cluster
-
-
-def yaml_description(path: Path) -> str:
-    """The leading comment of a YAML file, as one line."""
-    lines = []
-    for line in path.read_text().splitlines():
-        stripped = line.strip()
-        if not stripped.startswith("#"):
-            break
-        text = stripped.lstrip("#").strip()
-        if text.startswith("@package"):
-            continue
-        lines.append(text)
-    return " ".join(lines)
 
 
 def _first_sentence(text: str) -> str:

@@ -191,14 +191,14 @@ def check_experts(cfg) -> None:
         raise ConfigError(f"model.config.{experts_name}={experts}: a mixture of experts needs at least one expert "
                           f"per layer; choose {experts_name} >= 1.")
     if not 1 <= per_token <= experts:
-        raise ConfigError(f"model.config.num_experts_per_tok={per_token} is {'more' if per_token > experts else 'less'} "
-                          f"than {'model.config.' + experts_name + '=' + str(experts) if per_token > experts else '1'}: "
-                          f"each token is sent to num_experts_per_tok of the layer's {experts} experts; choose "
-                          f"num_experts_per_tok between 1 and {experts}.")
+        bound = f"more than model.config.{experts_name}={experts}" if per_token > experts else "less than 1"
+        raise ConfigError(f"model.config.num_experts_per_tok={per_token} is {bound}: each token is sent to "
+                          f"num_experts_per_tok of the layer's {experts} experts; choose num_experts_per_tok between 1 "
+                          f"and {experts}.")
     if isinstance(coef, (int, float)) and coef < 0:
         raise ConfigError(f"model.config.router_aux_loss_coef={coef}: the balancing loss's weight must be 0 (none) "
                           "or more; a negative weight rewards routing every token to the same experts. Choose "
-                          "router_aux_loss_coef >= 0 (the families' default: 0.001).")
+                          "router_aux_loss_coef >= 0.")
 
 
 def _field_name(cfg, candidates: tuple[str, ...]) -> str | None:

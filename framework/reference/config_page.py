@@ -21,8 +21,8 @@ from omegaconf import OmegaConf
 from framework.config import schema
 from framework.config.groups import LIST_GROUPS, PLUGIN_GROUPS
 from framework.config.targets import HYDRA_KEYS, SUPPLIED_BY_RUNNER, import_target, parameters
+from framework.config.yaml_comments import yaml_description, yaml_keys
 from framework.errors import ConfigError
-from framework.reference.yaml_keys import yaml_keys
 
 # Groups whose options are not `_target_` nodes of their own: a model family's fields (any field of
 # transformers' config of that model_type is accepted), Hydra's launcher and sweeper settings.
@@ -61,15 +61,17 @@ def type_name(hint) -> str:
     return f"{optional.group(1)} | None" if optional else text
 
 
+def as_yaml(value) -> str:
+    """A Python default as YAML writes it: null, true/false, the rest as printed."""
+    if value is None:
+        return "null"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def _default(param: inspect.Parameter) -> str:
     if param.default is inspect.Parameter.empty:
         return "required"
-    value = param.default
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    return repr(value) if isinstance(value, str) else str(value)
+    return repr(param.default) if isinstance(param.default, str) else as_yaml(param.default)
 
 
 def _is_mapping(hint) -> bool:
@@ -77,18 +79,7 @@ def _is_mapping(hint) -> bool:
     return hint is typing.Any or any(word in hint_text for word in ("dict", "Dict", "Mapping", "Any"))
 
 
-def _description(path: Path) -> str:
-    lines = []
-    for line in path.read_text().splitlines():
-        if not line.strip().startswith("#"):
-            break
-        text = line.strip().lstrip("#").strip()
-        if not text.startswith("@package"):
-            lines.append(text)
-    return " ".join(lines)
-
-
-def _target_keys(page: OptionPage, prefix: str, target_path: str, written: dict, group_key: str) -> None:
+def _target_keys(page: OptionPage, prefix: str, target_path: str, written: dict) -> None:
     """The keys of one `_target_` node: those the YAML writes, then the signature's others."""
     try:
         target = import_target(target_path, prefix)
@@ -98,7 +89,7 @@ def _target_keys(page: OptionPage, prefix: str, target_path: str, written: dict,
     params, hints, takes_kwargs = found if found else ({}, {}, True)
     page.target = page.target or target_path
     supplied = set().union(*(names for pattern, names in SUPPLIED_BY_RUNNER.items()
-                             if re.fullmatch(pattern.replace(".", r"\.").replace("*", ".*"), group_key)))
+                             if re.fullmatch(pattern.replace(".", r"\.").replace("*", ".*"), prefix)))
     for name, entry in written.items():
         hint = hints.get(name, params[name].annotation if name in params else inspect.Parameter.empty)
         page.keys.append(Key(f"{prefix}.{name}", entry.value or "(a mapping)", type_name(hint), entry.comment))
@@ -117,7 +108,7 @@ def _target_keys(page: OptionPage, prefix: str, target_path: str, written: dict,
 
 
 def option_page(group: str, path: Path) -> OptionPage:
-    page = OptionPage(group, path.stem, path, _description(path))
+    page = OptionPage(group, path.stem, path, yaml_description(path))
     entries = yaml_keys(path)
     by_path = {e.path: e for e in entries}
     if group in OPEN_GROUPS or group in GLOBAL_GROUPS:
@@ -146,7 +137,7 @@ def option_page(group: str, path: Path) -> OptionPage:
         for name, entry in written.items():
             page.keys.append(Key(f"{prefix}.{name}", entry.value or "(a mapping)", "", entry.comment))
         return page
-    _target_keys(page, prefix, target_path.value, written, prefix)
+    _target_keys(page, prefix, target_path.value, written)
     return page
 
 
@@ -174,8 +165,7 @@ def schema_keys(cls, prefix: str, values: dict, skip: tuple[str, ...] = ()) -> l
             value = f.default
         else:
             value = f.default_factory() if f.default_factory is not dataclasses.MISSING else "required"
-        text = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
-        keys.append(Key(f"{prefix}{f.name}", text, type_name(hints[f.name]), docs.get(f.name, "")))
+        keys.append(Key(f"{prefix}{f.name}", as_yaml(value), type_name(hints[f.name]), docs.get(f.name, "")))
     return keys
 
 

@@ -1,5 +1,6 @@
-"""The keys of a config YAML with the comments written above them, read from the text (a comment
-is documentation, which a YAML parser drops)."""
+"""What a config YAML's comments say, read from its text (a YAML parser drops them): the file's
+leading comment (its description: `framework list`, the config reference) and the comment above
+each key (the config reference)."""
 from __future__ import annotations
 
 import re
@@ -14,6 +15,19 @@ class YamlKey:
     path: str  # dotted, from the file's top level
     value: str  # the value as written ("" for a mapping)
     comment: str  # the comment lines directly above it, joined
+
+
+def yaml_description(path: Path) -> str:
+    """The leading comment of a YAML file, as one line (a `# @package` line left out)."""
+    lines = []
+    for line in path.read_text().splitlines():
+        stripped = line.strip()
+        if not stripped.startswith("#"):
+            break
+        text = stripped.lstrip("#").strip()
+        if not text.startswith("@package"):
+            lines.append(text)
+    return " ".join(lines)
 
 
 def yaml_keys(path: Path) -> list[YamlKey]:
