@@ -28,6 +28,8 @@ class LoopSettings:
     # a Hugging Face mixture of experts: its routers watched as one pool over every layer (framework/models/hf_routers.py)
     pooled_routing: bool = False
     loss_chunked: bool = False  # task.loss_chunk_tokens: the head and the loss by chunks (framework/tasks/chunked_loss.py)
+    sequence_split: bool = False  # the task's batches may be split along the sequence (context parallelism)
+    sequence_length: int | None = None  # data.block_size: the positions of a batch's rows
 
 
 def loop_settings(cfg: DictConfig) -> LoopSettings:
@@ -44,7 +46,9 @@ def loop_settings(cfg: DictConfig) -> LoopSettings:
                         task=task.__name__, stage_split=getattr(task, "pipeline_split", None) is not None
                         and getattr(task, "summed_loss", None) is not None,
                         adapter=cfg.adapter._target_.rsplit(".", 1)[-1].lower() if cfg.get("adapter") else None,
-                        pooled_routing=hf_routed(cfg), loss_chunked=cfg.task.get("loss_chunk_tokens") is not None)
+                        pooled_routing=hf_routed(cfg), loss_chunked=cfg.task.get("loss_chunk_tokens") is not None,
+                        sequence_split=bool(getattr(task, "sequence_split", False)),
+                        sequence_length=cfg.data.get("block_size"))
 
 
 def hf_routed(cfg: DictConfig) -> bool:

@@ -189,13 +189,14 @@ class FitLoop:
         strategy = self.strategy
         if self.utilization.waiting:
             self.utilization.see(batch)
+        items = self.task.batch_size(batch)  # the whole batch's (a context-parallel rank gets a share of it)
         batch = strategy.batch_to_device(batch)
         with strategy.no_backward_sync(self.model, skip=not self._ends_step(self.state.batch_in_epoch + 1)):
             loss, logged = strategy.forward_backward(self.model, self.task, batch, group, scale, self._loss_of)
         self.guard.observe_loss(loss)
         if self.replicas.replica_groups > 1:  # logged as train/replicas: a mean per batch, like the loss
             self._window.add_values({"replicas": float(self.replicas.participants)})
-        self._step.add(logged, self.task.batch_size(batch))
+        self._step.add(logged, items)
         self.state.batch_in_epoch += 1
 
     def _begin_step(self) -> StepOutcome | None:

@@ -110,6 +110,9 @@ class GPT(nn.Module):
     #: what strategy=pipeline cuts into stages (framework/construction/stage_modules.py): the Blocks,
     #: the embeddings on the first stage, the final norm and head on the last (`pipeline_stage`)
     pipeline_layers = "blocks"
+    #: set by context parallelism (framework/strategy/mesh/context.py): position_ids are the global
+    #: positions of this rank's share of each sequence, and the attention's mask is built there
+    sequence_split = False
 
     def __init__(self, vocab_size: PositiveInt = 256, block_size: PositiveInt = 128, n_layer: PositiveInt = 4,
                  n_head: PositiveInt = 4, n_embd: PositiveInt = 128, dropout: NonNegativeFloat = 0.0,
@@ -161,7 +164,7 @@ class GPT(nn.Module):
         mask = None
         if position_ids is not None:
             pos = position_ids
-            mask = packed_mask(position_ids)
+            mask = None if self.sequence_split else packed_mask(position_ids)
         else:
             pos = torch.arange(start, start + t, device=input_ids.device)
         x = self.drop(self.tok_emb(input_ids) + self.pos_emb(pos))

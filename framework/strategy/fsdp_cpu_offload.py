@@ -2,10 +2,10 @@
 strategy, framework/strategy/mesh/, with fsdp's keys)."""
 from __future__ import annotations
 
-from framework.strategy.fsdp import FSDPStrategy
+from framework.strategy.mesh.strategy import MeshStrategy
 
 
-class FSDPCPUOffloadStrategy(FSDPStrategy):
+class FSDPCPUOffloadStrategy(MeshStrategy):
     """FSDP2 whose sharded parameters, gradients and optimizer state live in CPU memory; each unit
     is copied to the device to compute. Trades speed for device memory."""
 

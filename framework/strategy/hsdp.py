@@ -8,11 +8,11 @@ from __future__ import annotations
 from typing import Literal
 
 from framework.config.types import PositiveInt
-from framework.strategy.fsdp import FSDPStrategy
 from framework.strategy.mesh.dims import DimsSettings
+from framework.strategy.mesh.strategy import MeshStrategy
 
 
-class HSDPStrategy(FSDPStrategy):
+class HSDPStrategy(MeshStrategy):
     """FSDP2 with a 2-D mesh (fully_shard's hybrid mode). Everything else is fsdp's: units,
     sharded from birth, mixed precision, checkpoints that move to any strategy."""
 
@@ -21,6 +21,6 @@ class HSDPStrategy(FSDPStrategy):
     def __init__(self, *args, shard_size: PositiveInt | Literal["auto"] = "auto", **kwargs):
         """shard_size: ranks that shard the states among them ('auto': the devices of one node);
         it must divide the ranks of a node, so that no shard group spans two nodes. The other keys:
-        fsdp's (framework/strategy/fsdp.py)."""
+        the mesh strategy's (framework/strategy/mesh/strategy.py)."""
         super().__init__(*args, dims=DimsSettings(shard=shard_size), **kwargs)
         self.shard_size = shard_size

@@ -9,11 +9,14 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class DataParallel:
     """The data dealt in `size` shares, this rank computing share `rank`; `reports`: whether its
-    scored samples and predictions count (one rank of each group that computes the same batch)."""
+    scored samples and predictions count (one rank of each group that computes the same batch;
+    every rank of a context-parallel group, whose scores are parts of one batch's); `whole_rows`:
+    whether it sees whole rows (False: each sequence split over a context-parallel group)."""
 
     size: int
     rank: int
     reports: bool = True
+    whole_rows: bool = True
 
 
 @dataclass(frozen=True)

@@ -10,17 +10,15 @@ from typing import Literal
 
 from framework.config.types import PositiveInt
 from framework.errors import ConfigError
-from framework.strategy.fsdp import FSDPStrategy
 from framework.strategy.mesh.dims import DimsSettings
 from framework.strategy.mesh.pipeline.settings import PipelineSettings
+from framework.strategy.mesh.strategy import MeshStrategy
 from framework.strategy.mesh.tensor_parallel import TensorParallelSettings
 
-#: the pipeline's keys and their defaults here (conf/strategy/model_parallel.yaml); they act only
-#: with pipeline_parallel_size > 1
-PIPELINE_KEYS = {"schedule": "1f1b", "microbatches": "auto", "stages_per_rank": 1, "layers_per_stage": None}
+DEFAULT = PipelineSettings()  # the pipeline keys' defaults, written once (they act only with stages)
 
 
-class ModelParallelStrategy(FSDPStrategy):
+class ModelParallelStrategy(MeshStrategy):
     """FSDP2 x tensor parallelism (Lightning's ModelParallelStrategy, torchtitan's FSDP x TP), x
     pipeline stages with `pipeline_parallel_size` > 1 (torchtitan's PP x FSDP x TP)."""
 
@@ -29,8 +27,9 @@ class ModelParallelStrategy(FSDPStrategy):
     def __init__(self, *args, tensor_parallel_size: PositiveInt | Literal["auto"] = "auto",
                  data_parallel_size: PositiveInt | Literal["auto"] = "auto", sequence_parallel: bool = False,
                  tp_plan: dict[str, str] | None = None, pipeline_parallel_size: PositiveInt = 1,
-                 schedule: str = "1f1b", microbatches: PositiveInt | Literal["auto"] = "auto",
-                 stages_per_rank: PositiveInt = 1, layers_per_stage: list[int] | None = None, **kwargs):
+                 schedule: str = DEFAULT.schedule, microbatches: PositiveInt | Literal["auto"] = DEFAULT.microbatches,
+                 stages_per_rank: PositiveInt = DEFAULT.stages_per_rank,
+                 layers_per_stage: list[int] | None = DEFAULT.layers_per_stage, **kwargs):
         """tensor_parallel_size: ranks that split each layer ('auto': the devices of one node, so
         the layers' frequent collectives stay on the fast link; with stages: as many as the ranks
         over pipeline_parallel_size x data_parallel_size allow); data_parallel_size: groups that
@@ -42,24 +41,24 @@ class ModelParallelStrategy(FSDPStrategy):
         pipeline_parallel_size: ranks a batch passes through, one stage group each (1: no
         pipeline); schedule, microbatches, stages_per_rank, layers_per_stage: the pipeline's
         (conf/strategy/pipeline.yaml says what each does), only with pipeline_parallel_size > 1.
-        The fsdp keys apply to the data-parallel sharding."""
+        The mesh strategy's keys (framework/strategy/mesh/strategy.py) apply to the
+        data-parallel sharding."""
         given = {"schedule": schedule, "microbatches": microbatches, "stages_per_rank": stages_per_rank,
                  "layers_per_stage": layers_per_stage}
-        pipeline = None
+        pipeline = PipelineSettings(schedule, microbatches, stages_per_rank,
+                                    None if layers_per_stage is None else tuple(layers_per_stage))
         if pipeline_parallel_size == 1:
             for key, value in given.items():
-                if value != PIPELINE_KEYS[key]:
+                if value != getattr(DEFAULT, key):
                     raise ConfigError(f"strategy.{key}={value} sets the pipeline, but strategy.pipeline_parallel_size "
                                       "is 1 (no stages); set strategy.pipeline_parallel_size to the number of pipeline "
                                       f"ranks, or drop strategy.{key}.")
-        else:
-            if sequence_parallel:
-                raise ConfigError(f"strategy.sequence_parallel=true with strategy.pipeline_parallel_size="
-                                  f"{pipeline_parallel_size}: pipeline stages pass whole activations between them, "
-                                  "not a sequence split over the tensor-parallel ranks; set "
-                                  "strategy.sequence_parallel=false, or strategy.pipeline_parallel_size=1.")
-            pipeline = PipelineSettings(schedule, microbatches, stages_per_rank,
-                                        None if layers_per_stage is None else tuple(layers_per_stage))
+            pipeline = None
+        elif sequence_parallel:
+            raise ConfigError(f"strategy.sequence_parallel=true with strategy.pipeline_parallel_size="
+                              f"{pipeline_parallel_size}: pipeline stages pass whole activations between them, "
+                              "not a sequence split over the tensor-parallel ranks; set "
+                              "strategy.sequence_parallel=false, or strategy.pipeline_parallel_size=1.")
         plan = None if tp_plan is None else dict(tp_plan)
         super().__init__(*args, dims=DimsSettings(pipeline=pipeline_parallel_size, data_parallel=data_parallel_size,
                                                   tensor=tensor_parallel_size),

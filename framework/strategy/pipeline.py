@@ -15,13 +15,15 @@ from __future__ import annotations
 from typing import Literal
 
 from framework.config.types import PositiveInt
-from framework.strategy.fsdp import FSDPStrategy
 from framework.strategy.mesh.dims import DimsSettings
 from framework.strategy.mesh.pipeline.settings import PipelineSettings
+from framework.strategy.mesh.strategy import MeshStrategy
 from framework.strategy.mesh.tensor_parallel import TensorParallelSettings
 
+DEFAULT = PipelineSettings()
 
-class PipelineStrategy(FSDPStrategy):
+
+class PipelineStrategy(MeshStrategy):
     """Pipeline stages over `pipeline_parallel_size` ranks x FSDP2 over the data-parallel ranks x
     tensor parallelism within each stage (torchtitan's PP x FSDP x TP; tensor_parallel_size 1 by
     default)."""
@@ -29,8 +31,9 @@ class PipelineStrategy(FSDPStrategy):
     name = "pipeline"
 
     def __init__(self, *args, pipeline_parallel_size: PositiveInt | Literal["auto"] = "auto",
-                 schedule: str = "1f1b", microbatches: PositiveInt | Literal["auto"] = "auto",
-                 stages_per_rank: PositiveInt = 1, layers_per_stage: list[int] | None = None,
+                 schedule: str = DEFAULT.schedule, microbatches: PositiveInt | Literal["auto"] = DEFAULT.microbatches,
+                 stages_per_rank: PositiveInt = DEFAULT.stages_per_rank,
+                 layers_per_stage: list[int] | None = DEFAULT.layers_per_stage,
                  tensor_parallel_size: PositiveInt | Literal["auto"] = 1,
                  data_parallel_size: PositiveInt | Literal["auto"] = "auto", tp_plan: dict[str, str] | None = None,
                  **kwargs):
@@ -43,8 +46,8 @@ class PipelineStrategy(FSDPStrategy):
         ranks that split each stage's layers (1: none; 'auto': the devices of one node that the ranks
         over pipeline_parallel_size x data_parallel_size allow), by the model's plan or tp_plan (as
         under strategy=model_parallel); data_parallel_size: groups that read different batches
-        ('auto': the ranks the other two leave). The fsdp keys apply to the data-parallel sharding
-        of each stage."""
+        ('auto': the ranks the other two leave). The mesh strategy's keys (framework/strategy/mesh/strategy.py) apply to
+        the data-parallel sharding of each stage."""
         pipeline = PipelineSettings(schedule, microbatches, stages_per_rank,
                                     None if layers_per_stage is None else tuple(layers_per_stage))
         plan = None if tp_plan is None else dict(tp_plan)

@@ -5,7 +5,8 @@ Two batch shapes are accepted:
 - a dict with `input_ids` and optionally `attention_mask` and `labels` (Hugging Face's
   convention, framework/data/text_files.py): the model is called with every key but `labels`, and
   position t predicts label t+1 (labels default to input_ids; -100 marks tokens not scored, e.g.
-  padding).
+  padding); or with `shift_labels` instead, each position's own next-token label already (a rank's
+  share of each sequence under context parallelism: framework/strategy/mesh/context.py).
 
 The model may return logits (B, T, vocab) as a tensor, a dict with "logits", or an object with a
 `.logits` attribute (a `transformers` ModelOutput).
@@ -45,6 +46,8 @@ def model_inputs_and_targets(batch) -> tuple[dict, torch.Tensor]:
     if isinstance(batch, Mapping):
         if "input_ids" not in batch:
             raise ConfigError(f"task: a dict batch needs input_ids (it has {', '.join(batch)}).")
+        if "shift_labels" in batch:  # shifted already (a share of each sequence: context parallelism)
+            return {k: v for k, v in batch.items() if k != "shift_labels"}, batch["shift_labels"]
         labels = batch.get("labels", batch["input_ids"])
         return {k: v for k, v in batch.items() if k != "labels"}, F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
     tokens, targets = batch
@@ -53,7 +56,10 @@ def model_inputs_and_targets(batch) -> tuple[dict, torch.Tensor]:
 
 def logits_and_targets(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits, targets) aligned position by position, flattened to (N, vocab) and (N,)."""
-    if isinstance(batch, Mapping):
+    if isinstance(batch, Mapping) and "shift_labels" in batch:
+        inputs, targets = model_inputs_and_targets(batch)
+        logits = output_logits(model(**inputs))
+    elif isinstance(batch, Mapping):
         if "input_ids" not in batch:
             raise ConfigError(f"task: a dict batch needs input_ids (it has {', '.join(batch)}).")
         labels = batch.get("labels", batch["input_ids"])
@@ -69,6 +75,9 @@ class LanguageModeling(Task):
     """Cross-entropy of the next token over the tokens not marked -100."""
 
     throughput_unit = "tokens"
+    #: its batches may be split along the sequence (context parallelism: framework/strategy/mesh/context.py):
+    #: a dict batch's `shift_labels` are each position's next-token label, shifted before the split
+    sequence_split = True
 
     def __init__(self, metrics: list | None = None, loss_chunk_tokens: PositiveInt | None = None):
         """metrics: torchmetrics metrics over the scored tokens besides loss and perplexity, e.g.
@@ -113,6 +122,8 @@ class LanguageModeling(Task):
 
     def scored_count(self, batch) -> int:
         """Tokens the loss scores in `batch`: every next token whose label is not -100."""
+        if isinstance(batch, Mapping) and "shift_labels" in batch:
+            return int((batch["shift_labels"] != IGNORE_INDEX).sum())
         if isinstance(batch, Mapping):
             labels = batch.get("labels", batch.get("input_ids"))
             return int((labels[:, 1:] != IGNORE_INDEX).sum())

@@ -8,8 +8,9 @@ first: pipeline, replicate, shard, tensor (a rank's neighbours on the innermost 
 closest: one node's devices for the tensor-parallel group). `expert` ranks are borrowed from the
 shard dimension (torchtitan's way): consecutive shard ranks of one stage group and one tensor place
 spread a mixture of experts' experts among them (framework/strategy/mesh/experts.py), on a mesh of
-their own. `context` is reserved:
-always 1 until a layout uses it.
+their own. `context` ranks split every sequence of their group's batch between them
+(framework/strategy/mesh/context.py); they read the same batches, and FSDP shards over shard x
+context.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from framework.strategy.base import DataParallel
 Size = Union[int, Literal["auto"]]
 
 #: the mesh's dimensions, outermost first
-DIMS = ("pipeline", "replicate", "shard", "tensor")
+DIMS = ("pipeline", "replicate", "shard", "context", "tensor")
 
 
 @dataclass(frozen=True)
@@ -41,12 +42,20 @@ class ParallelDims:
 
     @property
     def world_size(self) -> int:
-        return self.pipeline * self.replicate * self.shard * self.tensor
+        return self.pipeline * self.replicate * self.shard * self.context * self.tensor
 
     @property
     def data_parallel(self) -> int:
         """Groups that read different batches: the replicas times the shards of each."""
         return self.replicate * self.shard
+
+    def token_ranks(self, group_of):
+        """The ranks that read different tokens, where not the whole world: None where they are
+        (no tensor ranks, no stages), "single" where each rank alone, else `group_of()` (the
+        data-parallel x context ranks' group)."""
+        if self.tensor == 1 and self.pipeline == 1:
+            return None
+        return "single" if self.shard * self.context == 1 else group_of()
 
     def coordinates(self, rank: int) -> dict[str, int]:
         """`rank`'s place on each dimension (row-major over DIMS)."""
@@ -58,11 +67,12 @@ class ParallelDims:
         return place
 
     def data_share(self, rank: int) -> DataParallel:
-        """`rank`'s share of the data: the ranks of one pipeline and of one tensor-parallel group
-        compute the same batches; the first of them (first stage, first tensor rank) reports."""
+        """`rank`'s share of the data: the ranks of one pipeline, of one context group and of one
+        tensor-parallel group compute the same batches; the first stage's first tensor ranks report
+        (each context rank its part of the scores)."""
         at = self.coordinates(rank)
         return DataParallel(self.data_parallel, at["replicate"] * self.shard + at["shard"],
-                         at["pipeline"] == 0 and at["tensor"] == 0)
+                            at["pipeline"] == 0 and at["tensor"] == 0, whole_rows=self.context == 1)
 
     def mesh_dims(self, always: tuple[str, ...] = ("shard",)) -> tuple[tuple[str, ...], tuple[int, ...]]:
         """The device mesh's dimension names and sizes: those in `always` (shard: FSDP2 shards over
@@ -93,6 +103,8 @@ class ParallelDims:
             parts.append(f"{self.replicate} replica(s) x {self.shard} shard(s)")
         else:
             parts.append(f"{self.shard} data-parallel")
+        if self.context > 1:
+            parts.append(f"{self.context} context-parallel")
         if self.tensor > 1:
             parts.append(f"{self.tensor} tensor-parallel")
         experts = f", experts spread over groups of {self.expert}" if self.expert > 1 else ""
@@ -108,16 +120,29 @@ class DimsSettings:
     strategy.tensor_parallel_size ('auto': the devices of one node the others allow, 1 when the
     pipeline is 'auto'); shard: strategy.shard_size (None: the data-parallel ranks all shard, no
     replicas; 'auto': one node's devices); expert: strategy.expert_parallel_size (ranks of the
-    shard dimension that spread a mixture of experts' experts; 'auto' tensor is then 1)."""
+    shard dimension that spread a mixture of experts' experts; 'auto' tensor is then 1); context:
+    strategy.context_parallel_size (ranks that split every sequence; taken before the others are
+    resolved, from the ranks and from each node's devices)."""
 
     pipeline: Size = 1
     data_parallel: Size = "auto"
     tensor: Size = 1
     shard: Size | None = None
     expert: int = 1
+    context: int = 1
 
     def resolve(self, world_size: int, devices: int) -> ParallelDims:
         """The sizes for `world_size` ranks of `devices` per node; ConfigError naming the keys."""
+        if world_size % self.context:
+            raise ConfigError(f"strategy.context_parallel_size={self.context} does not divide the {world_size} ranks "
+                              "(devices x num_nodes); choose a size that divides them.")
+        if self.context > 1:
+            try:
+                rest = replace(self, context=1).resolve(world_size // self.context, max(devices // self.context, 1))
+            except ConfigError as err:
+                raise ConfigError(f"{err} (strategy.context_parallel_size={self.context} takes its share first: "
+                                  f"{world_size} ranks / {self.context})") from None
+            return replace(rest, context=self.context)
         tensor = 1 if self.expert > 1 and self.tensor == "auto" else self.tensor  # the experts take the ranks
         pp, dp, tp = _pipeline_data_tensor(world_size, devices, self.pipeline, self.data_parallel, tensor)
         if self.shard is None:

@@ -16,12 +16,15 @@ reduce-scatter averages the other parameters'.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch.distributed as dist
 from torch import nn
 
 from framework.console import human_bytes
 from framework.errors import ConfigError
 from framework.strategy.mesh import hf_experts
+from framework.strategy.mesh.applier import Applier
 
 EXPERT_WEIGHTS = ("w1", "b1", "w2", "b2")
 
@@ -165,3 +168,81 @@ def describe(model: nn.Module, expert: int, tokens: int = 0, element_bytes: int 
     copies = tokens * round(fraction * n)
     sent = 4 * copies * width * element_bytes * len(layers) * (expert - 1) / expert
     return line + f", about {human_bytes(sent)} sent per rank per step (even routing)"
+
+
+class ExpertApplier(Applier):
+    """A mixture of experts' experts spread over `expert` ranks borrowed from the shard dimension;
+    FSDP leaves them alone, their gradients finished once a step (before clipping or stepping)."""
+
+    norm_by_hand = True
+
+    def __init__(self, strategy, dims):
+        super().__init__(strategy, dims)
+        self.spread: ExpertParallel | None = None
+        self.parameters: set = set()
+
+    @classmethod
+    def wanted(cls, strategy, dims) -> bool:
+        return dims is not None and dims.expert > 1
+
+    def problems(self, model):
+        if model is None:
+            return []
+        if self.strategy.cpu_offload:
+            return [f"strategy={self.strategy.name} with cpu_offload and expert_parallel_size={self.dims.expert}: the "
+                    "experts are spread, not sharded by FSDP, and would stay on the device; drop one of them."]
+        return expert_problems(model, self.dims.expert, self.dims.tensor, self.dims.pipeline)
+
+    def lines(self, model):
+        if self.strategy.pipeline is not None:
+            return []  # the pipeline's lines say the mesh
+        if model is None:
+            return [f"mesh: {self.dims.describe()}"]
+        loop = self.strategy.loop_settings
+        tokens = loop.micro_batch_size * loop.accumulate * getattr(model, "block_size", 0)
+        return [f"mesh: {self.dims.describe()}", describe(model, self.dims.expert, tokens)]
+
+    def layout(self, layout, model):
+        if model is None or self.strategy.pipeline is not None:  # a pipeline rank's count holds its experts
+            return layout
+        return replace(layout, spread_parameters=trainable(model), spread_ranks=self.dims.expert)
+
+    def units(self, units, model):
+        owned = expert_parameters(model)
+        inside = [sum(p.numel() for p in unit.parameters() if p in owned) for unit in units.modules]
+        return replace(units, gathered=[n - e for n, e in zip(units.gathered, inside + [0])])
+
+    def apply(self, model):
+        s, dims = self.strategy, self.dims
+        # the tokens counted over the data-parallel ranks (not the tensor ranks or other stages)
+        tokens = s.token_group() or "default"
+        mesh = dims.build_expert_mesh(s.root_device.type, tensor_dim=not expert_layers(model))
+        self.spread = apply_expert_parallel(model, mesh, tokens, dims.data_parallel)
+        self.parameters = expert_parameters(model)
+        s._say(f"{s.name}: {describe(model, dims.expert)}")
+
+    def ignored_parameters(self):
+        return self.parameters
+
+    def before_clip(self, model):
+        self.spread.finish_gradients()
+
+    def before_step(self):
+        self.spread.finish_gradients()
+
+    def after_zero_grad(self):
+        self.spread.finished = False
+
+
+class RoutingApplier(Applier):
+    """Without expert parallelism: a mixture of experts' routing statistics counted over the ranks
+    that read different tokens, where those are not the whole world (tensor ranks and stages)."""
+
+    @classmethod
+    def wanted(cls, strategy, dims) -> bool:
+        return dims is not None and dims.expert == 1
+
+    def apply(self, model):
+        group = self.strategy.token_group()
+        if group is not None:
+            token_groups(model, None if group == "single" else group)

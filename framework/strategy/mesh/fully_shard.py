@@ -4,10 +4,15 @@ shard by shard with the initialisation an ordinary build makes (framework/constr
 a pipeline rank's stages: framework/strategy/mesh/pipeline/run.py)."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+from dataclasses import replace
+
 import torch
+from torch.distributed.device_mesh import DeviceMesh
 
 from framework.construction.meta_init import InitLog, replay
 from framework.construction.units import Units
+from framework.strategy.mesh.applier import Applier
 from framework.tensors import write_part
 
 
@@ -51,3 +56,62 @@ def materialise(model: torch.nn.Module, log: InitLog, device: torch.device) -> N
         write_part(full.to(target.dtype), target)
 
     replay(log, write)
+
+
+def data_mesh(mesh, replicated: bool):
+    """The mesh FSDP2 shards over: the shard dimension, flattened with the context dimension where
+    there is one (a context group's ranks hold different positions, so they shard the states too,
+    as torchtitan's dp_shard_cp), with the replicate dimension outside it under hybrid sharding."""
+    names = mesh.mesh_dim_names
+    inner = mesh[("shard", "context")]._flatten("shard_context") if "context" in names else mesh["shard"]
+    if not replicated:
+        return inner
+    return DeviceMesh._concatenate([mesh["replicate"], inner])
+
+
+class ShardingApplier(Applier):
+    """FSDP2 over the data-parallel (x context) ranks, after the layers are split: each unit, then
+    each root (the model, or a pipeline rank's stages)."""
+
+    def __init__(self, strategy, dims):
+        super().__init__(strategy, dims)
+        self.pipelined = strategy.pipeline is not None  # the schedule defers the reduction itself
+
+    @classmethod
+    def wanted(cls, strategy, dims) -> bool:
+        # a pipeline with one data-parallel rank has nothing to shard its stages over
+        return strategy.pipeline is None or dims is None or dims.data_parallel > 1
+
+    def lines(self, model):
+        d = self.dims
+        if d.replicate == 1:
+            return []
+        return [f"mesh: {d.replicate} replica(s) x {d.shard} shard(s): the states are sharded over {d.shard} rank(s) "
+                f"and replicated {d.replicate} time(s)"]
+
+    def layout(self, layout, model):
+        d = self.dims  # hybrid: the states divided over one shard group (x its context ranks)
+        return replace(layout, state_shards=d.shard * d.context) if d.replicate > 1 else layout
+
+    def apply(self, model):
+        s, d = self.strategy, self.dims
+        if d.replicate > 1:
+            s._say(f"{s.name}: {self.lines(None)[0]}")
+        units = s.units(model)
+        roots = s.roots(model)
+        if not self.pipelined:
+            s._say(f"{s.name}: sharding units: {units.describe()}")
+        kwargs = shard_kwargs(data_mesh(s.mesh, d.replicate > 1), s.precision, s.reshard_after_forward,
+                              s.cpu_offload, s.root_device, s.ignored_parameters())
+        apply_fully_shard(roots, units, kwargs)
+
+    def no_sync(self, model, skip):
+        if self.pipelined:
+            return None
+
+        @contextmanager
+        def toggled():
+            model.set_requires_gradient_sync(not skip)
+            yield
+
+        return toggled()

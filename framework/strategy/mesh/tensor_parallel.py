@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from framework.construction import tensor_parallel
+from framework.strategy.mesh.applier import Applier
 
 
 @dataclass(frozen=True)
@@ -53,3 +54,46 @@ def apply_tensor_parallel(model: torch.nn.Module, mesh, plan: tuple[dict[str, st
     rules, source = plan
     split = tensor_parallel.parallelize(model, mesh, rules, sequence_parallel)
     return (f"{len(split)} modules split by {source}" + (" with sequence parallelism" if sequence_parallel else ""))
+
+
+class TensorApplier(Applier):
+    """Layers split over the mesh's tensor dimension: the plan read from the whole model (before a
+    pipeline cuts it), applied first; the norm and the checkpoint state then taken by hand."""
+
+    norm_by_hand = True
+    state_by_hand = True
+    splits_layers = True
+
+    def __init__(self, strategy, dims):
+        super().__init__(strategy, dims)
+        self.settings: TensorParallelSettings = strategy.tensor
+        self.plan: tuple[dict[str, str], str] | None = None
+
+    @classmethod
+    def wanted(cls, strategy, dims) -> bool:
+        if dims is None:  # unresolvable sizes (problems() reports them): as the key says
+            return strategy.dims_settings.tensor not in (1, "auto")
+        return dims.tensor > 1
+
+    def problems(self, model):
+        if model is None:
+            return []
+        label = f"auto ({self.dims.tensor})" if self.strategy.dims_settings.tensor == "auto" else str(self.dims.tensor)
+        return self.settings.problems(model, self.dims.tensor, label)
+
+    def lines(self, model):
+        if self.dims.expert > 1 or self.strategy.pipeline is not None:
+            return []  # the experts' or the pipeline's lines say the mesh
+        lines = [f"mesh: {self.dims.describe()}: each batch computed by {self.dims.tensor} rank(s) together, the states "
+                 "of the split layers divided over every rank, the rest over the data-parallel ranks (the estimate "
+                 "below divides all of them by every rank)"]
+        return lines + ([self.settings.describe(model)] if model is not None else [])
+
+    def build(self, model):
+        self.plan = self.settings.plan(model)  # the whole model's (its class names the source)
+        return model
+
+    def apply(self, model):
+        done = apply_tensor_parallel(model, self.strategy.mesh["tensor"], self.plan or self.settings.plan(model),
+                                     self.settings.sequence_parallel)
+        self.strategy._say(f"{self.strategy.name}: {self.dims.describe()}; {done}")

@@ -1,0 +1,143 @@
+"""What every part of a mesh layout looks like: an applier.
+
+A layout is the resolved parallel dims (dims.py) plus the appliers that the dims call for, run in
+one fixed order (strategy.py's ORDER). Each applier is a small object in a file of its own with the
+surface below, all optional; the mesh strategy loops over them and never asks which dimension is
+there. Adding a dimension: one applier file, one entry in ORDER, one field of the settings.
+
+Before launch: `problems` (its refusals, each naming the key and the fix), `lines` (what
+`framework plan` prints), `layout` (what it changes of the memory estimate's layout).
+Building, in the order of ORDER: `build` (the model on the meta device: a pipeline cuts it), then
+in the workers `apply` (tensor parallelism splits layers, FSDP shards...), `materialise` (the one
+applier that knows how this rank's tensors are allocated, else the plain way), `finish`.
+A step: `batch` (a rank's share of the batch), `loss_weight`, `runs_step`/`forward_backward` (a
+schedule that runs the passes itself), `no_sync`, `before_clip`, and the clip's `norm_by_hand`,
+`counted`, `norm_group`; `before_step`, `after_zero_grad`.
+Checkpoints: `state_by_hand`, `merge_model_state`, `merge_optimizer_state`, `load_model_state`,
+`optimizer_state_to_load`.
+What the layout can do (the compatibility table reads these through the strategy): a strategy can
+do a thing when every one of its appliers can.
+"""
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+
+import torch
+
+from framework.strategy.layout import Layout
+
+
+class Applier:
+    """One part of a mesh layout; `strategy` is the mesh strategy it belongs to (its settings, dims,
+    mesh, precision and device), `dims` the resolved dims it was chosen for."""
+
+    #: runs each micro-batch's forward and backward itself (a pipeline schedule)
+    runs_step = False
+    #: the gradient norm is taken by hand (parameters on several meshes, or stages)
+    norm_by_hand = False
+    #: checkpoint state gathered tensor by tensor (split layers, stages), not by DCP's full state
+    state_by_hand = False
+    #: dims kept on the device mesh at size 1 too
+    mesh_dims: tuple[str, ...] = ()
+    # what a layout with this applier can do
+    supports_manual_optimization = True
+    supports_loss_scaling = True
+    passes_position_ids = True
+    supports_sharded_state = True
+    splits_layers = False
+
+    def __init__(self, strategy, dims):
+        self.strategy, self.dims = strategy, dims
+
+    @classmethod
+    def wanted(cls, strategy, dims) -> bool:
+        """Whether a layout of `dims` under `strategy`'s settings has this applier."""
+        return True
+
+    # ---- before launch -----------------------------------------------------------------------
+    def problems(self, model: torch.nn.Module | None) -> list[str]:
+        return []
+
+    def lines(self, model: torch.nn.Module | None) -> list[str]:
+        return []
+
+    def layout(self, layout: Layout, model: torch.nn.Module | None) -> Layout:
+        return layout
+
+    def units(self, units, model: torch.nn.Module):
+        """The sharding units as this applier leaves them (experts: not gathered)."""
+        return units
+
+    # ---- building ------------------------------------------------------------------------------
+    def build(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model
+
+    def apply(self, model: torch.nn.Module) -> None:
+        pass
+
+    def roots(self, model: torch.nn.Module) -> list[torch.nn.Module] | None:
+        """The modules FSDP shards as roots, where not the model (a pipeline rank's stages)."""
+        return None
+
+    def ignored_parameters(self) -> set:
+        """Parameters FSDP must leave alone (placed by this applier)."""
+        return set()
+
+    def materialise(self, model: torch.nn.Module, log, device: torch.device) -> bool:
+        """Allocate this rank's tensors and replay the initialisation; False: not this applier's."""
+        return False
+
+    def finish(self, model: torch.nn.Module) -> None:
+        pass
+
+    # ---- a step --------------------------------------------------------------------------------
+    def batch(self, batch):
+        return batch
+
+    loss_weight = 1
+
+    def forward_backward(self, model, task, batch, group, scale, loss_of):
+        raise NotImplementedError
+
+    def no_sync(self, model: torch.nn.Module, skip: bool) -> AbstractContextManager | None:
+        return None
+
+    def before_clip(self, model: torch.nn.Module) -> None:
+        pass
+
+    def counted(self, model: torch.nn.Module) -> list | None:
+        """The parameters the gradient norm counts, where not all (a tied head's copy left out)."""
+        return None
+
+    norm_group = None  # a process group the norm's squares are summed over besides the meshes'
+
+    def before_step(self) -> None:
+        pass
+
+    def after_zero_grad(self) -> None:
+        pass
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def merge_model_state(self, own: dict) -> dict | None:
+        return None
+
+    def merge_optimizer_state(self, own: dict) -> dict | None:
+        return None
+
+    def load_model_state(self, model: torch.nn.Module, full: dict) -> bool:
+        return False
+
+    def optimizer_state_to_load(self, model: torch.nn.Module, full: dict) -> dict:
+        return full
+
+
+def every(flag: str) -> property:
+    """A strategy's property: what its layout can do is what every one of its appliers can."""
+    return property(lambda strategy: all(getattr(a, flag) for a in strategy.planned_appliers()),
+                    doc=f"Whether every applier of the layout allows it ({flag}).")
+
+
+def some(flag: str) -> property:
+    """A strategy's property: whether an applier of its layout does it."""
+    return property(lambda strategy: any(getattr(a, flag) for a in strategy.planned_appliers()),
+                    doc=f"Whether an applier of the layout does it ({flag}).")

@@ -1,0 +1,171 @@
+"""The context-parallel applier: every sequence of a batch split over `context` ranks.
+
+The ranks of a context group read the same batch (as tensor-parallel ranks do) and each keeps 2 of
+its 2C chunks along the sequence (a head and a tail: framework/strategy/mesh/context_attention.py),
+so a layer's activations on a rank are 1/C of the sequence's. The batch is split after the labels
+are shifted (each position keeps its own next token, also the last of a chunk), its positions are
+the global ones (position embeddings and RoPE see where a token really is), and attention sees the
+whole sequence through an all-gather of keys and values. The loss of a rank is the sum over its
+positions; the loop's scale (framework/loop/fit_loop.py) divides by the step's scored tokens, and
+FSDP, which shards over the data-parallel x context ranks, averages the gradients over both, so a
+rank's sum is weighted by the context size once more (`loss_weight`).
+
+What it composes with: fsdp, hsdp and tensor parallelism (on the mesh: replicate, shard, context,
+tensor). Refused with the reason: pipeline stages (a stage passes one tensor to the next: the
+positions and the split would have to travel with it), expert parallelism (its token groups are
+the shard ranks'), torch.compile (the attention's interception is not traced), `framework
+predict` (a row's loss would be split over the ranks), tasks that are not a language model's.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+import torch
+from torch.nn import functional as F
+
+from framework.errors import ConfigError
+from framework.strategy.mesh.applier import Applier
+from framework.strategy.mesh.context_attention import ContextAttention, SequenceShard
+
+IGNORE_INDEX = -100
+
+
+def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's attention modules: those whose class name ends in Attention and that hold no
+    other (the built-in GPT's CausalSelfAttention, transformers' LlamaAttention, GPT2Attention...)."""
+    found = [m for m in model.modules() if type(m).__name__.endswith("Attention")]
+    return [m for m in found if not any(o is not m and type(o).__name__.endswith("Attention") for o in m.modules())]
+
+
+class ContextApplier(Applier):
+    """Splits each batch's sequences over the context group and makes attention see all of them."""
+
+    def __init__(self, strategy, dims):
+        super().__init__(strategy, dims)
+        self.size = dims.context
+        self.group = None
+        self.rank = 0
+        self.current: SequenceShard | None = None
+
+    @classmethod
+    def wanted(cls, strategy, dims) -> bool:
+        return dims is not None and dims.context > 1
+
+    @property
+    def loss_weight(self) -> int:
+        """How much a rank's summed loss is weighted: FSDP averages gradients over the context ranks
+        too, whose sums are parts of one batch's."""
+        return self.size
+
+    # ---- before launch ---------------------------------------------------------------------------
+    def problems(self, model):
+        key, dims, loop = f"strategy.context_parallel_size={self.size}", self.dims, self.strategy.loop_settings
+        if dims.pipeline > 1:
+            return [f"{key} with pipeline stages (strategy.pipeline_parallel_size={dims.pipeline}): a stage passes its "
+                    "activations alone to the next, and the split positions would have to travel with them; not "
+                    "supported yet: use context parallelism with fsdp, hsdp or tensor parallelism."]
+        if dims.expert > 1:
+            return [f"{key} with strategy.expert_parallel_size={dims.expert}: the experts' token groups are the shard "
+                    "ranks', not yet the shard x context ranks; set one of them to 1."]
+        if loop.compile:
+            return [f"{key} with trainer.compile=true: the attention's interception (a TorchFunctionMode) is not "
+                    "traced by torch.compile here; set trainer.compile=false."]
+        if not loop.sequence_split:
+            return [f"{key} with task {loop.task}: only a language model's batches (token sequences whose labels can be "
+                    "shifted before the split) are split along the sequence; set strategy.context_parallel_size=1."]
+        if loop.sequence_length and loop.sequence_length % (2 * self.size):
+            return [f"{key}: data.block_size={loop.sequence_length} is not divisible by {2 * self.size} (each rank "
+                    "holds a head and a tail chunk of every sequence, 2 x the context size in all); choose a "
+                    f"block_size that is a multiple of {2 * self.size}."]
+        return self._model_problems(model, key) if model is not None else []
+
+    @staticmethod
+    def _model_problems(model: torch.nn.Module, key: str) -> list[str]:
+        name = type(model).__name__
+        config = getattr(model, "config", None)
+        implementation = getattr(config, "_attn_implementation", "sdpa") if config is not None else "sdpa"
+        if implementation != "sdpa":
+            return [f"{key} with {name}'s attn_implementation={implementation}: the split attention intercepts "
+                    "torch's scaled_dot_product_attention, which only the sdpa implementation calls; set "
+                    "model.attn_implementation=sdpa."]
+        if not attention_modules(model):
+            return [f"{key}: {name} has no attention module (a module whose class name ends in Attention) to split "
+                    "the sequence of; context parallelism needs a transformer's causal self-attention."]
+        return []
+
+    def lines(self, model):
+        tokens = self.strategy.loop_settings.sequence_length or 0
+        share = f"{tokens // self.size:,} of {tokens:,} positions" if tokens else f"1/{self.size} of each sequence"
+        return [f"context parallel: {self.dims.describe()}; every sequence split over {self.size} ranks ({share} each, "
+                f"a head and a tail chunk); attention all-gathers the keys and values; activations per rank / "
+                f"{self.size}"]
+
+    def layout(self, layout, model):
+        return replace(layout, activation_share=layout.activation_share / self.size)
+
+    # ---- in the workers --------------------------------------------------------------------------
+    def apply(self, model):
+        """Make every attention module of `model` attend over the whole sequence."""
+        self.group = self.strategy.mesh["context"].get_group()
+        self.rank = self.strategy.mesh["context"].get_local_rank()
+        modules = attention_modules(model)
+        for module in modules:
+            _intercept(module, lambda: self.current)
+        for module in model.modules():  # the built-in GPT: positions given are global, the mask is ours
+            if hasattr(module, "sequence_split"):
+                module.sequence_split = True
+        s = self.strategy
+        s._say(f"{s.name}: {self.dims.describe()}; {len(modules)} attention modules ({type(modules[0]).__name__}) see "
+               "the whole sequence")
+
+    def batch(self, batch):
+        return self.split(batch)
+
+    def split(self, batch):
+        """This rank's share of a language model's batch: input_ids, the global position_ids and
+        shift_labels (each position's next-token label, shifted before the split)."""
+        if isinstance(batch, Mapping):
+            ids = batch["input_ids"]
+            labels = batch.get("labels", ids)
+            targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
+            positions = batch.get("position_ids")
+            mask = batch.get("attention_mask")
+        else:
+            ids, targets = batch
+            positions = mask = None
+        length = ids.shape[1]
+        if length % (2 * self.size):
+            raise ConfigError(f"strategy.context_parallel_size={self.size}: a batch of {length} positions is not "
+                              f"divisible by {2 * self.size}; choose a data.block_size that is a multiple of "
+                              f"{2 * self.size}.")
+        documents = None
+        if positions is not None:  # packed rows: a document starts where a position does not follow by 1
+            starts = torch.ones_like(positions, dtype=torch.bool)
+            starts[:, 1:] = positions[:, 1:] - positions[:, :-1] != 1
+            documents = starts.cumsum(dim=1)
+        else:
+            positions = torch.arange(length, device=ids.device).expand(ids.shape[0], length)
+        real = mask.bool() if mask is not None else None
+        self.current = shard = SequenceShard(self.group, self.size, self.rank, length, documents, real)
+        return {"input_ids": shard.split(ids), "position_ids": shard.split(positions),
+                "shift_labels": shard.split(targets)}
+
+
+def _intercept(module: torch.nn.Module, current) -> None:
+    """Run `module`'s forward under ContextAttention (on its instance: activation checkpointing's
+    recomputation calls the same forward)."""
+    original = module.forward
+    kv_groups = int(getattr(module, "num_key_value_groups", 1))  # transformers' grouped-query attention
+
+    def forward(*args, **kwargs):
+        with ContextAttention(current, kv_groups) as mode:
+            out = original(*args, **kwargs)
+        if mode.calls == 0 and current() is not None:
+            raise ConfigError(f"strategy.context_parallel_size: {type(module).__name__} computed attention without "
+                              "torch's scaled_dot_product_attention, so it saw only this rank's part of the "
+                              "sequence; use an attention implementation that calls it (model.attn_implementation="
+                              "sdpa), or strategy.context_parallel_size=1.")
+        return out
+
+    module.forward = forward

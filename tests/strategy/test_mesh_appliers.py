@@ -1,0 +1,87 @@
+"""The mesh strategy is a loop over appliers: no branch on a dimension in strategy.py, no file of
+framework/strategy/mesh over 300 lines, every applier in ORDER with the base surface, and the
+layouts' appliers as their dims call for them (without processes)."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from framework.strategy.fsdp import FSDPStrategy
+from framework.strategy.hsdp import HSDPStrategy
+from framework.strategy.mesh import strategy as mesh_strategy
+from framework.strategy.mesh.applier import Applier
+from framework.strategy.model_parallel import ModelParallelStrategy
+from framework.strategy.pipeline import PipelineStrategy
+from tests.conftest import ROOT
+
+MESH = ROOT / "framework" / "strategy" / "mesh"
+# reading whether the layout is pipelined, or comparing a dimension's size: a branch on the layout
+BRANCH = re.compile(r"self\.pipelined|\bif\b.*\bpipelined\b|dims\.\w+\s*(==|!=|<=|>=|<|>)")
+
+
+def test_the_mesh_strategy_has_no_branch_on_a_dimension():
+    text = (MESH / "strategy.py").read_text()
+    found = [f"strategy.py:{n}: {line.strip()}" for n, line in enumerate(text.splitlines(), 1) if BRANCH.search(line)]
+    assert not found, "ask the appliers instead:\n" + "\n".join(found)
+    assert BRANCH.search("if self.pipelined:") and BRANCH.search("x = dims.tensor > 1")  # the pattern itself
+
+
+def test_no_file_of_the_mesh_strategy_is_over_300_lines():
+    long = {str(p.relative_to(ROOT)): n for p in MESH.rglob("*.py") if (n := len(p.read_text().splitlines())) > 300}
+    assert not long, long
+
+
+def test_every_applier_keeps_to_the_base_surface():
+    surface = {name for name in vars(Applier) if not name.startswith("__")}
+    for kind in mesh_strategy.ORDER:
+        assert issubclass(kind, Applier)
+        extra = {name for name in vars(kind) if not name.startswith("_") and name not in surface}
+        # an applier's own state may be attributes; its methods are the base's
+        assert not {name for name in extra if callable(getattr(kind, name))} - {"split"}, (kind.__name__, extra)
+
+
+def _kinds(strategy, world: int, devices: int | None = None) -> list[str]:
+    strategy.devices = devices or world
+    return [type(a).__name__ for a in strategy.appliers(world)]
+
+
+@pytest.mark.parametrize("strategy,world,kinds", [
+    (lambda: FSDPStrategy(), 2, ["RoutingApplier", "ShardingApplier"]),
+    (lambda: FSDPStrategy(context_parallel_size=2), 4, ["ContextApplier", "RoutingApplier", "ShardingApplier"]),
+    (lambda: FSDPStrategy(expert_parallel_size=2), 2, ["ExpertApplier", "ShardingApplier"]),
+    (lambda: HSDPStrategy(shard_size=2), 4, ["RoutingApplier", "ShardingApplier"]),
+    (lambda: ModelParallelStrategy(tensor_parallel_size=2), 4, ["TensorApplier", "RoutingApplier", "ShardingApplier"]),
+    (lambda: PipelineStrategy(pipeline_parallel_size=2), 2, ["RoutingApplier", "PipelineApplier"]),
+    (lambda: PipelineStrategy(pipeline_parallel_size=2), 4, ["RoutingApplier", "ShardingApplier", "PipelineApplier"]),
+])
+def test_a_layout_has_the_appliers_its_dims_call_for(strategy, world, kinds):
+    assert _kinds(strategy(), world) == kinds
+
+
+def test_what_a_layout_can_do_follows_from_its_appliers():
+    pipeline = PipelineStrategy(pipeline_parallel_size=2)
+    pipeline.devices = 2
+    assert pipeline.pipelined and not pipeline.supports_manual_optimization and not pipeline.passes_position_ids
+    assert pipeline.memory_layout == "pipelined" and not pipeline.supports_sharded_state
+    tensor = ModelParallelStrategy(tensor_parallel_size=2)
+    tensor.devices = 2
+    assert tensor.splits_layers and not tensor.pipelined and tensor.supports_loss_scaling
+    context = FSDPStrategy(context_parallel_size=2)
+    context.devices = 2
+    assert not context.splits_layers and context.memory_layout == "fully_sharded" and context.supports_sharded_state
+
+
+def test_hsdp_with_experts_prints_the_experts_line_too():
+    """A branch of the old strategy returned after the replicas' line: hsdp never said its experts."""
+    from framework.config.loop_settings import LoopSettings
+    from framework.models.gpt import GPT
+    from framework.models.moe import MoESettings
+
+    strategy = HSDPStrategy(shard_size=2, expert_parallel_size=2)
+    strategy.devices = 4
+    strategy.configure_loop(LoopSettings(micro_batch_size=2))
+    model = GPT(block_size=16, n_layer=2, n_embd=16, n_head=2, moe=MoESettings(num_experts=4))
+    lines = strategy.layout(4, model).lines
+    assert any(line.startswith("mesh: 2 replica(s) x 2 shard(s)") for line in lines), lines
+    assert any(line.startswith("expert parallel: 2 ranks, 2 of 4 experts each") for line in lines), lines
