@@ -39,7 +39,7 @@ class Rule:
 
 RULES: list[Rule] = [
     Rule(
-        lambda p: p.loop.on_nonfinite == "skip" and not p.strategy.supports_step_skipping,
+        lambda p: p.loop.on_nonfinite == "skip" and not p.strategy.abilities.step_skipping,
         lambda p: f"trainer.on_nonfinite=skip with strategy={_strat(p)}: its engine clips and steps in one call, "
         "so there is no point at which to leave a step out (its fp16 loss scaler still skips overflowing steps); "
         "use trainer.on_nonfinite=stop or warn, or a torch strategy (ddp, fsdp) to skip.",
@@ -51,7 +51,7 @@ RULES: list[Rule] = [
         "step itself).",
     ),
     Rule(
-        lambda p: p.loop.compile and not p.strategy.supports_compile,
+        lambda p: p.loop.compile and not p.strategy.abilities.compile,
         lambda p: f"trainer.compile=true with strategy={_strat(p)}: "
         + ("XLA compiles the whole step itself" if p.strategy.spmd or "xla" in _strat(p) else
            "its engine wraps and drives the model's modules itself")
@@ -163,7 +163,7 @@ RULES: list[Rule] = [
         "another option.",
     ),
     Rule(
-        lambda p: p.strategy.requires_cuda and _acc(p) != "cuda",
+        lambda p: p.strategy.abilities.requires_cuda and _acc(p) != "cuda",
         lambda p: f"strategy={_strat(p)} needs CUDA (fairscale's FSDP creates CUDA streams) and "
         f"accelerator={_acc(p)} has none; use strategy=fsdp (torch FSDP2), which runs everywhere.",
     ),
@@ -173,17 +173,17 @@ RULES: list[Rule] = [
         "CUDA only; set strategy.sync_batchnorm=false.",
     ),
     Rule(
-        lambda p: _prec(p) == "64" and not p.strategy.supports_float64,
+        lambda p: _prec(p) == "64" and not p.strategy.abilities.float64,
         lambda p: f"strategy={_strat(p)} with precision=64: DeepSpeed has no float64 mode; use precision=32 "
         "(or strategy=ddp / fsdp for float64).",
     ),
     Rule(
-        lambda p: _prec(p) in ("16_true", "bf16_true") and not p.strategy.supports_true_half_precision,
+        lambda p: _prec(p) in ("16_true", "bf16_true") and not p.strategy.abilities.true_half_precision,
         lambda p: f"strategy={_strat(p)} with precision={_prec(p)}: DeepSpeed always keeps float32 master "
         f"weights, so it has no true half precision; use precision={_prec(p).split('_')[0]} (its mixed mode).",
     ),
     Rule(
-        lambda p: _prec(p) == "16" and p.strategy.fp16_needs_device_support and not p.accelerator.fast_fp16(),
+        lambda p: _prec(p) == "16" and p.strategy.abilities.fp16_needs_device_support and not p.accelerator.fast_fp16(),
         lambda p: f"strategy={_strat(p)} with precision=16 on accelerator={_acc(p)}: DeepSpeed refuses fp16 "
         "on a device without fp16 support; use precision=bf16.",
     ),
@@ -193,7 +193,7 @@ RULES: list[Rule] = [
         f"stage {p.strategy.stage}; use strategy=deepspeed_stage_3_offload.",
     ),
     Rule(
-        lambda p: p.loop.clip_grad_value is not None and not p.strategy.supports_clip_grad_value,
+        lambda p: p.loop.clip_grad_value is not None and not p.strategy.abilities.clip_grad_value,
         lambda p: f"strategy={_strat(p)} with trainer.clip_grad_value: DeepSpeed clips by global norm only; "
         "use trainer.clip_grad_norm instead.",
     ),
@@ -203,7 +203,7 @@ RULES: list[Rule] = [
         "(Debian/Ubuntu: apt-get install libaio-dev); use strategy=deepspeed_stage_3_offload (CPU offload).",
     ),
     Rule(
-        lambda p: getattr(p.precision, "loss_scaling", False) and not p.strategy.supports_loss_scaling,
+        lambda p: getattr(p.precision, "loss_scaling", False) and not p.strategy.abilities.loss_scaling,
         lambda p: f"precision={_prec(p)} with strategy={_strat(p)}: its loss scaling multiplies the loss before "
         "backward, and the pipeline's schedule runs the backward of every microbatch inside its own step; use "
         "precision=bf16 (float32's range: no loss scaling needed) or bf16_true.",
@@ -223,7 +223,7 @@ RULES: list[Rule] = [
         "(model.moe: each layer's own routing and losses, which pipeline stages take).",
     ),
     Rule(
-        lambda p: p.loop.position_ids and not p.strategy.passes_position_ids,
+        lambda p: p.loop.position_ids and not p.strategy.abilities.position_ids,
         lambda p: f"data packs several samples in a row, kept apart by position_ids, but strategy={_strat(p)} passes "
         "only activations between its stages; set data.packing=false (one sample a row, padded), or use "
         "strategy=fsdp.",
@@ -267,8 +267,8 @@ RULES: list[Rule] = [
         "the replica groups vote on one optimizer step a step; use a task with one loss, or fault_tolerance=none.",
     ),
     Rule(
-        lambda p: p.loop.manual_optimization and not p.strategy.supports_manual_optimization,
-        lambda p: f"strategy={_strat(p)} {p.strategy.single_optimizer_reason}, but the task steps its "
+        lambda p: p.loop.manual_optimization and not p.strategy.abilities.manual_optimization,
+        lambda p: f"strategy={_strat(p)} {p.strategy.abilities.single_optimizer_reason}, but the task steps its "
         "optimizers itself (manual optimization, e.g. a GAN); use strategy=ddp, "
         "strategy=fsdp or strategy=single_device.",
     ),

@@ -117,4 +117,4 @@ def _too_old(p: Plan) -> list[tuple[str, str, str]]:
 
 
 def _missing_libraries(p: Plan) -> list[str]:
-    return [lib for lib in p.strategy.native_libraries if ctypes.util.find_library(lib) is None]
+    return [lib for lib in p.strategy.abilities.native_libraries if ctypes.util.find_library(lib) is None]

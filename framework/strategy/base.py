@@ -22,6 +22,7 @@ from framework.construction.units import Units, choose_units
 from framework.precision.base import Precision
 from framework.precision.fp32 import FP32Precision
 from framework.strategy import collectives
+from framework.strategy.abilities import Abilities
 from framework.strategy.layout import DataParallel, Layout
 from framework.strategy.state_dicts import (
     copy_structure,
@@ -66,9 +67,6 @@ class Strategy:
     name: str = "base"
     #: whether this strategy runs several processes (the compatibility table reads it)
     multi_process: bool = False
-    #: whether a task may step several optimizers itself (strategies that drive one optimizer
-    #: through an engine of their own, like DeepSpeed, cannot)
-    supports_manual_optimization: bool = True
     #: whether it shards model states across ranks to save memory (the accelerator then favours
     #: low memory over speed where it has a choice: framework/accelerator/cpu.py)
     shards_states: bool = False
@@ -77,14 +75,10 @@ class Strategy:
     memory_layout: str = "replicated"
     #: why "setting up the model and optimizer" may take long (said when it does)
     setup_note: str = ""
-    #: precision capabilities the compatibility table reads (DeepSpeed keeps fp32 master weights
-    #: and has no float64 mode; it refuses fp16 where the device lacks fp16 support)
-    supports_float64: bool = True
-    supports_true_half_precision: bool = True
-    fp16_needs_device_support: bool = False
-    #: whether a precision's loss scaling (precision=16's GradScaler) can scale its backward (False
-    #: where a schedule runs the backward inside its own step: pipeline stages)
-    supports_loss_scaling: bool = True
+    #: what it can do (manual optimization, loss scaling, precisions, clipping by value, compile,
+    #: step skipping, sharded checkpoint state...): framework/strategy/abilities.py; the
+    #: compatibility table reads it
+    abilities: Abilities = Abilities()
     #: whether it runs the model in pipeline stages (the task must say how a batch is split:
     #: pipeline_split, summed_loss; the compatibility table reads it)
     pipelined: bool = False
@@ -92,32 +86,12 @@ class Strategy:
     #: "": it can (rank r of every group holds the same part of the state, whatever the layout, so
     #: the gradients are averaged and a heal copied rank to rank)
     replica_groups_refusal: str = ""
-    #: whether a batch's position_ids (packed rows: several samples a row) reach the model (False
-    #: where stages pass one tensor between them: pipeline stages)
-    passes_position_ids: bool = True
-    #: why it cannot run a task that steps its optimizers itself (where supports_manual_optimization
-    #: is False), as the refusal says it
-    single_optimizer_reason: str = "drives one optimizer through its own engine"
-    #: whether `trainer.clip_grad_value` can be honoured (DeepSpeed clips by global norm only)
-    supports_clip_grad_value: bool = True
-    #: native libraries this configuration needs (ctypes names, e.g. "aio" for NVMe offload)
-    native_libraries: tuple[str, ...] = ()
     #: one process drives all of a node's devices (XLA SPMD): `devices` starts no processes
     spmd: bool = False
-    #: whether trainer.compile can compile its units (False where an engine wraps and drives the
-    #: model itself, or XLA compiles the whole step)
-    supports_compile: bool = True
-    #: whether trainer.on_nonfinite=skip can leave a step out (False where an engine clips and
-    #: steps in one call)
-    supports_step_skipping: bool = True
     #: whether it splits layers across ranks (tensor parallelism): adapters and some checks care
     splits_layers: bool = False
-    #: an XLA strategy (accelerator=xla only), and one that needs CUDA (fairscale's FSDP)
+    #: an XLA strategy (accelerator=xla only)
     xla: bool = False
-    requires_cuda: bool = False
-    #: whether `sharded_state_dict` hands out each rank's own part (DTensor shards, or replicas
-    #: that DCP writes once); strategies that keep state in their own layout hand out full state
-    supports_sharded_state: bool = True
 
     def __init__(
         self,
@@ -324,7 +298,7 @@ class Strategy:
         """Collective: {"model": ..., "optimizer": ...} keyed by parameter name as in the full
         state, but each rank holding only its part, for a DCP write by every rank (no
         "optimizer" without one)."""
-        if not self.supports_sharded_state:
+        if not self.abilities.sharded_state:
             state = {"model": self.model_state_dict(model)}
             if optimizer is not None:
                 state["optimizer"] = self.optimizer_state_dict(model, optimizer)
@@ -335,7 +309,7 @@ class Strategy:
                                 state_dir) -> None:
         """Collective: load a DCP directory written by any strategy at any world size (resharded on
         read). `optimizer=None` loads the weights only."""
-        if not self.supports_sharded_state:
+        if not self.abilities.sharded_state:
             full = sharded.read_full(state_dir, ("model", "optimizer") if optimizer is not None else ("model",))
             self.load_model_state_dict(model, full["model"])
             if optimizer is not None:

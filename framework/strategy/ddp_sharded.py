@@ -14,6 +14,7 @@ import torch
 
 from framework.config.types import NonNegativeInt
 from framework.construction.prepare import checkpoint_activations, convert_precision
+from framework.strategy.abilities import Abilities
 from framework.strategy.parallel import ParallelStrategy
 
 
@@ -27,13 +28,12 @@ class DDPShardedStrategy(ParallelStrategy):
     replica_groups_refusal = ("fairscale's sharded optimizer (OSS) keeps each rank's optimizer state in its own "
                               "layout and broadcasts the weights itself after each step: torchft's heal works on "
                               "torch's own layouts")
-    supports_compile = False  # trainer.compile: see the flag in framework/strategy/base.py
     shards_states = True
     memory_layout = "optimizer_sharded"
     requires_packages = {"fairscale": "'framework[fairscale]'"}
-    supports_manual_optimization = False  # one optimizer, driven by its own engine/wrapper
-    # OSS shards the optimizer by its own numbering; checkpoint_io=dcp gets full state from rank zero
-    supports_sharded_state = False
+    # one optimizer driven by its wrapper; OSS shards the optimizer by its own numbering
+    # (checkpoint_io=dcp gets full state from rank zero); not compiled
+    abilities = Abilities(manual_optimization=False, sharded_state=False, compile=False)
 
     def __init__(self, *args, reduce_buffer_size: NonNegativeInt = 8388608, broadcast_buffers: bool = True,
                  timeout_s: float = 1800.0, **kwargs):

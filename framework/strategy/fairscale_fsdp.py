@@ -10,6 +10,7 @@ from contextlib import nullcontext
 import torch
 
 from framework.construction.named_state import strict_load
+from framework.strategy.abilities import Abilities
 from framework.strategy.parallel import ParallelStrategy
 
 
@@ -20,14 +21,12 @@ class FairscaleFSDPStrategy(ParallelStrategy):
     name = "fairscale_fsdp"
     replica_groups_refusal = ("fairscale keeps the parameters flattened in buffers of its own and reduces the "
                               "gradients in its own hooks: torchft's average and heal work on torch's own layouts")
-    supports_compile = False  # trainer.compile: see the flag in framework/strategy/base.py
     shards_states = True
     memory_layout = "fully_sharded"
     requires_packages = {"fairscale": "'framework[fairscale]'"}
-    supports_manual_optimization = False  # one optimizer, driven by its own engine/wrapper
-    # fairscale's FSDP has no DTensor view; checkpoint_io=dcp gets full state from rank zero
-    supports_sharded_state = False
-    requires_cuda = True
+    # one optimizer driven by its wrapper; no DTensor view (checkpoint_io=dcp gets full state from rank
+    # zero); its flat parameters are not compiled; it needs CUDA
+    abilities = Abilities(manual_optimization=False, sharded_state=False, compile=False, requires_cuda=True)
 
     def __init__(self, *args, auto_wrap_modules: list[str] | None = None, reshard_after_forward: bool = True,
                  cpu_offload: bool = False, timeout_s: float = 1800.0, **kwargs):

@@ -10,6 +10,7 @@ import torch
 
 from framework.checkpoint_io.xla import to_cpu
 from framework.construction.named_state import load_optimizer_state_by_name, optimizer_state_by_name, strict_load
+from framework.strategy.abilities import Abilities
 from framework.strategy.base import Strategy
 
 
@@ -17,14 +18,14 @@ class SingleXLAStrategy(Strategy):
     """One XLA device. The base of the SPMD strategies (framework/strategy/xla_spmd.py)."""
 
     name = "single_xla"
-    supports_compile = False  # trainer.compile: see the flag in framework/strategy/base.py
     multi_process = False
     #: an XLA strategy: the compatibility table pairs it with the XLA accelerators only
     xla = True
     replica_groups_refusal = ("XLA compiles the step, its collectives inside the graph: torchft's average between "
                               "the groups cannot sit in it")
-    #: checkpoints are gathered whole on the CPU (DCP writes them as one process)
-    supports_sharded_state = False
+    #: XLA compiles the whole step itself; checkpoints are gathered whole on the CPU (DCP writes them
+    #: as one process)
+    abilities = Abilities(compile=False, sharded_state=False)
     setup_note = "XLA compiles the step's graph the first time it runs"
 
     def setup_environment(self) -> None:

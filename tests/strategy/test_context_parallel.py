@@ -17,8 +17,8 @@ from framework.config.loop_settings import LoopSettings
 from framework.errors import ConfigError
 from framework.models.gpt import GPT, packed_mask
 from framework.strategy.fsdp import FSDPStrategy
-from framework.strategy.mesh.context import ContextApplier
-from framework.strategy.mesh.context_attention import SequenceShard, local_positions
+from framework.strategy.mesh.context import split_batch
+from framework.strategy.mesh.context_attention import local_positions
 from framework.strategy.model_parallel import ModelParallelStrategy
 from framework.strategy.pipeline import PipelineStrategy
 from tests.conftest import checkpoint_at, load_model_state, metric_values, run_inprocess
@@ -91,17 +91,13 @@ def test_a_batch_is_split_after_its_labels_are_shifted():
     """Each rank's share: a head and a tail chunk of the ids, their global positions, and each
     position's own next token (the last of a chunk too); the two shares are the whole batch."""
     ids = torch.arange(16).view(2, 8)
-    shares = []
-    for rank in range(2):
-        applier = ContextApplier.__new__(ContextApplier)
-        applier.size, applier.rank, applier.group = 2, rank, None
-        shares.append(applier.split({"input_ids": ids}))
+    shares = [split_batch({"input_ids": ids}, 2, rank)[0] for rank in range(2)]
     assert shares[0]["position_ids"][0].tolist() == [0, 1, 6, 7] and shares[1]["position_ids"][0].tolist() == [2, 3, 4, 5]
     assert local_positions(8, 2, 1).tolist() == [2, 3, 4, 5]
     assert shares[0]["shift_labels"][0].tolist() == [1, 2, 7, -100] and shares[1]["shift_labels"][0].tolist() == [3, 4, 5, 6]
     assert shares[0]["input_ids"][1].tolist() == [8, 9, 14, 15]
     with pytest.raises(ConfigError, match="a batch of 6 positions is not divisible by 4"):
-        applier.split((torch.zeros(1, 6, dtype=torch.long), torch.zeros(1, 6, dtype=torch.long)))
+        split_batch((torch.zeros(1, 6, dtype=torch.long), torch.zeros(1, 6, dtype=torch.long)), 2, 0)
 
 
 def test_the_shares_scored_tokens_add_up_to_the_batchs():
@@ -112,11 +108,7 @@ def test_the_shares_scored_tokens_add_up_to_the_batchs():
     batch = {"input_ids": torch.randint(0, 64, (2, 8)), "labels": torch.randint(0, 64, (2, 8))}
     batch["labels"][0, 3] = -100
     task = LanguageModeling()
-    counts = []
-    for rank in range(2):
-        applier = ContextApplier.__new__(ContextApplier)
-        applier.size, applier.rank, applier.group = 2, rank, None
-        counts.append(task.scored_count(applier.split(batch)))
+    counts = [task.scored_count(split_batch(batch, 2, rank)[0]) for rank in range(2)]
     assert sum(counts) == task.scored_count(batch) == 13
 
 
@@ -244,11 +236,27 @@ def test_packed_mask_matches_the_split_attentions_documents():
     """The documents the split takes from packed rows' positions are the ones the built-in GPT's
     own packed mask separates (a position that does not follow the one before by 1 starts one)."""
     positions = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2]])
-    applier = ContextApplier.__new__(ContextApplier)
-    applier.size, applier.rank, applier.group = 2, 0, None
-    applier.split({"input_ids": torch.zeros(1, 8, dtype=torch.long), "position_ids": positions})
-    shard: SequenceShard = applier.current
+    _, shard = split_batch({"input_ids": torch.zeros(1, 8, dtype=torch.long), "position_ids": positions}, 2, 0)
     assert shard.documents.tolist() == [[1, 1, 1, 2, 2, 3, 3, 3]]
     mask = packed_mask(positions)[0, 0]
     same = shard.documents[0][:, None] == shard.documents[0][None, :]
     assert torch.equal(mask, same & torch.ones(8, 8, dtype=torch.bool).tril())
+
+
+CHAT = ["data=chat_files", "model.n_layer=2", "model.n_embd=32", "model.n_head=2", "model.block_size=256",
+        "model.dropout=0.0", "data.batch_size=4", "trainer.val_batches=2", "trainer.progress_bar=false",
+        "trainer.plot=false", "trainer.max_steps=3", "trainer.log_every=1", "trainer.val_every=3",
+        "trainer.val_at_start=false"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("packing", [True, False], ids=["packed_rows", "padded_rows"])
+def test_chat_rows_packed_or_padded_train_under_context_parallelism_as_in_one_process(tmp_path, packing):
+    """Packed rows (position_ids restarting per conversation: the mask from the whole row's
+    documents) and padded rows (attention_mask: padded keys masked), only the responses scored."""
+    rows = [*CHAT, f"data.packing={packing}"]
+    one = trained_run(rows)
+    run_inprocess([*rows, "strategy=fsdp", "devices=2", "strategy.context_parallel_size=2"], tmp_path)
+    for key in ("train/loss", "train/grad_norm", "val/loss", "train/tokens"):
+        torch.testing.assert_close(torch.tensor(metric_values(tmp_path, key)), torch.tensor(metric_values(one, key)),
+                                   rtol=1e-5, atol=1e-5, msg=key)

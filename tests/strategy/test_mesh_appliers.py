@@ -38,7 +38,7 @@ def test_every_applier_keeps_to_the_base_surface():
         assert issubclass(kind, Applier)
         extra = {name for name in vars(kind) if not name.startswith("_") and name not in surface}
         # an applier's own state may be attributes; its methods are the base's
-        assert not {name for name in extra if callable(getattr(kind, name))} - {"split"}, (kind.__name__, extra)
+        assert not {name for name in extra if callable(getattr(kind, name))}, (kind.__name__, extra)
 
 
 def _kinds(strategy, world: int, devices: int | None = None) -> list[str]:
@@ -62,14 +62,24 @@ def test_a_layout_has_the_appliers_its_dims_call_for(strategy, world, kinds):
 def test_what_a_layout_can_do_follows_from_its_appliers():
     pipeline = PipelineStrategy(pipeline_parallel_size=2)
     pipeline.devices = 2
-    assert pipeline.pipelined and not pipeline.supports_manual_optimization and not pipeline.passes_position_ids
-    assert pipeline.memory_layout == "pipelined" and not pipeline.supports_sharded_state
+    can = pipeline.abilities
+    assert pipeline.pipelined and not can.manual_optimization and not can.position_ids and not can.loss_scaling
+    assert pipeline.memory_layout == "pipelined" and not can.sharded_state and "inside its schedule" in can.single_optimizer_reason
     tensor = ModelParallelStrategy(tensor_parallel_size=2)
     tensor.devices = 2
-    assert tensor.splits_layers and not tensor.pipelined and tensor.supports_loss_scaling
+    assert tensor.splits_layers and not tensor.pipelined and tensor.abilities.loss_scaling
     context = FSDPStrategy(context_parallel_size=2)
     context.devices = 2
-    assert not context.splits_layers and context.memory_layout == "fully_sharded" and context.supports_sharded_state
+    assert not context.splits_layers and context.memory_layout == "fully_sharded" and context.abilities.sharded_state
+
+
+def test_abilities_combine_permissions_requirements_and_libraries():
+    from framework.strategy.abilities import Abilities
+
+    combined = Abilities().combined([Abilities(compile=False, native_libraries=("aio",)),
+                                     Abilities(requires_cuda=True, single_optimizer_reason="why")])
+    assert (combined.compile, combined.requires_cuda, combined.native_libraries) == (False, True, ("aio",))
+    assert combined.single_optimizer_reason == "why" and combined.float64
 
 
 def test_hsdp_with_experts_prints_the_experts_line_too():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from contextlib import ExitStack, contextmanager, nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,6 +17,7 @@ import torch
 
 from framework.construction.meta_build import meta_device, sharded_build
 from framework.construction.prepare import checkpoint_activations, with_adapter
+from framework.strategy.abilities import Abilities
 from framework.strategy.deepspeed import state as ds_state
 from framework.strategy.deepspeed.arch_list import readable_arch_list
 from framework.strategy.deepspeed.cpu_init import initialise_from_cpu
@@ -66,19 +68,16 @@ class DeepSpeedStrategy(ParallelStrategy):
     replica_groups_refusal = ("DeepSpeed's engine reduces the gradients and steps the optimizer in one call, its "
                               "partitioned states in buffers of its own: nothing between the backward and the step "
                               "where torchft could average the groups' gradients, no per-rank state to copy in a heal")
-    supports_compile = False  # trainer.compile: see the flag in framework/strategy/base.py
     shards_states = True
     memory_layout = "zero"
     setup_note = "a machine's first DeepSpeed run compiles its ops: a minute or more"
     requires_packages = {"deepspeed": "'framework[deepspeed]'"}
-    supports_manual_optimization = False  # one optimizer, driven by its own engine/wrapper
-    supports_step_skipping = False  # clipping and the step happen inside engine.step()
-    # DeepSpeed keeps flat partitions of its own; checkpoint_io=dcp gets full tensors from rank zero
-    supports_sharded_state = False
-    supports_float64 = False
-    supports_true_half_precision = False  # always float32 master weights
-    fp16_needs_device_support = True
-    supports_clip_grad_value = False
+    # one optimizer driven by its engine, which also clips and steps in one call (no step to leave
+    # out, no clipping by value); flat partitions of its own (checkpoint_io=dcp gets full tensors
+    # from rank zero); always float32 master weights and no float64 mode; no trainer.compile
+    ABILITIES = Abilities(manual_optimization=False, step_skipping=False, sharded_state=False, float64=False,
+                          true_half_precision=False, fp16_needs_device_support=True, clip_grad_value=False,
+                          compile=False)
     #: what a subclass (one per conf/strategy/deepspeed_stage_*.yaml) sets up when not told
     default_stage: int = 2
     default_offload_optimizer: str = "none"
@@ -108,8 +107,10 @@ class DeepSpeedStrategy(ParallelStrategy):
         self.engine = None
 
     @property
-    def native_libraries(self) -> tuple[str, ...]:  # type: ignore[override]
-        return ("aio",) if "nvme" in (self.offload_optimizer, self.offload_parameters) else ()
+    def abilities(self) -> Abilities:  # type: ignore[override]
+        """NVMe offload needs libaio too."""
+        nvme = "nvme" in (self.offload_optimizer, self.offload_parameters)
+        return replace(self.ABILITIES, native_libraries=("aio",)) if nvme else self.ABILITIES
 
     # ---- environment --------------------------------------------------------------------
     def _choose_deepspeed_accelerator(self) -> None:

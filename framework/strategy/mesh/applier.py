@@ -15,8 +15,8 @@ schedule that runs the passes itself), `no_sync`, `before_clip`, and the clip's 
 `counted`, `norm_group`; `before_step`, `after_zero_grad`.
 Checkpoints: `state_by_hand`, `merge_model_state`, `merge_optimizer_state`, `load_model_state`,
 `optimizer_state_to_load`.
-What the layout can do (the compatibility table reads these through the strategy): a strategy can
-do a thing when every one of its appliers can.
+What the layout can do (`abilities`, framework/strategy/abilities.py; the compatibility table reads
+the strategy's): every one of its appliers' abilities combined.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from contextlib import AbstractContextManager
 
 import torch
 
+from framework.strategy.abilities import Abilities
 from framework.strategy.layout import Layout
 
 
@@ -39,11 +40,8 @@ class Applier:
     state_by_hand = False
     #: dims kept on the device mesh at size 1 too
     mesh_dims: tuple[str, ...] = ()
-    # what a layout with this applier can do
-    supports_manual_optimization = True
-    supports_loss_scaling = True
-    passes_position_ids = True
-    supports_sharded_state = True
+    #: what a layout with this applier can do (the strategy's: every applier's, combined)
+    abilities = Abilities()
     splits_layers = False
 
     def __init__(self, strategy, dims):
@@ -130,11 +128,6 @@ class Applier:
     def optimizer_state_to_load(self, model: torch.nn.Module, full: dict) -> dict:
         return full
 
-
-def every(flag: str) -> property:
-    """A strategy's property: what its layout can do is what every one of its appliers can."""
-    return property(lambda strategy: all(getattr(a, flag) for a in strategy.planned_appliers()),
-                    doc=f"Whether every applier of the layout allows it ({flag}).")
 
 
 def some(flag: str) -> property:

@@ -120,36 +120,37 @@ class ContextApplier(Applier):
                "the whole sequence")
 
     def batch(self, batch):
-        return self.split(batch)
+        share, self.current = split_batch(batch, self.size, self.rank, self.group)
+        return share
 
-    def split(self, batch):
-        """This rank's share of a language model's batch: input_ids, the global position_ids and
-        shift_labels (each position's next-token label, shifted before the split)."""
-        if isinstance(batch, Mapping):
-            ids = batch["input_ids"]
-            labels = batch.get("labels", ids)
-            targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
-            positions = batch.get("position_ids")
-            mask = batch.get("attention_mask")
-        else:
-            ids, targets = batch
-            positions = mask = None
-        length = ids.shape[1]
-        if length % (2 * self.size):
-            raise ConfigError(f"strategy.context_parallel_size={self.size}: a batch of {length} positions is not "
-                              f"divisible by {2 * self.size}; choose a data.block_size that is a multiple of "
-                              f"{2 * self.size}.")
-        documents = None
-        if positions is not None:  # packed rows: a document starts where a position does not follow by 1
-            starts = torch.ones_like(positions, dtype=torch.bool)
-            starts[:, 1:] = positions[:, 1:] - positions[:, :-1] != 1
-            documents = starts.cumsum(dim=1)
-        else:
-            positions = torch.arange(length, device=ids.device).expand(ids.shape[0], length)
-        real = mask.bool() if mask is not None else None
-        self.current = shard = SequenceShard(self.group, self.size, self.rank, length, documents, real)
-        return {"input_ids": shard.split(ids), "position_ids": shard.split(positions),
-                "shift_labels": shard.split(targets)}
+
+def split_batch(batch, size: int, rank: int, group=None) -> tuple[dict, SequenceShard]:
+    """Rank `rank`'s share of a language model's batch over a context group of `size` (input_ids,
+    the global position_ids, and shift_labels: each position's next-token label, shifted before the
+    split), and the shard its attention reads (documents of packed rows, real keys of padded rows)."""
+    if isinstance(batch, Mapping):
+        ids = batch["input_ids"]
+        labels = batch.get("labels", ids)
+        targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
+        positions = batch.get("position_ids")
+        mask = batch.get("attention_mask")
+    else:
+        ids, targets = batch
+        positions = mask = None
+    length = ids.shape[1]
+    if length % (2 * size):
+        raise ConfigError(f"strategy.context_parallel_size={size}: a batch of {length} positions is not divisible by "
+                          f"{2 * size}; choose a data.block_size that is a multiple of {2 * size}.")
+    documents = None
+    if positions is not None:  # packed rows: a document starts where a position does not follow by 1
+        starts = torch.ones_like(positions, dtype=torch.bool)
+        starts[:, 1:] = positions[:, 1:] - positions[:, :-1] != 1
+        documents = starts.cumsum(dim=1)
+    else:
+        positions = torch.arange(length, device=ids.device).expand(ids.shape[0], length)
+    shard = SequenceShard(group, size, rank, length, documents, mask.bool() if mask is not None else None)
+    return {"input_ids": shard.split(ids), "position_ids": shard.split(positions),
+            "shift_labels": shard.split(targets)}, shard
 
 
 def _intercept(module: torch.nn.Module, current) -> None:

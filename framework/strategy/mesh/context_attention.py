@@ -90,6 +90,8 @@ class SequenceShard:
             k, v = k[..., ::kv_groups, :, :], v[..., ::kv_groups, :, :]  # backward sums into it)
         enable_gqa = k.shape[-3] != q.shape[-3]
         keys, values = self.gather(torch.stack([k, v])).unbind(0)
+        if self._mask_free(q, dropout_p):
+            return self._attend_by_parts(q, keys, values, scale)
         c, out = self.chunk, []
         for place, chunk in enumerate(chunk_order(self.size, self.rank)):
             for start in range(0, c, PIECE_TOKENS):
@@ -101,6 +103,24 @@ class SequenceShard:
                 out.append(F.scaled_dot_product_attention(
                     query, keys.narrow(-2, 0, seen), values.narrow(-2, 0, seen), attn_mask=mask,
                     is_causal=mask is None, dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa))
+        return torch.cat(out, dim=-2)
+
+    def _mask_free(self, q: torch.Tensor, dropout_p: float) -> bool:
+        """Whether the queries can attend without a mask: plain causal rows (no documents, no
+        padding), no dropout, on the CPU, whose flash kernel gives its log-sum-exp (a mask there is
+        converted to floats and kept for backward: a chunk x sequence matrix per layer)."""
+        return q.device.type == "cpu" and self.documents is None and self.real_keys is None and not dropout_p
+
+    def _attend_by_parts(self, q, keys, values, scale):
+        """Each local chunk's queries over the keys before the chunk (all visible) and the chunk's
+        own (causal), merged by their log-sum-exp (_CausalChunk)."""
+        if keys.shape[-3] != q.shape[-3]:  # grouped keys: the kernel takes one per query head
+            groups = q.shape[-3] // keys.shape[-3]
+            keys, values = keys.repeat_interleave(groups, dim=-3), values.repeat_interleave(groups, dim=-3)
+        c = self.chunk
+        out = [_CausalChunk.apply(q.narrow(-2, place * c, c), keys.narrow(-2, 0, (chunk + 1) * c),
+                                  values.narrow(-2, 0, (chunk + 1) * c), chunk * c, scale)
+               for place, chunk in enumerate(chunk_order(self.size, self.rank))]
         return torch.cat(out, dim=-2)
 
     def _mask(self, first: int, n: int, seen: int, device) -> torch.Tensor | None:
@@ -117,6 +137,55 @@ class SequenceShard:
         if self.real_keys is not None:  # a query always sees itself: a padded row has no empty row of scores
             allowed = allowed & (self.real_keys[:, None, :seen] | (keys[None, :] == queries[:, None])[None])
         return allowed[:, None]
+
+
+class _CausalChunk(torch.autograd.Function):
+    """Queries at global positions first..first+n-1 over keys 0..first+n-1 without a mask: the keys
+    before the queries all visible, the last n causal (top-left and bottom-right alignment agree on
+    a square), the two flash attentions merged by their log-sum-exp. Backward: each part's flash
+    backward with the merged output and log-sum-exp, which gives each part's exact share of the
+    gradients (the identity ring attention rests on). torch's CPU flash kernels."""
+
+    @staticmethod
+    def forward(ctx, q, keys, values, first, scale):
+        parts = ([(keys.narrow(-2, 0, first), values.narrow(-2, 0, first), False)] if first else []) + \
+            [(keys.narrow(-2, first, keys.shape[-2] - first), values.narrow(-2, first, keys.shape[-2] - first), True)]
+        results = [_FLASH(q, k, v, 0.0, causal, scale=scale) for k, v, causal in parts]
+        if len(results) == 1:
+            out, lse = results[0]
+        else:
+            (out_a, lse_a), (out_b, lse_b) = results
+            lse = torch.logaddexp(lse_a, lse_b)
+            weight_a, weight_b = (lse_a - lse).exp(), (lse_b - lse).exp()
+            out = (out_a * _rows(weight_a, out_a) + out_b * _rows(weight_b, out_b)).to(q.dtype)
+        ctx.save_for_backward(q, keys, values, out, lse)
+        ctx.first, ctx.scale = first, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, keys, values, out, lse = ctx.saved_tensors
+        first, grad = ctx.first, grad.contiguous()
+        grad_q, grad_k, grad_v = None, [], []
+        bounds = ([(0, first, False)] if first else []) + [(first, keys.shape[-2] - first, True)]
+        for start, length, causal in bounds:
+            gq, gk, gv = _FLASH_BACKWARD(grad, q, keys.narrow(-2, start, length), values.narrow(-2, start, length),
+                                         out, lse, 0.0, causal, scale=ctx.scale)
+            grad_q = gq if grad_q is None else grad_q + gq
+            grad_k.append(gk)
+            grad_v.append(gv)
+        return grad_q, torch.cat(grad_k, dim=-2), torch.cat(grad_v, dim=-2), None, None
+
+
+def _rows(weight: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """A per-query weight (the kernel's log-sum-exp layout) broadcast over `out`'s (B, H, L, D)."""
+    if weight.shape == out.shape[:-1]:
+        return weight.unsqueeze(-1)
+    return weight.transpose(1, 2).unsqueeze(-1)  # (B, L, H) -> (B, H, L, 1)
+
+
+_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
 
 class _GatherSequence(torch.autograd.Function):

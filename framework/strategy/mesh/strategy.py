@@ -19,9 +19,10 @@ from framework.construction.meta_init import InitLog, build_on_meta
 from framework.construction.prepare import with_adapter
 from framework.construction.units import DEFAULT_MIN_UNIT_PARAMS, Units, choose_units
 from framework.errors import ConfigError
+from framework.strategy.abilities import Abilities
 from framework.strategy.base import DataParallel, Layout
 from framework.strategy.mesh import state
-from framework.strategy.mesh.applier import Applier, every, some
+from framework.strategy.mesh.applier import Applier, some
 from framework.strategy.mesh.context import ContextApplier
 from framework.strategy.mesh.dims import DimsSettings, ParallelDims
 from framework.strategy.mesh.experts import ExpertApplier, RoutingApplier
@@ -46,7 +47,6 @@ class MeshStrategy(ParallelStrategy):
     name = "fsdp"
     shards_states = True
     requires_torch = "2.6"  # fully_shard (FSDP2) public in torch.distributed.fsdp; the compatibility table reads it
-    single_optimizer_reason = "runs one loss's backward through its stages inside its schedule"
 
     def __init__(self, *args, dims: DimsSettings = DimsSettings(), pipeline: PipelineSettings | None = None,
                  tensor: TensorParallelSettings = TensorParallelSettings(), wrap_modules: list[str] | None = None,
@@ -112,10 +112,10 @@ class MeshStrategy(ParallelStrategy):
     # what the layout can do (the compatibility table reads these)
     pipelined = some("runs_step")
     splits_layers = some("splits_layers")
-    supports_manual_optimization = every("supports_manual_optimization")
-    supports_loss_scaling = every("supports_loss_scaling")
-    passes_position_ids = every("passes_position_ids")
-    supports_sharded_state = every("supports_sharded_state")
+
+    @property
+    def abilities(self) -> Abilities:
+        return Abilities().combined([a.abilities for a in self.planned_appliers()])
 
     @property
     def memory_layout(self) -> str:

@@ -76,7 +76,7 @@ class TensorApplier(Applier):
         return dims.tensor > 1
 
     def problems(self, model):
-        if model is None:
+        if model is None or self.dims.expert > 1:  # the experts' applier judges those layouts (ORDER's next)
             return []
         label = f"auto ({self.dims.tensor})" if self.strategy.dims_settings.tensor == "auto" else str(self.dims.tensor)
         return self.settings.problems(model, self.dims.tensor, label)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 
+from framework.strategy.abilities import Abilities
 from framework.strategy.layout import Layout
 from framework.strategy.mesh import state
 from framework.strategy.mesh.applier import Applier
@@ -25,10 +26,11 @@ class PipelineApplier(Applier):
     norm_by_hand = True
     state_by_hand = True
     mesh_dims = ("pipeline",)
-    supports_manual_optimization = False  # the schedule runs one loss's backward through its stages
-    supports_loss_scaling = False  # the schedule calls backward itself, on the loss it computed
-    passes_position_ids = False  # a stage passes its activations alone to the next
-    supports_sharded_state = False  # gathered whole: names stable across stage counts
+    # the schedule runs one loss's backward through its stages, calling backward itself on the loss
+    # it computed; a stage passes its activations alone to the next; state gathered whole (names
+    # stable across stage counts)
+    abilities = Abilities(manual_optimization=False, loss_scaling=False, position_ids=False, sharded_state=False,
+                          single_optimizer_reason="runs one loss's backward through its stages inside its schedule")
 
     def __init__(self, strategy, dims):
         super().__init__(strategy, dims)

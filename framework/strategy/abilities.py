@@ -1,0 +1,53 @@
+"""What a strategy can do, in one object the compatibility table reads
+(framework/config/compatibility.py): a strategy declares `abilities = Abilities(...)` with the
+fields where it differs; a layout built of parts (the mesh strategy's appliers) combines its parts'."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class Abilities:
+    """Each field's default is what a plain torch strategy (ddp, single_device) can do."""
+
+    manual_optimization: bool = True
+    """A task may step several optimizers itself (not where an engine drives one optimizer)."""
+    single_optimizer_reason: str = "drives one optimizer through its own engine"
+    """Why not, as the refusal says it (where manual_optimization is False)."""
+    loss_scaling: bool = True
+    """precision=16's GradScaler can scale its backward (not where a schedule runs the backward)."""
+    position_ids: bool = True
+    """A batch's position_ids (packed rows) reach the model (not where stages pass one tensor on)."""
+    sharded_state: bool = True
+    """`sharded_state_dict` hands out each rank's own part (else full state, for checkpoint_io=dcp)."""
+    float64: bool = True
+    """precision=64 (DeepSpeed has no float64 mode)."""
+    true_half_precision: bool = True
+    """precision=16_true and bf16_true (DeepSpeed always keeps float32 master weights)."""
+    fp16_needs_device_support: bool = False
+    """precision=16 only where the device computes fp16 natively (DeepSpeed)."""
+    clip_grad_value: bool = True
+    """trainer.clip_grad_value can be honoured (DeepSpeed clips by global norm only)."""
+    compile: bool = True
+    """trainer.compile can compile its units (not where an engine wraps the model, or XLA compiles)."""
+    step_skipping: bool = True
+    """trainer.on_nonfinite=skip can leave a step out (not where an engine clips and steps in one call)."""
+    requires_cuda: bool = False
+    """It needs accelerator=cuda (fairscale's FSDP)."""
+    native_libraries: tuple[str, ...] = ()
+    """Native libraries this configuration needs (ctypes names, e.g. "aio" for NVMe offload)."""
+
+    def combined(self, others: list[Abilities]) -> Abilities:
+        """What a layout of parts can do: a permission where every part allows it, a requirement
+        where any part needs it, the libraries of all, a reason from the first part that gives one."""
+        merged = {}
+        for field in fields(self):
+            values = [getattr(a, field.name) for a in (self, *others)]
+            default = field.default
+            if isinstance(default, bool):
+                merged[field.name] = all(values) if default else any(values)
+            elif isinstance(default, tuple):
+                merged[field.name] = tuple(dict.fromkeys(v for value in values for v in value))
+            else:
+                merged[field.name] = next((v for v in values if v != default), default)
+        return Abilities(**merged)
