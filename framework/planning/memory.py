@@ -158,22 +158,22 @@ def zero(stats: ModelStats, world_size: int, stage: int, offload_optimizer: str 
 
 
 def estimate(strategy, stats: ModelStats, world_size: int) -> MemoryEstimate:
-    """Bytes per rank under `strategy`, by its `memory_layout` and the settings that layout reads
-    (fsdp's cpu_offload; DeepSpeed's stage and offload devices). Under SPMD one process drives all
-    of a node's devices, so states shard over every device of every process."""
-    shards = strategy.layout(world_size).state_shards
-    layout = strategy.memory_layout
-    if layout == "fully_sharded":
-        return fully_sharded(stats, shards, offload=getattr(strategy, "cpu_offload", False))
-    if layout == "optimizer_sharded":
+    """Bytes per rank under `strategy`, by the states of its layout (`strategy.layout(world)`:
+    framework/strategy/layout.py StateLayout, with every setting its formula reads; a mesh layout's
+    from its appliers). Under SPMD one process drives all of a node's devices, so states shard over
+    every device of every process."""
+    layout = strategy.layout(world_size)
+    shards, states = layout.state_shards, layout.states
+    if states.kind == "fully_sharded":
+        return fully_sharded(stats, shards, offload=states.offload)
+    if states.kind == "optimizer_sharded":
         return optimizer_sharded(stats, shards)
-    if layout == "pipelined":
-        dims = strategy.parallel_dims(world_size)
-        return pipelined(stats, dims.data_parallel, dims.tensor)
-    if layout == "zero":
-        return zero(stats, shards, strategy.stage, strategy.offload_optimizer, strategy.offload_parameters)
-    if layout != "replicated":
-        raise ValueError(f"{type(strategy).__name__}.memory_layout={layout!r}: use one of replicated, "
+    if states.kind == "pipelined":
+        return pipelined(stats, states.data_parallel, states.tensor_parallel)
+    if states.kind == "zero":
+        return zero(stats, shards, states.zero_stage, states.offload_optimizer, states.offload_parameters)
+    if states.kind != "replicated":
+        raise ValueError(f"{type(strategy).__name__}'s layout states kind={states.kind!r}: use one of replicated, "
                          "fully_sharded, optimizer_sharded, zero, pipelined")
     return replicated(stats)
 

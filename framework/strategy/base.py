@@ -23,7 +23,7 @@ from framework.precision.base import Precision
 from framework.precision.fp32 import FP32Precision
 from framework.strategy import collectives
 from framework.strategy.abilities import Abilities
-from framework.strategy.layout import DataParallel, Layout
+from framework.strategy.layout import DataParallel, Layout, StateLayout
 from framework.strategy.state_dicts import (
     copy_structure,
     full_state_options,
@@ -42,7 +42,7 @@ class Strategy:
 
     Method surface, in the order the runner and loop call it:
     - before launch: `problems(meta_model)`; `framework plan` and the preflight read
-      `memory_layout` and `layout(world, meta_model)`.
+      `layout(world, meta_model)` (with `states`: how the model states lie).
     - `configure_loop(settings)`: micro-batch size, accumulation and clipping, in advance.
     - `setup_environment()`: in each worker, before anything else: device, process group.
     - `build_model(factory)`: the model, built so that a sharding strategy's ranks never hold all
@@ -71,8 +71,8 @@ class Strategy:
     #: low memory over speed where it has a choice: framework/accelerator/cpu.py)
     shards_states: bool = False
     #: how its model states lie across ranks, for `framework plan`'s bytes per rank
-    #: (framework/planning/memory.py): replicated, fully_sharded, optimizer_sharded or zero
-    memory_layout: str = "replicated"
+    #: (framework/planning/memory.py reads it from `layout`)
+    states: StateLayout = StateLayout()
     #: why "setting up the model and optimizer" may take long (said when it does)
     setup_note: str = ""
     #: what it can do (manual optimization, loss scaling, precisions, clipping by value, compile,
@@ -171,7 +171,7 @@ class Strategy:
         """How `world_size` ranks hold the model (`framework plan` and the preflight read it; the
         model built on the meta device, or None). The base: states replicated or sharded over every
         rank (SPMD: every device of every process), nothing more to say."""
-        return Layout(world_size * (self.devices if self.spmd else 1))
+        return Layout(world_size * (self.devices if self.spmd else 1), states=self.states)
 
     def units(self, model: torch.nn.Module) -> Units:
         """The model's units (framework/construction/units.py): what sharding strategies gather

@@ -15,6 +15,7 @@ import torch
 from framework.config.types import NonNegativeInt
 from framework.construction.prepare import checkpoint_activations, convert_precision
 from framework.strategy.abilities import Abilities
+from framework.strategy.layout import StateLayout
 from framework.strategy.parallel import ParallelStrategy
 
 
@@ -29,7 +30,7 @@ class DDPShardedStrategy(ParallelStrategy):
                               "layout and broadcasts the weights itself after each step: torchft's heal works on "
                               "torch's own layouts")
     shards_states = True
-    memory_layout = "optimizer_sharded"
+    states = StateLayout("optimizer_sharded")
     requires_packages = {"fairscale": "'framework[fairscale]'"}
     # one optimizer driven by its wrapper; OSS shards the optimizer by its own numbering
     # (checkpoint_io=dcp gets full state from rank zero); not compiled

@@ -11,6 +11,7 @@ import torch
 
 from framework.construction.named_state import strict_load
 from framework.strategy.abilities import Abilities
+from framework.strategy.layout import StateLayout
 from framework.strategy.parallel import ParallelStrategy
 
 
@@ -22,7 +23,6 @@ class FairscaleFSDPStrategy(ParallelStrategy):
     replica_groups_refusal = ("fairscale keeps the parameters flattened in buffers of its own and reduces the "
                               "gradients in its own hooks: torchft's average and heal work on torch's own layouts")
     shards_states = True
-    memory_layout = "fully_sharded"
     requires_packages = {"fairscale": "'framework[fairscale]'"}
     # one optimizer driven by its wrapper; no DTensor view (checkpoint_io=dcp gets full state from rank
     # zero); its flat parameters are not compiled; it needs CUDA
@@ -38,6 +38,10 @@ class FairscaleFSDPStrategy(ParallelStrategy):
         self.reshard_after_forward = reshard_after_forward
         self.cpu_offload = cpu_offload
 
+
+    @property
+    def states(self) -> StateLayout:  # type: ignore[override]
+        return StateLayout("fully_sharded", offload=self.cpu_offload)
     def _fsdp_kwargs(self) -> dict:
         dtypes = self.precision.sharded_param_dtypes()
         return {"reshard_after_forward": self.reshard_after_forward, "move_params_to_cpu": self.cpu_offload,

@@ -20,6 +20,28 @@ class DataParallel:
 
 
 @dataclass(frozen=True)
+class StateLayout:
+    """How a rank holds the model states (weights, gradients, optimizer state): what
+    framework/planning/memory.py's formula for bytes per rank counts, with every setting it reads."""
+
+    kind: str = "replicated"
+    """replicated (every rank all of it), fully_sharded (FSDP), optimizer_sharded (fairscale's OSS),
+    zero (DeepSpeed), pipelined (stages: a stage's states on its ranks)."""
+    offload: bool = False
+    """fully_sharded: the shards kept in CPU memory."""
+    data_parallel: int = 1
+    """pipelined: the ranks a stage's optimizer state is sharded over."""
+    tensor_parallel: int = 1
+    """pipelined: the ranks a stage's layers are split over."""
+    zero_stage: int = 0
+    """zero: DeepSpeed's stage."""
+    offload_optimizer: str = "none"
+    """zero: where the optimizer state lives (none, cpu, nvme)."""
+    offload_parameters: str = "none"
+    """zero: where the parameters live (stage 3)."""
+
+
+@dataclass(frozen=True)
 class Layout:
     """What a strategy says of how its ranks hold the model, for `framework plan` and the memory
     preflight (framework/planning/memory.py)."""
@@ -39,3 +61,5 @@ class Layout:
     experts under expert parallelism (each rank holds 1/spread_ranks of them, replicated over the
     other ranks, never sharded by FSDP)."""
     spread_ranks: int = 1
+    states: StateLayout = StateLayout()
+    """How the states lie, for the memory formula."""

@@ -6,6 +6,7 @@ first dimension does not divide by the device count stays replicated (said at st
 """
 from __future__ import annotations
 
+from framework.strategy.layout import StateLayout
 from framework.strategy.xla_spmd import XLASPMDStrategy
 
 
@@ -14,7 +15,7 @@ class XLAFSDPStrategy(XLASPMDStrategy):
 
     name = "xla_fsdp"
     shards_states = True
-    memory_layout = "fully_sharded"  # over every device of every host (one process per host)
+    states = StateLayout("fully_sharded")  # over every device of every host (one process per host)
 
     def wrap_model(self, model):
         import torch_xla.distributed.spmd as xs

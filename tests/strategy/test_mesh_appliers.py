@@ -9,6 +9,7 @@ import pytest
 
 from framework.strategy.fsdp import FSDPStrategy
 from framework.strategy.hsdp import HSDPStrategy
+from framework.strategy.layout import StateLayout
 from framework.strategy.mesh import strategy as mesh_strategy
 from framework.strategy.mesh.applier import Applier
 from framework.strategy.model_parallel import ModelParallelStrategy
@@ -64,13 +65,14 @@ def test_what_a_layout_can_do_follows_from_its_appliers():
     pipeline.devices = 2
     can = pipeline.abilities
     assert pipeline.pipelined and not can.manual_optimization and not can.position_ids and not can.loss_scaling
-    assert pipeline.memory_layout == "pipelined" and not can.sharded_state and "inside its schedule" in can.single_optimizer_reason
+    assert pipeline.states == StateLayout("pipelined", data_parallel=1, tensor_parallel=1)
+    assert not can.sharded_state and "inside its schedule" in can.single_optimizer_reason
     tensor = ModelParallelStrategy(tensor_parallel_size=2)
     tensor.devices = 2
     assert tensor.splits_layers and not tensor.pipelined and tensor.abilities.loss_scaling
     context = FSDPStrategy(context_parallel_size=2)
     context.devices = 2
-    assert not context.splits_layers and context.memory_layout == "fully_sharded" and context.abilities.sharded_state
+    assert not context.splits_layers and context.states.kind == "fully_sharded" and context.abilities.sharded_state
 
 
 def test_abilities_combine_permissions_requirements_and_libraries():

@@ -110,17 +110,19 @@ def test_the_strategy_surface_stays_small():
     state dicts (at most 34 methods and properties: 32, `forward_backward`, the seam where a
     pipeline runs its schedule instead of one forward and backward, and `layout`, what `framework
     plan` and the memory preflight read, one typed result); what the compatibility table reads of it are
-    a few declared attributes and one Abilities object (what it can do: not a flag per question);
+    a few declared attributes, one Abilities object (what it can do: not a flag per question) and
+    its StateLayout (how its states lie, for the memory formula);
     45 members in all at most (Lightning's base has 61); building and preparing a model lives in
     framework/construction/, memory estimates in framework/planning/."""
     import inspect
 
     from framework.strategy.abilities import Abilities
+    from framework.strategy.layout import StateLayout
 
     members = sorted(n for n in dir(Strategy) if not n.startswith("__"))
     flags = [n for n in members if not callable(getattr(Strategy, n))
              and not isinstance(inspect.getattr_static(Strategy, n), property)]
     assert len(members) - len(flags) <= 34, [n for n in members if n not in flags]
     assert len([n for n in vars(Strategy) if not n.startswith("__")]) <= 45
-    assert all(isinstance(getattr(Strategy, n), (bool, str, tuple, Abilities)) for n in flags), flags
+    assert all(isinstance(getattr(Strategy, n), (bool, str, tuple, Abilities, StateLayout)) for n in flags), flags
     assert not {"sampler", "estimate_memory", "place_model", "convert_precision"} & set(members)

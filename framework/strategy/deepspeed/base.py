@@ -27,6 +27,7 @@ from framework.strategy.deepspeed.imports import deepspeed_package, muon_left_un
 from framework.strategy.deepspeed.master_weights import shared_master_partitions
 from framework.strategy.deepspeed.op_locks import build_root_problem
 from framework.strategy.deepspeed.sizes import nvme_param_swap, zero_sizes
+from framework.strategy.layout import StateLayout
 from framework.strategy.parallel import ParallelStrategy
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
@@ -69,7 +70,6 @@ class DeepSpeedStrategy(ParallelStrategy):
                               "partitioned states in buffers of its own: nothing between the backward and the step "
                               "where torchft could average the groups' gradients, no per-rank state to copy in a heal")
     shards_states = True
-    memory_layout = "zero"
     setup_note = "a machine's first DeepSpeed run compiles its ops: a minute or more"
     requires_packages = {"deepspeed": "'framework[deepspeed]'"}
     # one optimizer driven by its engine, which also clips and steps in one call (no step to leave
@@ -105,6 +105,11 @@ class DeepSpeedStrategy(ParallelStrategy):
         self.partitioned_init = partitioned_init
         self.fused_adam = fused_adam
         self.engine = None
+
+    @property
+    def states(self) -> StateLayout:  # type: ignore[override]
+        return StateLayout("zero", zero_stage=self.stage, offload_optimizer=self.offload_optimizer,
+                           offload_parameters=self.offload_parameters)
 
     @property
     def abilities(self) -> Abilities:  # type: ignore[override]

@@ -12,6 +12,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from framework.construction.meta_init import InitLog, replay
 from framework.construction.units import Units
+from framework.strategy.layout import StateLayout
 from framework.strategy.mesh.applier import Applier
 from framework.tensors import write_part
 
@@ -91,6 +92,7 @@ class ShardingApplier(Applier):
 
     def layout(self, layout, model):
         d = self.dims  # hybrid: the states divided over one shard group (x its context ranks)
+        layout = replace(layout, states=StateLayout("fully_sharded", offload=self.strategy.cpu_offload))
         return replace(layout, state_shards=d.shard * d.context) if d.replicate > 1 else layout
 
     def apply(self, model):

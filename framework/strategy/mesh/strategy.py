@@ -21,6 +21,7 @@ from framework.construction.units import DEFAULT_MIN_UNIT_PARAMS, Units, choose_
 from framework.errors import ConfigError
 from framework.strategy.abilities import Abilities
 from framework.strategy.base import DataParallel, Layout
+from framework.strategy.layout import StateLayout
 from framework.strategy.mesh import state
 from framework.strategy.mesh.applier import Applier, some
 from framework.strategy.mesh.context import ContextApplier
@@ -118,8 +119,8 @@ class MeshStrategy(ParallelStrategy):
         return Abilities().combined([a.abilities for a in self.planned_appliers()])
 
     @property
-    def memory_layout(self) -> str:
-        return "pipelined" if any(a.runs_step for a in self.planned_appliers()) else "fully_sharded"
+    def states(self) -> StateLayout:  # type: ignore[override]
+        return self.layout(self.devices * self.num_nodes).states
 
     @property
     def mesh(self):

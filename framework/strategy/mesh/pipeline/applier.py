@@ -5,9 +5,10 @@ does the work)."""
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import replace
 
 from framework.strategy.abilities import Abilities
-from framework.strategy.layout import Layout
+from framework.strategy.layout import Layout, StateLayout
 from framework.strategy.mesh import state
 from framework.strategy.mesh.applier import Applier
 from framework.strategy.mesh.pipeline.plan import (
@@ -48,11 +49,14 @@ class PipelineApplier(Applier):
         return layout_lines(self.settings, self.dims, model, self.strategy.loop_settings.micro_batch_size)
 
     def layout(self, layout: Layout, model) -> Layout:
+        layout = replace(layout, states=StateLayout("pipelined", data_parallel=self.dims.data_parallel,
+                                                    tensor_parallel=self.dims.tensor))
         if model is None:
             return layout
         # the most loaded pipeline rank's parameters; the first stage's activations at once
-        return Layout(layout.state_shards, layout.lines, max(rank_parameters(self.settings, self.dims, model)),
-                      layout.activation_share * first_stage_activations(self.settings, self.dims, model))
+        return replace(layout, held_parameters=max(rank_parameters(self.settings, self.dims, model)),
+                       activation_share=layout.activation_share * first_stage_activations(self.settings, self.dims,
+                                                                                           model))
 
     def build(self, model):
         s = self.strategy
