@@ -26,6 +26,7 @@ PACKAGE = ROOT / "framework"
 # floor or from its own package (framework.<package>). Keep in step with docs/architecture.md.
 FLOORS = {
     "framework.errors": 0, "framework.version": 0, "framework.tensors": 0, "framework.signals": 0,
+    "framework.sequences": 0,
     "framework.cgroup": 0,
     "framework.console": 1, "framework.paths": 1,
     "framework.config": 2,

@@ -63,19 +63,19 @@ RULES: list[Rule] = [
         "torch.compile does not trace; use trainer.compile=false, or a precision such as bf16 or 32.",
     ),
     Rule(
-        lambda p: p.loop.loss_chunked and p.strategy.pipelined,
+        lambda p: p.loop.loss_chunked and p.strategy.abilities.pipeline_stages,
         lambda p: f"task.loss_chunk_tokens with strategy={_strat(p)} and pipeline stages: the last stage's loss is "
         "computed by the schedule from that stage's whole logits (framework/strategy/mesh/pipeline/run.py), which "
         "the chunked head does not reach; set task.loss_chunk_tokens=null, or use strategy=fsdp.",
     ),
     Rule(
-        lambda p: p.loop.loss_chunked and p.strategy.splits_layers and not p.strategy.pipelined,
+        lambda p: p.loop.loss_chunked and p.strategy.abilities.splits_layers and not p.strategy.abilities.pipeline_stages,
         lambda p: f"task.loss_chunk_tokens with strategy={_strat(p)}: under tensor parallelism the output head may be "
         "split over the vocabulary (Hugging Face's plans split lm_head), and a chunk's loss would then need the "
         "vocabulary-parallel cross-entropy, which is not built; set task.loss_chunk_tokens=null, or use strategy=fsdp.",
     ),
     Rule(
-        lambda p: p.loop.adapter is not None and p.strategy.splits_layers,
+        lambda p: p.loop.adapter is not None and p.strategy.abilities.splits_layers,
         lambda p: f"adapter={p.loop.adapter} with strategy={_strat(p)}: the adapters wrap the very layers tensor "
         "parallelism splits, and their small matrices would have to be split the same way; use strategy=fsdp "
         "(or hsdp) to shard the frozen base, which is what an adapter run needs.",
@@ -209,13 +209,13 @@ RULES: list[Rule] = [
         "precision=bf16 (float32's range: no loss scaling needed) or bf16_true.",
     ),
     Rule(
-        lambda p: p.strategy.pipelined and not p.loop.stage_split and not p.loop.manual_optimization,
+        lambda p: p.strategy.abilities.pipeline_stages and not p.loop.stage_split and not p.loop.manual_optimization,
         lambda p: f"strategy={_strat(p)} runs the model in pipeline stages, but task {p.loop.task} does not say how a "
         "batch goes through stages; give it pipeline_split(batch) -> (the first stage's input, the targets) and "
         "summed_loss(outputs, targets) (framework/tasks/base.py), or use strategy=fsdp.",
     ),
     Rule(
-        lambda p: p.strategy.pipelined and p.loop.pooled_routing,
+        lambda p: p.strategy.abilities.pipeline_stages and p.loop.pooled_routing,
         lambda p: f"a Hugging Face mixture of experts' routing is counted over every layer at once (its balancing "
         "loss, router_aux_loss_coef, pools them into one product, as transformers computes it; its load is logged "
         f"from the same watch), but under strategy={_strat(p)} the layers lie on different pipeline stages; use "

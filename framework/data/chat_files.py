@@ -35,8 +35,8 @@ from framework.data.store import Documents, PackedDocuments, open_split
 from framework.data.stored_files import StoredFiles, first_rows
 from framework.data.tokenizer import loaded_tokenizer
 from framework.errors import ConfigError
+from framework.sequences import IGNORE_INDEX
 
-IGNORE_INDEX = -100
 CHECKED_ROWS = 20  # rows of each file rendered before launch (the rest when the data is prepared)
 
 

@@ -18,9 +18,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from framework.sequences import IGNORE_INDEX
+
 MANIFEST = "manifest.json"
 VERSION = 1
-IGNORE_INDEX = -100
 
 
 def read_manifest(root: Path) -> dict | None:

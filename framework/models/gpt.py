@@ -9,6 +9,7 @@ from framework.config.types import NonNegativeFloat, PositiveInt
 from framework.construction.stage_modules import GPTStage
 from framework.errors import ConfigError
 from framework.models.moe import MoE, MoESettings
+from framework.sequences import document_ids
 
 
 class KVCache:
@@ -33,14 +34,13 @@ class KVCache:
 
 
 def packed_mask(position_ids: torch.Tensor) -> torch.Tensor:
-    """(B, 1, T, T), True where query t may attend to key s: s <= t within the same sequence, a
-    sequence starting wherever a position does not follow the one before it by 1."""
-    starts = torch.ones_like(position_ids, dtype=torch.bool)
-    starts[:, 1:] = position_ids[:, 1:] - position_ids[:, :-1] != 1
-    sequence = starts.cumsum(dim=1)
+    """(B, 1, T, T), True where query t may attend to key s: s <= t within the same document
+    (framework/sequences.py: a document starts wherever a position does not follow the one before
+    it by 1)."""
+    documents = document_ids(position_ids)
     t = position_ids.shape[1]
     causal = torch.ones(t, t, dtype=torch.bool, device=position_ids.device).tril()
-    return ((sequence[:, :, None] == sequence[:, None, :]) & causal)[:, None]
+    return ((documents[:, :, None] == documents[:, None, :]) & causal)[:, None]
 
 
 class CausalSelfAttention(nn.Module):

@@ -1,4 +1,4 @@
-"""What a strategy can do, in one object the compatibility table reads
+"""What a strategy is and can do, in one object the compatibility table reads
 (framework/config/compatibility.py): a strategy declares `abilities = Abilities(...)` with the
 fields where it differs; a layout built of parts (the mesh strategy's appliers) combines its parts'."""
 from __future__ import annotations
@@ -36,6 +36,11 @@ class Abilities:
     """It needs accelerator=cuda (fairscale's FSDP)."""
     native_libraries: tuple[str, ...] = ()
     """Native libraries this configuration needs (ctypes names, e.g. "aio" for NVMe offload)."""
+    pipeline_stages: bool = False
+    """It runs the model in pipeline stages (the task must say how a batch is split: pipeline_split,
+    summed_loss)."""
+    splits_layers: bool = False
+    """It splits layers across ranks (tensor parallelism): adapters and the chunked loss care."""
 
     def combined(self, others: list[Abilities]) -> Abilities:
         """What a layout of parts can do: a permission where every part allows it, a requirement

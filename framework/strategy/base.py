@@ -75,21 +75,16 @@ class Strategy:
     states: StateLayout = StateLayout()
     #: why "setting up the model and optimizer" may take long (said when it does)
     setup_note: str = ""
-    #: what it can do (manual optimization, loss scaling, precisions, clipping by value, compile,
-    #: step skipping, sharded checkpoint state...): framework/strategy/abilities.py; the
-    #: compatibility table reads it
+    #: what it is and can do (pipeline stages, split layers, manual optimization, loss scaling,
+    #: precisions, clipping by value, compile, step skipping, sharded checkpoint state...):
+    #: framework/strategy/abilities.py; the compatibility table reads it
     abilities: Abilities = Abilities()
-    #: whether it runs the model in pipeline stages (the task must say how a batch is split:
-    #: pipeline_split, summed_loss; the compatibility table reads it)
-    pipelined: bool = False
     #: why it cannot run inside replica groups (fault_tolerance=torchft), as the refusal says it;
     #: "": it can (rank r of every group holds the same part of the state, whatever the layout, so
     #: the gradients are averaged and a heal copied rank to rank)
     replica_groups_refusal: str = ""
     #: one process drives all of a node's devices (XLA SPMD): `devices` starts no processes
     spmd: bool = False
-    #: whether it splits layers across ranks (tensor parallelism): adapters and some checks care
-    splits_layers: bool = False
     #: an XLA strategy (accelerator=xla only)
     xla: bool = False
 

@@ -24,8 +24,7 @@ from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
 from framework.errors import ConfigError
-
-IGNORE_INDEX = -100
+from framework.sequences import IGNORE_INDEX
 
 
 def _chunk_losses(head: nn.Linear, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

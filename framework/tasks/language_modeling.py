@@ -21,11 +21,10 @@ from torch.nn import functional as F
 
 from framework.config.types import PositiveInt
 from framework.errors import ConfigError
+from framework.sequences import IGNORE_INDEX, next_token_targets
 from framework.tasks.base import Task
 from framework.tasks.chunked_loss import chunked_head, scoring
 from framework.tasks.metrics import Metrics
-
-IGNORE_INDEX = -100
 
 
 def output_logits(output) -> torch.Tensor:
@@ -49,7 +48,7 @@ def model_inputs_and_targets(batch) -> tuple[dict, torch.Tensor]:
         if "shift_labels" in batch:  # shifted already (a share of each sequence: context parallelism)
             return {k: v for k, v in batch.items() if k != "shift_labels"}, batch["shift_labels"]
         labels = batch.get("labels", batch["input_ids"])
-        return {k: v for k, v in batch.items() if k != "labels"}, F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
+        return {k: v for k, v in batch.items() if k != "labels"}, next_token_targets(labels)
     tokens, targets = batch
     return {"input_ids": tokens}, targets
 
@@ -137,7 +136,7 @@ class LanguageModeling(Task):
             raise ConfigError("strategy=pipeline: packed rows (position_ids) do not pass between stages; set "
                               "data.packing=false, or use strategy=fsdp.")
         labels = batch.get("labels", batch["input_ids"])
-        return batch["input_ids"], F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
+        return batch["input_ids"], next_token_targets(labels)
 
     def summed_loss(self, outputs, targets) -> torch.Tensor:
         """The next-token loss of a pipeline's last stage, summed over its scored tokens."""

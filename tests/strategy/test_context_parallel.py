@@ -62,6 +62,8 @@ def test_context_ranks_are_taken_first_and_share_their_groups_batch():
      "with task Classification: only a language model's batches"),
     (lambda: FSDPStrategy(context_parallel_size=2, expert_parallel_size=2), {}, "expert_parallel_size=2"),
     (lambda: PipelineStrategy(pipeline_parallel_size=2, context_parallel_size=2), {}, "with pipeline stages"),
+    # 'auto' stages at 4 ranks after context 4 took them: one stage, still a pipeline's layout
+    (lambda: PipelineStrategy(context_parallel_size=4), {}, "pipeline_parallel_size resolved to 1"),
 ])
 def test_what_context_parallelism_refuses_before_launch(strategy, loop, fragment):
     planned = _planned(strategy(), 4, **loop)
@@ -171,6 +173,8 @@ RUNS = {
                  "trainer.activation_checkpointing=true"],
     "context4": ["strategy=fsdp", "devices=4", "strategy.context_parallel_size=4", "data.batch_size=16"],
     "context2_fsdp2": ["strategy=fsdp", "devices=4", "strategy.context_parallel_size=2", "data.batch_size=8"],
+    "hsdp_context2": ["strategy=hsdp", "devices=4", "strategy.shard_size=1", "strategy.context_parallel_size=2",
+                      "data.batch_size=8"],
     "context2_tensor2": ["strategy=model_parallel", "devices=4", "strategy.context_parallel_size=2",
                          "strategy.tensor_parallel_size=2", "data.batch_size=16"],
 }

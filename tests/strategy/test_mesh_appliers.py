@@ -17,8 +17,8 @@ from framework.strategy.pipeline import PipelineStrategy
 from tests.conftest import ROOT
 
 MESH = ROOT / "framework" / "strategy" / "mesh"
-# reading whether the layout is pipelined, or comparing a dimension's size: a branch on the layout
-BRANCH = re.compile(r"self\.pipelined|\bif\b.*\bpipelined\b|dims\.\w+\s*(==|!=|<=|>=|<|>)")
+# whether the layout has stages, or a dimension's size compared: a branch on the layout
+BRANCH = re.compile(r"\bpipelined\b|pipeline_stages|dims\.\w+\s*(==|!=|<=|>=|<|>)")
 
 
 def test_the_mesh_strategy_has_no_branch_on_a_dimension():
@@ -26,6 +26,7 @@ def test_the_mesh_strategy_has_no_branch_on_a_dimension():
     found = [f"strategy.py:{n}: {line.strip()}" for n, line in enumerate(text.splitlines(), 1) if BRANCH.search(line)]
     assert not found, "ask the appliers instead:\n" + "\n".join(found)
     assert BRANCH.search("if self.pipelined:") and BRANCH.search("x = dims.tensor > 1")  # the pattern itself
+    assert BRANCH.search("can.pipeline_stages")
 
 
 def test_no_file_of_the_mesh_strategy_is_over_300_lines():
@@ -64,15 +65,15 @@ def test_what_a_layout_can_do_follows_from_its_appliers():
     pipeline = PipelineStrategy(pipeline_parallel_size=2)
     pipeline.devices = 2
     can = pipeline.abilities
-    assert pipeline.pipelined and not can.manual_optimization and not can.position_ids and not can.loss_scaling
+    assert can.pipeline_stages and not can.manual_optimization and not can.position_ids and not can.loss_scaling
     assert pipeline.states == StateLayout("pipelined", data_parallel=1, tensor_parallel=1)
     assert not can.sharded_state and "inside its schedule" in can.single_optimizer_reason
     tensor = ModelParallelStrategy(tensor_parallel_size=2)
     tensor.devices = 2
-    assert tensor.splits_layers and not tensor.pipelined and tensor.abilities.loss_scaling
+    assert tensor.abilities.splits_layers and not tensor.abilities.pipeline_stages and tensor.abilities.loss_scaling
     context = FSDPStrategy(context_parallel_size=2)
     context.devices = 2
-    assert not context.splits_layers and context.states.kind == "fully_sharded" and context.abilities.sharded_state
+    assert not context.abilities.splits_layers and context.states.kind == "fully_sharded" and context.abilities.sharded_state
 
 
 def test_abilities_combine_permissions_requirements_and_libraries():

@@ -74,12 +74,12 @@ def test_model_parallel_with_stages_is_the_pipeline_on_a_3d_mesh(settings, devic
     mesh from model_parallel's own keys, and stays the option the user chose (its name in every
     message); without stages it is the 2-D mesh."""
     strategy = ModelParallelStrategy(**settings)
-    assert type(strategy) is ModelParallelStrategy and strategy.name == "model_parallel" and strategy.pipelined
+    assert type(strategy) is ModelParallelStrategy and strategy.name == "model_parallel" and strategy.abilities.pipeline_stages
     strategy.devices = devices
     assert _shape(strategy, world) == shape
     strategy.num_nodes = world // devices
-    assert strategy.splits_layers == (shape[2] > 1)
-    assert not ModelParallelStrategy(tensor_parallel_size=2).pipelined
+    assert strategy.abilities.splits_layers == (shape[2] > 1)
+    assert not ModelParallelStrategy(tensor_parallel_size=2).abilities.pipeline_stages
 
 
 @pytest.mark.parametrize("settings,fragment", [

@@ -10,8 +10,8 @@ Before launch: `problems` (its refusals, each naming the key and the fix), `line
 Building, in the order of ORDER: `build` (the model on the meta device: a pipeline cuts it), then
 in the workers `apply` (tensor parallelism splits layers, FSDP shards...), `materialise` (the one
 applier that knows how this rank's tensors are allocated, else the plain way), `finish`.
-A step: `batch` (a rank's share of the batch), `loss_weight`, `runs_step`/`forward_backward` (a
-schedule that runs the passes itself), `no_sync`, `before_clip`, and the clip's `norm_by_hand`,
+A step: `batch` (a rank's share of the batch), `loss_weight`, `forward_backward` (a schedule that
+runs the passes itself), `no_sync`, `before_clip`, and the clip's `norm_by_hand`,
 `counted`, `norm_group`; `before_step`, `after_zero_grad`.
 Checkpoints: `state_by_hand`, `merge_model_state`, `merge_optimizer_state`, `load_model_state`,
 `optimizer_state_to_load`.
@@ -32,8 +32,6 @@ class Applier:
     """One part of a mesh layout; `strategy` is the mesh strategy it belongs to (its settings, dims,
     mesh, precision and device), `dims` the resolved dims it was chosen for."""
 
-    #: runs each micro-batch's forward and backward itself (a pipeline schedule)
-    runs_step = False
     #: the gradient norm is taken by hand (parameters on several meshes, or stages)
     norm_by_hand = False
     #: checkpoint state gathered tensor by tensor (split layers, stages), not by DCP's full state
@@ -42,7 +40,6 @@ class Applier:
     mesh_dims: tuple[str, ...] = ()
     #: what a layout with this applier can do (the strategy's: every applier's, combined)
     abilities = Abilities()
-    splits_layers = False
 
     def __init__(self, strategy, dims):
         self.strategy, self.dims = strategy, dims
@@ -95,7 +92,9 @@ class Applier:
     loss_weight = 1
 
     def forward_backward(self, model, task, batch, group, scale, loss_of):
-        raise NotImplementedError
+        """A micro-batch's forward and backward where this applier runs them itself (a pipeline's
+        schedule): (the loss the guard watches, the logged share); None: the strategy's own."""
+        return None
 
     def no_sync(self, model: torch.nn.Module, skip: bool) -> AbstractContextManager | None:
         return None
@@ -129,8 +128,3 @@ class Applier:
         return full
 
 
-
-def some(flag: str) -> property:
-    """A strategy's property: whether an applier of its layout does it."""
-    return property(lambda strategy: any(getattr(a, flag) for a in strategy.planned_appliers()),
-                    doc=f"Whether an applier of the layout does it ({flag}).")

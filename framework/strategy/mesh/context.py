@@ -22,13 +22,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 import torch
-from torch.nn import functional as F
 
 from framework.errors import ConfigError
+from framework.sequences import document_ids, next_token_targets
 from framework.strategy.mesh.applier import Applier
 from framework.strategy.mesh.context_attention import ContextAttention, SequenceShard
-
-IGNORE_INDEX = -100
 
 
 def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -61,8 +59,9 @@ class ContextApplier(Applier):
     # ---- before launch ---------------------------------------------------------------------------
     def problems(self, model):
         key, dims, loop = f"strategy.context_parallel_size={self.size}", self.dims, self.strategy.loop_settings
-        if dims.pipeline > 1:
-            return [f"{key} with pipeline stages (strategy.pipeline_parallel_size={dims.pipeline}): a stage passes its "
+        if self.strategy.pipeline is not None:  # a pipeline's layout, whatever its stage count resolved to
+            return [f"{key} with pipeline stages (strategy={self.strategy.name}, pipeline_parallel_size resolved to "
+                    f"{dims.pipeline}): a stage passes its "
                     "activations alone to the next, and the split positions would have to travel with them; not "
                     "supported yet: use context parallelism with fsdp, hsdp or tensor parallelism."]
         if dims.expert > 1:
@@ -131,7 +130,7 @@ def split_batch(batch, size: int, rank: int, group=None) -> tuple[dict, Sequence
     if isinstance(batch, Mapping):
         ids = batch["input_ids"]
         labels = batch.get("labels", ids)
-        targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
+        targets = next_token_targets(labels)
         positions = batch.get("position_ids")
         mask = batch.get("attention_mask")
     else:
@@ -141,12 +140,8 @@ def split_batch(batch, size: int, rank: int, group=None) -> tuple[dict, Sequence
     if length % (2 * size):
         raise ConfigError(f"strategy.context_parallel_size={size}: a batch of {length} positions is not divisible by "
                           f"{2 * size}; choose a data.block_size that is a multiple of {2 * size}.")
-    documents = None
-    if positions is not None:  # packed rows: a document starts where a position does not follow by 1
-        starts = torch.ones_like(positions, dtype=torch.bool)
-        starts[:, 1:] = positions[:, 1:] - positions[:, :-1] != 1
-        documents = starts.cumsum(dim=1)
-    else:
+    documents = None if positions is None else document_ids(positions)  # packed rows
+    if positions is None:
         positions = torch.arange(length, device=ids.device).expand(ids.shape[0], length)
     shard = SequenceShard(group, size, rank, length, documents, mask.bool() if mask is not None else None)
     return {"input_ids": shard.split(ids), "position_ids": shard.split(positions),

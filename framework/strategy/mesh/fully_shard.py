@@ -76,7 +76,7 @@ class ShardingApplier(Applier):
 
     def __init__(self, strategy, dims):
         super().__init__(strategy, dims)
-        self.pipelined = strategy.pipeline is not None  # the schedule defers the reduction itself
+        self.stages = strategy.pipeline is not None  # the schedule defers the reduction itself
 
     @classmethod
     def wanted(cls, strategy, dims) -> bool:
@@ -87,8 +87,8 @@ class ShardingApplier(Applier):
         d = self.dims
         if d.replicate == 1:
             return []
-        return [f"mesh: {d.replicate} replica(s) x {d.shard} shard(s): the states are sharded over {d.shard} rank(s) "
-                f"and replicated {d.replicate} time(s)"]
+        return [f"mesh: {d.replicate} replica(s) x {d.shard} shard(s): the states are sharded over {d.shard * d.context} "
+                f"rank(s) and replicated {d.replicate} time(s)"]
 
     def layout(self, layout, model):
         d = self.dims  # hybrid: the states divided over one shard group (x its context ranks)
@@ -101,14 +101,14 @@ class ShardingApplier(Applier):
             s._say(f"{s.name}: {self.lines(None)[0]}")
         units = s.units(model)
         roots = s.roots(model)
-        if not self.pipelined:
+        if not self.stages:
             s._say(f"{s.name}: sharding units: {units.describe()}")
         kwargs = shard_kwargs(data_mesh(s.mesh, d.replicate > 1), s.precision, s.reshard_after_forward,
                               s.cpu_offload, s.root_device, s.ignored_parameters())
         apply_fully_shard(roots, units, kwargs)
 
     def no_sync(self, model, skip):
-        if self.pipelined:
+        if self.stages:
             return None
 
         @contextmanager

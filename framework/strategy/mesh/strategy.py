@@ -23,7 +23,7 @@ from framework.strategy.abilities import Abilities
 from framework.strategy.base import DataParallel, Layout
 from framework.strategy.layout import StateLayout
 from framework.strategy.mesh import state
-from framework.strategy.mesh.applier import Applier, some
+from framework.strategy.mesh.applier import Applier
 from framework.strategy.mesh.context import ContextApplier
 from framework.strategy.mesh.dims import DimsSettings, ParallelDims
 from framework.strategy.mesh.experts import ExpertApplier, RoutingApplier
@@ -111,9 +111,6 @@ class MeshStrategy(ParallelStrategy):
         return self.appliers(self.devices * self.num_nodes)
 
     # what the layout can do (the compatibility table reads these)
-    pipelined = some("runs_step")
-    splits_layers = some("splits_layers")
-
     @property
     def abilities(self) -> Abilities:
         return Abilities().combined([a.abilities for a in self.planned_appliers()])
@@ -224,10 +221,11 @@ class MeshStrategy(ParallelStrategy):
 
     def forward_backward(self, model, task, batch, group, scale, loss_of):
         scale = None if scale is None else scale * math.prod(a.loss_weight for a in self.appliers())
-        runner = next((a for a in self.appliers() if a.runs_step), None)
-        if runner is None:
-            return super().forward_backward(model, task, batch, group, scale, loss_of)
-        return runner.forward_backward(model, task, batch, group, scale, loss_of)
+        for applier in self.appliers():  # a schedule that runs the passes itself (a pipeline)
+            ran = applier.forward_backward(model, task, batch, group, scale, loss_of)
+            if ran is not None:
+                return ran
+        return super().forward_backward(model, task, batch, group, scale, loss_of)
 
     @contextmanager
     def no_backward_sync(self, model, skip: bool):

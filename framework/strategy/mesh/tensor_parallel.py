@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from framework.construction import tensor_parallel
+from framework.strategy.abilities import Abilities
 from framework.strategy.mesh.applier import Applier
 
 
@@ -62,7 +63,7 @@ class TensorApplier(Applier):
 
     norm_by_hand = True
     state_by_hand = True
-    splits_layers = True
+    abilities = Abilities(splits_layers=True)
 
     def __init__(self, strategy, dims):
         super().__init__(strategy, dims)

@@ -23,14 +23,14 @@ from framework.strategy.mesh.pipeline.run import PipelineRun
 class PipelineApplier(Applier):
     """Pipeline stages over the mesh's outermost dimension."""
 
-    runs_step = True
     norm_by_hand = True
     state_by_hand = True
     mesh_dims = ("pipeline",)
     # the schedule runs one loss's backward through its stages, calling backward itself on the loss
     # it computed; a stage passes its activations alone to the next; state gathered whole (names
     # stable across stage counts)
-    abilities = Abilities(manual_optimization=False, loss_scaling=False, position_ids=False, sharded_state=False,
+    abilities = Abilities(pipeline_stages=True, manual_optimization=False, loss_scaling=False, position_ids=False,
+                          sharded_state=False,
                           single_optimizer_reason="runs one loss's backward through its stages inside its schedule")
 
     def __init__(self, strategy, dims):
