@@ -2,6 +2,8 @@
 staleness test compares them)."""
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import os
 import subprocess
@@ -13,7 +15,8 @@ from framework.reference import config_page, support_matrix
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"
-PLUGIN_CONF = [ROOT / "examples" / "plugin" / "framework_plugin_example" / "conf"]
+PLUGIN_ROOT = ROOT / "examples" / "plugin"
+PLUGIN_CONF = [PLUGIN_ROOT / "framework_plugin_example" / "conf"]
 GPU_RESULTS = ROOT / "benchmarks" / "results" / "gpu_check.md"
 CONFIG_PAGE = ROOT / "docs" / "reference" / "config.md"
 KNOWN_KEYS = ROOT / "docs" / "_hooks" / "known_keys.json"
@@ -43,13 +46,26 @@ def matrix_page(tested: dict[tuple[str, str], list[str]]) -> str:
     return support_matrix.render(cpu, tested, where, gpu, strategies, precisions)
 
 
+@contextlib.contextmanager
+def _plugin_importable():
+    """The example plugin's classes importable while its options are read: their signatures decide
+    which keys are open, and whether a test had installed it must not change the page."""
+    sys.path.insert(0, str(PLUGIN_ROOT))
+    importlib.invalidate_caches()
+    try:
+        yield
+    finally:
+        sys.path.remove(str(PLUGIN_ROOT))
+
+
 def generated(tested: dict[tuple[str, str], list[str]] | None = None, matrix: bool = True) -> dict[Path, str]:
     """{path: text} of every generated file; `tested`: the matrix tests, collected when not given;
     matrix=False leaves the support matrix out (it runs the pre-launch checks of ~200 cells)."""
     pages = {
         CONFIG_PAGE: config_page.render(CONF, ROOT),
-        KNOWN_KEYS: json.dumps(config_page.known_keys(CONF, PLUGIN_CONF), indent=1) + "\n",
     }
+    with _plugin_importable():
+        pages[KNOWN_KEYS] = json.dumps(config_page.known_keys(CONF, PLUGIN_CONF), indent=1) + "\n"
     if matrix:
         pages[MATRIX_PAGE] = matrix_page(collected_matrix_tests() if tested is None else tested)
     return pages
