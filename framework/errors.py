@@ -30,6 +30,20 @@ class ConfigError(UserError):
     """A bad key, value, type or combination in the configuration."""
 
 
+def indivisible(given: str, size: int, count: int, what: str, fix: str) -> list[str]:
+    """The one form of a layout's divisibility rule: `[given does not divide what; fix]` where `size`
+    (given as `given`, its key=value) does not divide `count` (said as `what`), else [] (a size below
+    1 divides nothing). The ranks' rules are in framework/strategy/mesh/dims.py; those that need the
+    model or the batch where the applier that has them checks them."""
+    return [] if size >= 1 and count % size == 0 else [f"{given} does not divide {what}; {fix}"]
+
+
+def refuse(problems: list[str]) -> None:
+    """ConfigError with the first of `problems`, if any."""
+    if problems:
+        raise ConfigError(problems[0])
+
+
 class CheckpointError(UserError):
     """A checkpoint that is missing, incomplete, corrupt or unsafe to load."""
 

@@ -31,6 +31,8 @@ from typing import Callable
 from torch import nn
 from torch.nn import functional as F
 
+from framework.errors import indivisible
+
 #: styles of a plan without sequence parallelism, and those sequence parallelism adds
 LINEAR_STYLES = ("colwise", "rowwise", "colwise_fused3")
 SEQUENCE_STYLES = ("sequence_parallel", "split_sequence", "gather_sequence")
@@ -111,17 +113,15 @@ def plan_problems(model: nn.Module, plan: dict[str, str], source: str, size: int
                 continue
             split = {"colwise": module.out_features, "rowwise": module.in_features,
                      "colwise_fused3": module.out_features // 3}[style]
-            if split % size:
-                what = "input" if style == "rowwise" else "output"
-                problems.append(f"strategy.tensor_parallel_size={size_label} does not divide {name}'s {split} {what} "
-                                "features; choose a tensor-parallel size that divides them.")
+            what = "input" if style == "rowwise" else "output"
+            problems += indivisible(f"strategy.tensor_parallel_size={size_label}", size, split,
+                                    f"{name}'s {split} {what} features", "choose a tensor-parallel size that divides them.")
         elif style in SEQUENCE_STYLES and not sequence_parallel:
             problems.append(f"{source}: {name}: {style} is a sequence-parallel style; set "
                             "strategy.sequence_parallel=true or leave it out of the plan.")
     for what, count in head_counts(model).items():
-        if count % size:
-            problems.append(f"strategy.tensor_parallel_size={size_label} does not divide {what}={count} (each rank computes "
-                            "whole heads); choose a size that divides it.")
+        problems += indivisible(f"strategy.tensor_parallel_size={size_label}", size, count,
+                                f"{what}={count} (each rank computes whole heads)", "choose a size that divides it.")
     if sequence_parallel and not any(style == "split_sequence" for style in plan.values()):
         problems.append(f"strategy.sequence_parallel=true: {source} says nowhere where the sequence is split "
                         "(a split_sequence entry); the built-in GPT's plan has it. Set "

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from framework.models.moe import Routed, RouterRecord
+from framework.construction.routing import Routed, RouterRecord
 
 
 def routers(model: nn.Module) -> list[nn.Module]:
@@ -31,8 +31,6 @@ class RouterBalance(Routed):
     def __init__(self, watched: list[nn.Module], num_experts: int, top_k: int, coef: float):
         super().__init__()
         self.num_experts, self.top_k, self.coef = num_experts, top_k, coef
-        self.token_group = "default"  # as an MoE layer's (framework/strategy/mesh/experts.py sets it)
-        self.layer = 0
         self.outputs: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.record: RouterRecord | None = None
         self.per_layer: list[torch.Tensor] = []

@@ -26,7 +26,6 @@ to the rank holding their expert and back with all-to-all (torch's functional co
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -36,6 +35,7 @@ from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch.nn import functional as F
 
 from framework.config.types import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+from framework.construction.routing import ExpertLayer, RouterRecord, StackedExperts
 from framework.errors import ConfigError
 
 
@@ -86,10 +86,12 @@ class MoESettings:
         return self.enabled and ((self.balance == "loss" and self.balance_coef > 0) or self.z_loss_coef > 0)
 
 
-class Experts(nn.Module):
+class Experts(StackedExperts):
     """`num_experts` two-layer GELU MLPs, their weights stacked on a first dimension of experts (so
     expert parallelism splits them along it). Under expert parallelism this rank holds experts
     [first, first + local) and `group` is the expert-parallel process group."""
+
+    WEIGHTS = ("w1", "b1", "w2", "b2")
 
     def __init__(self, num_experts: int, n_embd: int, hidden: int, top_k: int):
         super().__init__()
@@ -104,7 +106,6 @@ class Experts(nn.Module):
             nn.init.normal_(weight, mean=0.0, std=0.02)
         for bias in (self.b1, self.b2):
             nn.init.zeros_(bias)
-        self.group = None  # the expert-parallel group (None: every expert here)
 
     def run_local(self, tokens: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """Each local expert on its slice of `tokens` (sorted by expert, `counts` each)."""
@@ -153,36 +154,7 @@ def _exchange(experts: Experts, tokens: torch.Tensor, counts: torch.Tensor) -> t
     return all_to_all_single_autograd(back, send_splits, recv_splits, group)
 
 
-@dataclass
-class RouterRecord:
-    """What one micro-batch's routing left for the losses and the metrics."""
-
-    balance: torch.Tensor  # num_experts x sum_e f_e x (sum of this rank's P_e over its tokens)
-    z: torch.Tensor  # sum over this rank's tokens of logsumexp(logits)^2
-    tokens: int  # this rank's tokens
-    counts: torch.Tensor  # routed tokens per expert, over the token group (float64, no grad)
-    dropped: torch.Tensor  # the fraction of routed token-slots the capacity dropped, over the token group
-
-
-class Routed(nn.Module):
-    """A module that routes tokens to experts and keeps, from its last training forward, what the
-    losses and the metrics read: the built-in GPT's MoE layer, or a Hugging Face model's routers
-    watched (framework/models/hf_routers.py)."""
-
-    record: RouterRecord | None = None
-
-    def losses(self, summed: bool) -> torch.Tensor | None:
-        """The weighted losses of the last training forward: summed over this rank's tokens (to be
-        divided as the task's summed loss is), or as means over them; None (this default): the
-        module routes but adds no loss of its own."""
-        return None
-
-    def loads(self) -> list[tuple[int, torch.Tensor]]:
-        """(the layer's index, its tokens per expert over the token group) for each layer it routes."""
-        return [(self.layer, self.record.counts)] if self.record is not None else []
-
-
-class MoE(Routed):
+class MoE(ExpertLayer):
     """The routed experts (and shared ones) in place of a Block's MLP."""
 
     def __init__(self, n_embd: int, settings: MoESettings, dropout: float, layer: int = 0):
@@ -199,8 +171,6 @@ class MoE(Routed):
                                      nn.Linear(hidden * settings.shared_experts, n_embd))
                        if settings.shared_experts else None)
         self.drop = nn.Dropout(dropout)
-        self.token_group = "default"  # the ranks tokens are counted over ("default": every rank, None: this one)
-        self.counting = True  # whether a training forward counts its tokens for the bias balancing
         self.record: RouterRecord | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

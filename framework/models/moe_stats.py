@@ -9,7 +9,8 @@ import weakref
 import torch
 from torch import nn
 
-from framework.models.moe import MoE, Routed
+from framework.construction.routing import Routed
+from framework.models.moe import MoE
 
 
 def moe_layers(model: nn.Module) -> list[MoE]:

@@ -116,3 +116,25 @@ def test_a_whole_number_for_a_float_field_is_taken_as_the_float():
     config = causal_lm(config={**SMALL, **FAMILIES["qwen3_moe"], "router_aux_loss_coef": 0}).config
     assert config.router_aux_loss_coef == 0.0 and type(config.router_aux_loss_coef) is float
     assert type(config.hidden_size) is int
+
+
+def test_the_layout_reaches_a_familys_router_watch_as_it_reaches_the_gpts_layers():
+    """One contract (framework/construction/routing.py): the strategy sets every routing module's
+    token group and counting, found by class; the Hugging Face router watch used to keep "default"
+    (every rank) under tensor parallelism, whose ranks compute the same tokens, and counted each
+    token once per tensor rank in its loads."""
+    from framework.construction.routing import Routed
+    from framework.models.gpt import GPT
+    from framework.models.moe import MoESettings
+    from framework.strategy.mesh.experts import experts_of, routing_counted, token_groups
+
+    hub = causal_lm(config={**SMALL, **FAMILIES["qwen3_moe"]})
+    gpt = GPT(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=32, moe=MoESettings(num_experts=4))
+    for model, family, count in ((hub, "HubExperts", 8), (gpt, "BuiltinExperts", 4)):
+        routed = [m for m in model.modules() if isinstance(m, Routed)]
+        assert routed and all(m.token_group == "default" and m.counting for m in routed)
+        token_groups(model, None)
+        routing_counted(model, False)
+        assert all(m.token_group is None and not m.counting for m in routed)
+        found = experts_of(model)
+        assert type(found).__name__ == family and found.counts() == [count] and len(found.layers) == 2

@@ -56,7 +56,7 @@ def test_context_ranks_are_taken_first_and_share_their_groups_batch():
 
 @pytest.mark.parametrize("strategy,loop,fragment", [
     (lambda: FSDPStrategy(context_parallel_size=2), {"sequence_length": 30},
-     "data.block_size=30 is not divisible by 4"),
+     "(x 2: a head and a tail chunk a rank) does not divide data.block_size=30; choose a block_size that is a multiple of 4"),
     (lambda: FSDPStrategy(context_parallel_size=2), {"compile": True}, "trainer.compile=true"),
     (lambda: FSDPStrategy(context_parallel_size=2), {"sequence_split": False, "task": "Classification"},
      "with task Classification: only a language model's batches"),
@@ -98,7 +98,7 @@ def test_a_batch_is_split_after_its_labels_are_shifted():
     assert local_positions(8, 2, 1).tolist() == [2, 3, 4, 5]
     assert shares[0]["shift_labels"][0].tolist() == [1, 2, 7, -100] and shares[1]["shift_labels"][0].tolist() == [3, 4, 5, 6]
     assert shares[0]["input_ids"][1].tolist() == [8, 9, 14, 15]
-    with pytest.raises(ConfigError, match="a batch of 6 positions is not divisible by 4"):
+    with pytest.raises(ConfigError, match="does not divide a batch of 6 positions"):
         split_batch((torch.zeros(1, 6, dtype=torch.long), torch.zeros(1, 6, dtype=torch.long)), 2, 0)
 
 

@@ -34,6 +34,21 @@ def test_no_file_of_the_mesh_strategy_is_over_300_lines():
     assert not long, long
 
 
+def test_divisibility_is_said_one_way_and_routing_layers_are_found_by_class():
+    """Every layout rule of the form "X does not divide Y" comes from framework/errors.py `indivisible`
+    (no message written by hand in the mesh or construction modules), and no mesh module probes a
+    model's layers with hasattr for what the routing contract (framework/construction/routing.py) says."""
+    roots = [MESH, ROOT / "framework" / "construction"]
+    by_hand = [f"{path.relative_to(ROOT)}:{n}" for root in roots for path in root.rglob("*.py")
+               for n, line in enumerate(path.read_text().splitlines(), 1)
+               if re.search(r"[\"'][^\"'#]*does not divide", line)]
+    assert not by_hand, by_hand
+    probes = [f"{path.relative_to(ROOT)}:{n}" for path in MESH.rglob("*.py")
+              for n, line in enumerate(path.read_text().splitlines(), 1)
+              if re.search(r"hasattr\([^)]*(token_group|num_experts|experts|record|loads)", line)]
+    assert not probes, probes
+
+
 def test_every_applier_keeps_to_the_base_surface():
     surface = {name for name in vars(Applier) if not name.startswith("__")}
     for kind in mesh_strategy.ORDER:

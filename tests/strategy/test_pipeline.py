@@ -95,7 +95,7 @@ def test_model_parallel_refuses_pipeline_keys_without_stages_and_sequence_parall
 @pytest.mark.parametrize("settings,model,fragment", [
     ({"pipeline_parallel_size": 3}, GPT(n_layer=4), "pipeline_parallel_size=3 does not divide the 2 ranks"),
     ({"schedule": "chimera"}, GPT(n_layer=4), "strategy.schedule=chimera is not a schedule"),
-    ({"microbatches": 3}, GPT(n_layer=4), "data.batch_size=8 does not split into strategy.microbatches=3"),
+    ({"microbatches": 3}, GPT(n_layer=4), "strategy.microbatches=3 does not divide data.batch_size=8"),
     ({"microbatches": 1}, GPT(n_layer=4), "needs at least one microbatch per stage"),
     ({"schedule": "looped_bfs"}, GPT(n_layer=4), "set strategy.stages_per_rank to 2 or more"),
     ({}, GPT(n_layer=1), "2 stages for a model of 1 layer(s)"),

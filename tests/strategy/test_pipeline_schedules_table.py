@@ -48,7 +48,7 @@ def test_the_microbatch_minimums_are_torchs():
 
 def test_refusals_name_their_keys():
     (problem,) = schedule_problems("gpipe", 2, 1, 3, 8)
-    assert "data.batch_size=8 does not split into strategy.microbatches=3" in problem
+    assert "strategy.microbatches=3 does not divide data.batch_size=8" in problem
     (problem,) = schedule_problems("interleaved_1f1b", 2, 1, 4, 8)
     assert "strategy.stages_per_rank" in problem
     (problem,) = schedule_problems("pipedream", 2, 1, 4, 8)

@@ -23,7 +23,7 @@ from dataclasses import replace
 
 import torch
 
-from framework.errors import ConfigError
+from framework.errors import ConfigError, indivisible, refuse
 from framework.sequences import document_ids, next_token_targets
 from framework.strategy.mesh.applier import Applier
 from framework.strategy.mesh.context_attention import ContextAttention, SequenceShard
@@ -73,11 +73,11 @@ class ContextApplier(Applier):
         if not loop.sequence_split:
             return [f"{key} with task {loop.task}: only a language model's batches (token sequences whose labels can be "
                     "shifted before the split) are split along the sequence; set strategy.context_parallel_size=1."]
-        if loop.sequence_length and loop.sequence_length % (2 * self.size):
-            return [f"{key}: data.block_size={loop.sequence_length} is not divisible by {2 * self.size} (each rank "
-                    "holds a head and a tail chunk of every sequence, 2 x the context size in all); choose a "
-                    f"block_size that is a multiple of {2 * self.size}."]
-        return self._model_problems(model, key) if model is not None else []
+        chunks = 2 * self.size  # each rank holds a head and a tail chunk of every sequence
+        uneven = indivisible(f"{key} (x 2: a head and a tail chunk a rank)", chunks, loop.sequence_length,
+                             f"data.block_size={loop.sequence_length}",
+                             f"choose a block_size that is a multiple of {chunks}.") if loop.sequence_length else []
+        return uneven or (self._model_problems(model, key) if model is not None else [])
 
     @staticmethod
     def _model_problems(model: torch.nn.Module, key: str) -> list[str]:
@@ -137,9 +137,8 @@ def split_batch(batch, size: int, rank: int, group=None) -> tuple[dict, Sequence
         ids, targets = batch
         positions = mask = None
     length = ids.shape[1]
-    if length % (2 * size):
-        raise ConfigError(f"strategy.context_parallel_size={size}: a batch of {length} positions is not divisible by "
-                          f"{2 * size}; choose a data.block_size that is a multiple of {2 * size}.")
+    refuse(indivisible(f"strategy.context_parallel_size={size} (x 2: a head and a tail chunk a rank)", 2 * size, length,
+                       f"a batch of {length} positions", f"choose a data.block_size that is a multiple of {2 * size}."))
     documents = None if positions is None else document_ids(positions)  # packed rows
     if positions is None:
         positions = torch.arange(length, device=ids.device).expand(ids.shape[0], length)

@@ -2,8 +2,11 @@
 
 Every layout of the FSDP2 family is a point of this spec: fsdp is (shard=N), hsdp (replicate x
 shard), model_parallel (shard x tensor), pipeline (pipeline x shard x tensor). The sizes are
-resolved once from the option's settings ('auto' included), every divisibility rule is checked here
-and nowhere else, and the device mesh is built from the result. The mesh's dimensions, outermost
+resolved once from the option's settings ('auto' included) with the ranks' divisibility rules, and
+the device mesh is built from the result. Every divisibility rule takes one form (framework/errors.py `indivisible`):
+those of the ranks are checked here; those that need the model or the batch (experts per layer,
+heads and features, microbatches, a sequence's positions) where the applier that has them does,
+through it. The mesh's dimensions, outermost
 first: pipeline, replicate, shard, tensor (a rank's neighbours on the innermost dimension are the
 closest: one node's devices for the tensor-parallel group). `expert` ranks are borrowed from the
 shard dimension (torchtitan's way): consecutive shard ranks of one stage group and one tensor place
@@ -15,18 +18,22 @@ context.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 from typing import Literal, Union
 
 from torch.distributed.device_mesh import init_device_mesh
 
-from framework.errors import ConfigError
+from framework.errors import ConfigError, indivisible, refuse
 from framework.strategy.base import DataParallel
 
 Size = Union[int, Literal["auto"]]
 
 #: the mesh's dimensions, outermost first
 DIMS = ("pipeline", "replicate", "shard", "context", "tensor")
+
+
+def _ranks(world_size: int) -> str:
+    return f"the {world_size} ranks (devices x num_nodes)"
 
 
 @dataclass(frozen=True)
@@ -132,71 +139,110 @@ class DimsSettings:
     context: int = 1
 
     def resolve(self, world_size: int, devices: int) -> ParallelDims:
-        """The sizes for `world_size` ranks of `devices` per node; ConfigError naming the keys."""
-        if world_size % self.context:
-            raise ConfigError(f"strategy.context_parallel_size={self.context} does not divide the {world_size} ranks "
-                              "(devices x num_nodes); choose a size that divides them.")
-        if self.context > 1:
+        """The sizes for `world_size` ranks of `devices` per node; ConfigError naming the keys. Each
+        dimension takes its share, in `RESOLVED_IN`'s order, of the ranks the ones before it left."""
+        taking = _Taking(world_size, devices)
+        for step in RESOLVED_IN:
             try:
-                rest = replace(self, context=1).resolve(world_size // self.context, max(devices // self.context, 1))
+                step(self, taking)
             except ConfigError as err:
+                if self.context == 1 or step is _context:
+                    raise
                 raise ConfigError(f"{err} (strategy.context_parallel_size={self.context} takes its share first: "
                                   f"{world_size} ranks / {self.context})") from None
-            return replace(rest, context=self.context)
-        tensor = 1 if self.expert > 1 and self.tensor == "auto" else self.tensor  # the experts take the ranks
-        pp, dp, tp = _pipeline_data_tensor(world_size, devices, self.pipeline, self.data_parallel, tensor)
-        if self.shard is None:
-            return _with_experts(ParallelDims(pipeline=pp, shard=dp, tensor=tp), self.expert)
-        shard = devices if self.shard == "auto" else int(self.shard)
-        if devices % shard or dp % shard:
-            given = f"auto ({shard})" if self.shard == "auto" else shard
-            raise ConfigError(f"strategy.shard_size={given} does not divide the {devices} ranks of a node (devices): "
-                              "a shard group must not span two nodes. Choose a size that divides devices, or "
-                              "shard_size=auto (one node).")
-        if dp // shard > 1 and (pp > 1 or tp > 1):
-            raise ConfigError("replicas of a sharded group (strategy.shard_size) with pipeline stages or tensor "
-                              "parallelism: not supported yet; use strategy=hsdp without them, or drop shard_size.")
-        return _with_experts(ParallelDims(pipeline=pp, replicate=dp // shard, shard=shard, tensor=tp), self.expert)
+        return ParallelDims(**taking.sizes)
 
 
-def _with_experts(dims: ParallelDims, expert: int) -> ParallelDims:
-    """`dims` with `expert` ranks borrowed from its shard dimension, which they must divide."""
-    if expert == 1:
-        return dims
-    if dims.shard % expert:
-        raise ConfigError(f"strategy.expert_parallel_size={expert} does not divide the {dims.shard} ranks that shard "
-                          "the model (the data-parallel ranks, or strategy.shard_size under hsdp); choose a size that "
-                          "divides them.")
-    return replace(dims, expert=expert)
+@dataclass
+class _Taking:
+    """The resolver's state: the ranks no dimension has taken yet, in all and on one node, and the
+    sizes taken so far (`data`: the data-parallel ranks, which shard and replicate then split)."""
+
+    ranks: int
+    devices: int
+    sizes: dict[str, int] = field(default_factory=dict)
+
+    def take(self, name: str, size: int) -> None:
+        self.sizes[name] = size
 
 
-def _pipeline_data_tensor(world_size: int, devices: int, pipeline: Size, data_parallel: Size,
-                          tensor: Size) -> tuple[int, int, int]:
-    """(pipeline, data-parallel, tensor-parallel sizes), 'auto' resolved: tensor 'auto' the devices
-    of one node that the ranks over the other two allow (1 when the pipeline itself is 'auto', every
-    rank a stage); pipeline 'auto' the ranks the other two leave; data parallel 'auto' the rest."""
-    if tensor != "auto":
-        tp = int(tensor)
-    elif pipeline == "auto":
-        tp = 1
-    elif data_parallel != "auto":
-        tp = world_size // max(int(pipeline) * int(data_parallel), 1)
-    else:  # within a node, so the layers' frequent collectives stay on the fast link
-        tp = math.gcd(devices, world_size // max(int(pipeline), 1)) or 1
-    dp = None if data_parallel == "auto" else int(data_parallel)
-    pp = world_size // max(tp * (dp or 1), 1) if pipeline == "auto" else int(pipeline)
-    tp_label = f"auto ({tp})" if tensor == "auto" else str(tp)
-    if tp < 1 or world_size % tp:
-        raise ConfigError(f"strategy.tensor_parallel_size={tp_label} does not divide the {world_size} ranks (devices "
-                          "x num_nodes); choose a size that divides them.")
-    if pp < 1 or world_size % (pp * tp):
-        raise ConfigError(f"strategy.pipeline_parallel_size={pipeline}"
-                          + (f" x strategy.tensor_parallel_size={tp_label}" if tp > 1 else "")
-                          + f" does not divide the {world_size} ranks (devices x num_nodes); choose a size that "
-                          "divides them (the rest become data-parallel groups).")
-    if dp is not None and pp * dp * tp != world_size:
-        raise ConfigError((f"strategy.pipeline_parallel_size={pipeline} x " if pipeline != 1 else "")
-                          + f"strategy.data_parallel_size={dp} x strategy.tensor_parallel_size={tp_label} is "
-                          f"{pp * dp * tp} ranks, but the run has {world_size} (devices x num_nodes); make their "
-                          "product the number of ranks, or set one of them to 'auto'.")
-    return pp, world_size // (pp * tp), tp
+def _context(given: DimsSettings, taking: _Taking) -> None:
+    """Context ranks first: they split every sequence of a group's batch, whatever else the group does."""
+    c = given.context
+    refuse(indivisible(f"strategy.context_parallel_size={c}", c, taking.ranks, _ranks(taking.ranks),
+                       "choose a size that divides them."))
+    taking.take("context", c)
+    taking.ranks, taking.devices = taking.ranks // c, max(taking.devices // c, 1)
+
+
+def _tensor(given: DimsSettings, taking: _Taking) -> None:
+    """'auto': the devices of one node that the ranks over pipeline and data allow, so the layers'
+    frequent collectives stay on the fast link (1 when the pipeline itself is 'auto', every rank a
+    stage, or when experts take the ranks)."""
+    ranks, size = taking.ranks, given.tensor
+    if size == "auto" and (given.expert > 1 or given.pipeline == "auto"):
+        size = 1
+    elif size == "auto" and given.data_parallel != "auto":
+        size = ranks // max(int(given.pipeline) * int(given.data_parallel), 1)
+    elif size == "auto":
+        size = math.gcd(taking.devices, ranks // max(int(given.pipeline), 1)) or 1
+    taking.take("tensor", int(size))
+    label = f"auto ({size})" if given.tensor == "auto" else str(size)
+    refuse(indivisible(f"strategy.tensor_parallel_size={label}", int(size), ranks, _ranks(ranks),
+                       "choose a size that divides them."))
+
+
+def _pipeline(given: DimsSettings, taking: _Taking) -> None:
+    """'auto': the ranks tensor and data parallelism leave."""
+    ranks, tp = taking.ranks, taking.sizes["tensor"]
+    dp = 1 if given.data_parallel == "auto" else int(given.data_parallel)
+    pp = ranks // max(tp * dp, 1) if given.pipeline == "auto" else int(given.pipeline)
+    taking.take("pipeline", pp)
+    label = f"auto ({tp})" if given.tensor == "auto" else str(tp)
+    refuse(indivisible(f"strategy.pipeline_parallel_size={given.pipeline}"
+                       + (f" x strategy.tensor_parallel_size={label}" if tp > 1 else ""), pp * tp, ranks,
+                       _ranks(ranks), "choose a size that divides them (the rest become data-parallel groups)."))
+
+
+def _data(given: DimsSettings, taking: _Taking) -> None:
+    """'auto': the rest; a given size must make the product the ranks."""
+    ranks, pp, tp = taking.ranks, taking.sizes["pipeline"], taking.sizes["tensor"]
+    if given.data_parallel != "auto" and pp * int(given.data_parallel) * tp != ranks:
+        label = f"auto ({tp})" if given.tensor == "auto" else str(tp)
+        raise ConfigError((f"strategy.pipeline_parallel_size={given.pipeline} x " if given.pipeline != 1 else "")
+                          + f"strategy.data_parallel_size={given.data_parallel} x strategy.tensor_parallel_size={label} "
+                          f"is {pp * int(given.data_parallel) * tp} ranks, but the run has {ranks} (devices x "
+                          "num_nodes); make their product the number of ranks, or set one of them to 'auto'.")
+    taking.take("data", ranks // (pp * tp))
+
+
+def _shard(given: DimsSettings, taking: _Taking) -> None:
+    """The data-parallel ranks as replicas of sharded groups (hsdp: strategy.shard_size ranks of one
+    node each), or all one sharded group."""
+    dp, devices = taking.sizes.pop("data"), taking.devices
+    if given.shard is None:
+        taking.take("shard", dp)
+        return
+    shard = devices if given.shard == "auto" else int(given.shard)
+    key = f"strategy.shard_size={f'auto ({shard})' if given.shard == 'auto' else shard}"
+    fix = "a shard group must not span two nodes. Choose a size that divides devices, or shard_size=auto (one node)."
+    refuse(indivisible(key, shard, devices, f"the {devices} ranks of a node (devices)", fix)
+           or indivisible(key, shard, dp, f"the {dp} data-parallel ranks", fix))
+    if dp // shard > 1 and (taking.sizes["pipeline"] > 1 or taking.sizes["tensor"] > 1):
+        raise ConfigError("replicas of a sharded group (strategy.shard_size) with pipeline stages or tensor "
+                          "parallelism: not supported yet; use strategy=hsdp without them, or drop shard_size.")
+    taking.take("replicate", dp // shard)
+    taking.take("shard", shard)
+
+
+def _expert(given: DimsSettings, taking: _Taking) -> None:
+    """Expert ranks borrowed from the shard dimension, which they must divide."""
+    shard = taking.sizes["shard"]
+    refuse(indivisible(f"strategy.expert_parallel_size={given.expert}", given.expert, shard,
+                       f"the {shard} ranks that shard the model (the data-parallel ranks, or strategy.shard_size "
+                       "under hsdp)", "choose a size that divides them."))
+    taking.take("expert", given.expert)
+
+
+#: the order in which the dimensions take their ranks
+RESOLVED_IN = (_context, _tensor, _pipeline, _data, _shard, _expert)

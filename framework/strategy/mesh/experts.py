@@ -1,9 +1,10 @@
 """The expert-parallel applier: a mixture of experts' experts spread over `expert` ranks.
 
-A model's mixture-of-experts layer (the built-in GPT's, framework/models/moe.py) is found by what
-it holds: an `experts` module with `num_experts`, its weights stacked on a first dimension of
-experts, and a `group` it dispatches over; and a `token_group`, the ranks its routing statistics
-are counted over. The expert-parallel ranks are borrowed from the data-parallel shard dimension,
+A model's experts are one of two families, decided once (`experts_of`): the built-in GPT's layers
+(an ExpertLayer of framework/construction/routing.py, its StackedExperts' weights stacked on a
+first dimension of experts, and a `group` they dispatch over), or a Hugging Face family's
+(hf_experts.HubExperts, spread by transformers' own plan). Every routing module (Routed) counts its
+statistics over a `token_group` the layout sets. The expert-parallel ranks are borrowed from the data-parallel shard dimension,
 as torchtitan does: they read different batches, and each token goes to the rank holding its
 expert and comes back (all-to-all). Each expert weight becomes a DTensor on an (expert_replica,
 expert) mesh, split along its experts over `expert` and replicated over the rest, so a checkpoint
@@ -22,17 +23,62 @@ import torch.distributed as dist
 from torch import nn
 
 from framework.console import human_bytes
-from framework.errors import ConfigError
+from framework.construction.routing import ExpertLayer, Routed
+from framework.errors import ConfigError, indivisible
 from framework.strategy.mesh import hf_experts
 from framework.strategy.mesh.applier import Applier
 
-EXPERT_WEIGHTS = ("w1", "b1", "w2", "b2")
+
+class BuiltinExperts:
+    """The built-in GPT's mixture-of-experts layers (framework/models/moe.py), as the applier sees a
+    family of experts (hf_experts.HubExperts is the other): why they cannot spread, their counts
+    and sizes, their weights, and how they spread."""
+
+    count_key = "model.moe.num_experts"
+    tensor_dim = False
+
+    def __init__(self, layers: list[ExpertLayer]):
+        self.layers = layers
+
+    def problems(self, expert: int, tensor: int, pipeline: int) -> list[str]:
+        return []  # they spread under tensor parallelism and pipeline stages too
+
+    def counts(self) -> list[int]:
+        return sorted({layer.experts.num_experts for layer in self.layers})
+
+    def sizes(self) -> tuple[int, int, float]:
+        experts = self.layers[0].experts
+        return experts.num_experts, experts.w1.shape[1], experts.active_fraction
+
+    def weights(self) -> list[nn.Parameter]:
+        return [w for layer in self.layers for w in layer.experts.weights()]
+
+    def spread(self, mesh, token_group) -> list[nn.Parameter]:
+        """Each stacked weight a DTensor on `mesh` (Replicate over expert_replica, Shard(0) over
+        expert, Replicate over expert_tensor); the layers dispatch over its expert dimension."""
+        from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+        placements = [Replicate(), Shard(0)] + [Replicate()] * (mesh.ndim - 2)
+        group, params = mesh.get_group("expert"), []
+        for layer in self.layers:
+            experts = layer.experts
+            for name, weight in zip(experts.WEIGHTS, experts.weights()):
+                spread = nn.Parameter(distribute_tensor(weight.data, mesh, placements, src_data_rank=None),
+                                      requires_grad=weight.requires_grad)
+                experts.register_parameter(name, spread)
+                params.append(spread)
+            experts.group = group
+        return params
 
 
-def expert_layers(model: nn.Module) -> list[nn.Module]:
-    """The model's mixture-of-experts layers (see the module docstring for what marks one)."""
-    return [m for m in model.modules()
-            if hasattr(m, "token_group") and hasattr(getattr(m, "experts", None), "num_experts")]
+def experts_of(model: nn.Module) -> BuiltinExperts | hf_experts.HubExperts | None:
+    """The family of `model`'s experts (the built-in GPT's layers, else a Hugging Face family's
+    stacked experts), or None where it has none: decided here once."""
+    layers = [m for m in model.modules() if isinstance(m, ExpertLayer)]
+    if layers:
+        return BuiltinExperts(layers)
+    modules = hf_experts.expert_modules(model)
+    return hf_experts.HubExperts(model, modules) if modules else None
 
 
 def expert_problems(model: nn.Module | None, expert: int, tensor: int = 1, pipeline: int = 1) -> list[str]:
@@ -40,39 +86,16 @@ def expert_problems(model: nn.Module | None, expert: int, tensor: int = 1, pipel
     ranks and `pipeline` stages."""
     if expert == 1 or model is None:
         return []
-    layers = expert_layers(model)
-    if not layers and hf_experts.expert_modules(model):
-        return _hf_problems(model, expert, tensor, pipeline)
-    if not layers:
+    family = experts_of(model)
+    if family is None:
         return [f"strategy.expert_parallel_size={expert}: {type(model).__name__} has no mixture-of-experts layers to "
                 "spread; set model.moe.num_experts (the built-in GPT), or expert_parallel_size=1."]
-    counts = sorted({layer.experts.num_experts for layer in layers})
-    if any(n % expert for n in counts):
-        return [f"strategy.expert_parallel_size={expert} does not divide the model's {counts[0]} experts per layer; "
-                "choose a size that divides model.moe.num_experts."]
-    return []
-
-
-def _hf_problems(model: nn.Module, expert: int, tensor: int, pipeline: int) -> list[str]:
-    name = type(model).__name__
-    if hf_experts.plan_of(model) is None:
-        return [f"strategy.expert_parallel_size={expert}: {name}'s family ships no expert-parallel plan "
-                "(its config's base_model_ep_plan) to spread its experts by; set expert_parallel_size=1 (fsdp still "
-                "shards them)."]
-    if not hf_experts.supported():
-        return [f"strategy.expert_parallel_size={expert} with a Hugging Face model ({name}) spreads its experts with "
-                f"transformers' own expert-parallel plan, which this framework uses from transformers "
-                f"{hf_experts.SINCE} on (installed: {hf_experts.installed()}); upgrade transformers, or set "
-                "expert_parallel_size=1 (fsdp still shards the experts)."]
-    if tensor > 1 or pipeline > 1:
-        return [f"strategy.expert_parallel_size={expert} with a Hugging Face model ({name}) takes data-parallel "
-                "ranks only: set strategy.tensor_parallel_size=1 and strategy.pipeline_parallel_size=1, or train the "
-                "built-in GPT's experts (model.moe), which spread under tensor parallelism and pipeline stages too."]
-    counts = sorted({int(m.num_experts) for m in hf_experts.expert_modules(model)})
-    if any(n % expert for n in counts):
-        return [f"strategy.expert_parallel_size={expert} does not divide the model's {counts[0]} experts per layer; "
-                "choose a size that divides model.config.num_experts (num_local_experts)."]
-    return []
+    problems = family.problems(expert, tensor, pipeline)
+    for n in family.counts():  # one message: the first count it does not divide
+        problems = problems or indivisible(f"strategy.expert_parallel_size={expert}", expert, n,
+                                           f"the model's {n} experts per layer",
+                                           f"choose a size that divides {family.count_key}.")
+    return problems
 
 
 class ExpertParallel:
@@ -99,37 +122,22 @@ class ExpertParallel:
 
 def apply_expert_parallel(model: nn.Module, mesh, token_group, data_parallel: int) -> ExpertParallel:
     """Spread every layer's experts over `mesh` (dims expert_replica, expert, and expert_tensor under
-    tensor parallelism: placements Replicate, Shard(0), Replicate); the layers dispatch over its
-    expert dimension and count their tokens over `token_group` (the data-parallel ranks). A Hugging
-    Face family's experts go by transformers' own plan over the expert dimension
-    (framework/strategy/mesh/hf_experts.py)."""
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-
-    params = []
-    group = mesh.get_group("expert")
-    placements = [Replicate(), Shard(0)] + [Replicate()] * (mesh.ndim - 2)
-    for layer in expert_layers(model):
-        experts = layer.experts
-        for name in EXPERT_WEIGHTS:
-            weight = getattr(experts, name)
-            spread = nn.Parameter(distribute_tensor(weight.data, mesh, placements, src_data_rank=None),
-                                  requires_grad=weight.requires_grad)
-            experts.register_parameter(name, spread)
-            params.append(spread)
-        experts.group = group
-        layer.token_group = token_group
-    if not params and hf_experts.expert_modules(model):
-        params = hf_experts.spread(model, mesh["expert"], mesh["expert_tensor"])
-    if not params:
+    tensor parallelism: placements Replicate, Shard(0), Replicate); every routing module counts its
+    tokens over `token_group` (the data-parallel ranks). A Hugging Face family's experts go by
+    transformers' own plan over the expert dimension (framework/strategy/mesh/hf_experts.py)."""
+    family = experts_of(model)
+    if family is None:
         raise ConfigError("strategy.expert_parallel_size: the model has no mixture-of-experts layers to spread.")
+    params = family.spread(mesh, token_group)
+    token_groups(model, token_group)
     replicas = mesh.size(0)
     return ExpertParallel(params, mesh.get_group("expert_replica") if replicas > 1 else None, data_parallel)
 
 
 def expert_parameters(model: nn.Module) -> set[nn.Parameter]:
     """The experts' weights (FSDP2 leaves them to the expert-parallel applier)."""
-    own = {getattr(layer.experts, name) for layer in expert_layers(model) for name in EXPERT_WEIGHTS}
-    return own or set(hf_experts.expert_weights(model))
+    family = experts_of(model)
+    return set(family.weights()) if family is not None else set()
 
 
 def trainable(model: nn.Module) -> int:
@@ -137,30 +145,31 @@ def trainable(model: nn.Module) -> int:
     return sum(p.numel() for p in expert_parameters(model) if p.requires_grad)
 
 
+def _routed(model: nn.Module) -> list[Routed]:
+    return [m for m in model.modules() if isinstance(m, Routed)]
+
+
 def routing_counted(model: nn.Module, counted: bool) -> None:
-    """Whether every layer's forwards count their tokens for the bias balancing (a pipeline's
-    metadata inference does not: framework/strategy/mesh/pipeline/run.py)."""
-    for layer in expert_layers(model):
-        layer.counting = counted
+    """Whether every routing module's forwards count their tokens for the bias balancing (a
+    pipeline's metadata inference does not: framework/strategy/mesh/pipeline/run.py)."""
+    for module in _routed(model):
+        module.counting = counted
 
 
 def token_groups(model: nn.Module, group) -> None:
-    """Count every layer's routing statistics over `group` (the data-parallel ranks: under tensor
+    """Count every routing module's statistics over `group` (the data-parallel ranks: under tensor
     parallelism or pipeline stages the world is not)."""
-    for layer in expert_layers(model):
-        layer.token_group = group
+    for module in _routed(model):
+        module.token_group = group
 
 
 def describe(model: nn.Module, expert: int, tokens: int = 0, element_bytes: int = 4) -> str:
     """`plan`'s line: each rank's experts, and with `tokens` (a rank's tokens per step) the bytes a
     rank sends by all-to-all per step: each token's top-k copies to other ranks' experts and their
     outputs back, forward, and the same again in backward."""
-    layers = expert_layers(model)
-    if layers:
-        n, width, fraction = layers[0].experts.num_experts, layers[0].experts.w1.shape[1], layers[0].experts.active_fraction
-    else:  # a Hugging Face family's
-        layers = hf_experts.expert_modules(model)
-        n, width, fraction = hf_experts.sizes(model)
+    family = experts_of(model)
+    layers = family.layers if family is not None else []
+    n, width, fraction = family.sizes() if family is not None else (0, 0, 0.0)
     line = (f"expert parallel: {expert} ranks, {n // max(expert, 1)} of {n} experts each in {len(layers)} "
             "mixture-of-experts layer(s); tokens travel to their experts by all-to-all")
     if not tokens or not layers or not width:
@@ -216,7 +225,7 @@ class ExpertApplier(Applier):
         s, dims = self.strategy, self.dims
         # the tokens counted over the data-parallel ranks (not the tensor ranks or other stages)
         tokens = s.token_group() or "default"
-        mesh = dims.build_expert_mesh(s.root_device.type, tensor_dim=not expert_layers(model))
+        mesh = dims.build_expert_mesh(s.root_device.type, tensor_dim=experts_of(model).tensor_dim)
         self.spread = apply_expert_parallel(model, mesh, tokens, dims.data_parallel)
         self.parameters = expert_parameters(model)
         s._say(f"{s.name}: {describe(model, dims.expert)}")

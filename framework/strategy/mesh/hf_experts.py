@@ -92,6 +92,49 @@ def spread(model: nn.Module, ep_mesh, tp_mesh) -> list[nn.Parameter]:
     return expert_weights(model)
 
 
+class HubExperts:
+    """A Hugging Face family's experts, as the expert-parallel applier sees a family of experts
+    (framework/strategy/mesh/experts.py BuiltinExperts is the other)."""
+
+    count_key = "model.config.num_experts (num_local_experts)"
+    tensor_dim = True  # transformers' dispatch asks for an expert_tensor dimension, of size 1
+
+    def __init__(self, model: nn.Module, modules: list[nn.Module]):
+        self.model, self.layers = model, modules
+
+    def problems(self, expert: int, tensor: int, pipeline: int) -> list[str]:
+        name = type(self.model).__name__
+        if plan_of(self.model) is None:
+            return [f"strategy.expert_parallel_size={expert}: {name}'s family ships no expert-parallel plan "
+                    "(its config's base_model_ep_plan) to spread its experts by; set expert_parallel_size=1 (fsdp "
+                    "still shards them)."]
+        if not supported():
+            return [f"strategy.expert_parallel_size={expert} with a Hugging Face model ({name}) spreads its experts "
+                    f"with transformers' own expert-parallel plan, which this framework uses from transformers {SINCE} "
+                    f"on (installed: {installed()}); upgrade transformers, or set expert_parallel_size=1 (fsdp still "
+                    "shards the experts)."]
+        if tensor > 1 or pipeline > 1:
+            return [f"strategy.expert_parallel_size={expert} with a Hugging Face model ({name}) takes data-parallel "
+                    "ranks only: set strategy.tensor_parallel_size=1 and strategy.pipeline_parallel_size=1, or train "
+                    "the built-in GPT's experts (model.moe), which spread under tensor parallelism and pipeline "
+                    "stages too."]
+        return []
+
+    def counts(self) -> list[int]:
+        return sorted({int(m.num_experts) for m in self.layers})
+
+    def sizes(self) -> tuple[int, int, float]:
+        return sizes(self.model)
+
+    def weights(self) -> list[nn.Parameter]:
+        return expert_weights(self.model)
+
+    def spread(self, mesh, token_group) -> list[nn.Parameter]:
+        """Over `mesh`'s expert dimension; the routers watched count their tokens over `token_group`
+        (set by the applier on every routing module)."""
+        return spread(self.model, mesh["expert"], mesh["expert_tensor"])
+
+
 def computing_in_input_dtype(module: nn.Module) -> None:
     """The experts computed in their input's dtype: under FSDP's mixed precision, which leaves the
     spread experts alone, the tokens arrive in the compute dtype and the weights stay in theirs

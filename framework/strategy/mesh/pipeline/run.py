@@ -19,9 +19,10 @@ import torch.distributed as dist
 
 from framework.construction.meta_init import InitLog, replay
 from framework.construction.named_state import strict_load
+from framework.construction.routing import Routed
 from framework.construction.stage_modules import RankPart, model_stages
 from framework.construction.tied import retie, tied_parameters
-from framework.errors import ConfigError
+from framework.errors import ConfigError, indivisible, refuse
 from framework.strategy.mesh.dims import ParallelDims
 from framework.strategy.mesh.experts import routing_counted
 from framework.strategy.mesh.pipeline import forward
@@ -76,8 +77,7 @@ class PipelineRun:
         ranges = self.settings.split(whole, self.dims.pipeline)
         stages = model_stages(whole, ranges)
         self.model_names = set(whole.state_dict())
-        # a routing module keeps a record and reports loads (framework/models/moe.py Routed)
-        self._routed = any(callable(getattr(m, "loads", None)) and hasattr(m, "record") for m in whole.modules())
+        self._routed = any(isinstance(m, Routed) for m in whole.modules())
         if any(getattr(stage, "tied_copy", False) for stage in stages):
             self.tied_names = stages[0].tied_names
         self.layers = ", ".join(f"{r.start}-{r.stop - 1}" for r in ranges)
@@ -165,10 +165,9 @@ class PipelineRun:
         rank alike."""
         inputs, targets = task.pipeline_split(batch)
         m = self.microbatches
-        if inputs.shape[0] % m:
-            raise ConfigError(f"strategy={self.name}: a batch of {inputs.shape[0]} samples does not split into "
-                              f"strategy.microbatches={m}; make data.batch_size a multiple of it and set "
-                              "data.drop_last=true (a short last batch cannot be cut alike).")
+        refuse(indivisible(f"strategy={self.name}: strategy.microbatches={m}", m, inputs.shape[0],
+                           f"a batch of {inputs.shape[0]} samples", "make data.batch_size a multiple of it and set "
+                           "data.drop_last=true (a short last batch cannot be cut alike)."))
         self._task = task
         # the loop's scale (a normalised task), else a mean over the micro-batch's scored items (its
         # samples where the task does not count them) and the group, as a training_step's mean loss

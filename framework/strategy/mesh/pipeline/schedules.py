@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from framework.errors import indivisible
+
 
 @dataclass(frozen=True)
 class Schedule:
@@ -90,7 +92,8 @@ def schedule_problems(name: str, pp: int, per_rank: int, microbatches: int, batc
         problems.append(f"strategy.schedule={name} runs the microbatches in rounds of the {pp} pipeline ranks: "
                         f"strategy.microbatches={microbatches} is not a multiple of its {rounds} rounds; choose a "
                         f"multiple of {pp} ({below} or {below + pp}).")
-    if microbatches >= 1 and batch_size % microbatches:
-        problems.append(f"data.batch_size={batch_size} does not split into strategy.microbatches={microbatches} "
-                        "equal microbatches (the loss is their mean); make the batch a multiple of it.")
+    if microbatches >= 1:
+        problems += indivisible(f"strategy.microbatches={microbatches}", microbatches, batch_size,
+                                f"data.batch_size={batch_size} (the loss is the mean of equal microbatches)",
+                                "make the batch a multiple of it.")
     return problems
