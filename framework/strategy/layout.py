@@ -30,7 +30,7 @@ class StateLayout:
     offload: bool = False
     """fully_sharded: the shards kept in CPU memory."""
     data_parallel: int = 1
-    """pipelined: the ranks a stage's optimizer state is sharded over."""
+    """pipelined: the ranks a stage's optimizer state is sharded over (one shard group, not its replicas)."""
     tensor_parallel: int = 1
     """pipelined: the ranks a stage's layers are split over."""
     zero_stage: int = 0

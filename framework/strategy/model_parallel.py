@@ -29,7 +29,8 @@ class ModelParallelStrategy(MeshStrategy):
                  tp_plan: dict[str, str] | None = None, pipeline_parallel_size: PositiveInt = 1,
                  schedule: str = DEFAULT.schedule, microbatches: PositiveInt | Literal["auto"] = DEFAULT.microbatches,
                  stages_per_rank: PositiveInt = DEFAULT.stages_per_rank,
-                 layers_per_stage: list[int] | None = DEFAULT.layers_per_stage, **kwargs):
+                 layers_per_stage: list[int] | None = DEFAULT.layers_per_stage,
+                 shard_size: PositiveInt | Literal["auto"] | None = None, **kwargs):
         """tensor_parallel_size: ranks that split each layer ('auto': the devices of one node, so
         the layers' frequent collectives stay on the fast link; with stages: as many as the ranks
         over pipeline_parallel_size x data_parallel_size allow); data_parallel_size: groups that
@@ -40,7 +41,9 @@ class ModelParallelStrategy(MeshStrategy):
         or to replace its plan (styles: framework/construction/tensor_parallel.py);
         pipeline_parallel_size: ranks a batch passes through, one stage group each (1: no
         pipeline); schedule, microbatches, stages_per_rank, layers_per_stage: the pipeline's
-        (conf/strategy/pipeline.yaml says what each does), only with pipeline_parallel_size > 1.
+        (conf/strategy/pipeline.yaml says what each does), only with pipeline_parallel_size > 1;
+        shard_size: ranks of a node that shard the states, the data-parallel groups beyond them
+        holding replicas (hybrid sharding; null: every data-parallel rank shards; 'auto': one node).
         The mesh strategy's keys (framework/strategy/mesh/strategy.py) apply to the
         data-parallel sharding."""
         given = {"schedule": schedule, "microbatches": microbatches, "stages_per_rank": stages_per_rank,
@@ -61,7 +64,7 @@ class ModelParallelStrategy(MeshStrategy):
                               "strategy.sequence_parallel=false, or strategy.pipeline_parallel_size=1.")
         plan = None if tp_plan is None else dict(tp_plan)
         super().__init__(*args, dims=DimsSettings(pipeline=pipeline_parallel_size, data_parallel=data_parallel_size,
-                                                  tensor=tensor_parallel_size),
+                                                  tensor=tensor_parallel_size, shard=shard_size),
                          pipeline=pipeline, tensor=TensorParallelSettings(plan, sequence_parallel), **kwargs)
         self.tensor_parallel_size = tensor_parallel_size
         self.pipeline_parallel_size = pipeline_parallel_size

@@ -36,7 +36,7 @@ class PipelineStrategy(MeshStrategy):
                  layers_per_stage: list[int] | None = DEFAULT.layers_per_stage,
                  tensor_parallel_size: PositiveInt | Literal["auto"] = 1,
                  data_parallel_size: PositiveInt | Literal["auto"] = "auto", tp_plan: dict[str, str] | None = None,
-                 **kwargs):
+                 shard_size: PositiveInt | Literal["auto"] | None = None, **kwargs):
         """pipeline_parallel_size: ranks a batch passes through, one stage group each ('auto': every
         rank); schedule: gpipe, 1f1b, interleaved_1f1b, looped_bfs, interleaved_zero_bubble,
         zbv_zero_bubble or dualpipev; microbatches: pieces each rank's batch is cut into ('auto':
@@ -46,13 +46,15 @@ class PipelineStrategy(MeshStrategy):
         ranks that split each stage's layers (1: none; 'auto': the devices of one node that the ranks
         over pipeline_parallel_size x data_parallel_size allow), by the model's plan or tp_plan (as
         under strategy=model_parallel); data_parallel_size: groups that read different batches
-        ('auto': the ranks the other two leave). The mesh strategy's keys (framework/strategy/mesh/strategy.py) apply to
-        the data-parallel sharding of each stage."""
+        ('auto': the ranks the other two leave); shard_size: ranks of a node that shard the states,
+        the data-parallel groups beyond them replicas (null: all shard; 'auto': one node). The mesh
+        strategy's keys (framework/strategy/mesh/strategy.py) apply to the data-parallel sharding of
+        each stage."""
         pipeline = PipelineSettings(schedule, microbatches, stages_per_rank,
                                     None if layers_per_stage is None else tuple(layers_per_stage))
         plan = None if tp_plan is None else dict(tp_plan)
         super().__init__(*args, dims=DimsSettings(pipeline=pipeline_parallel_size, data_parallel=data_parallel_size,
-                                                  tensor=tensor_parallel_size),
+                                                  tensor=tensor_parallel_size, shard=shard_size),
                          pipeline=pipeline, tensor=TensorParallelSettings(plan), **kwargs)
         self.pipeline_parallel_size = pipeline_parallel_size
         self.tensor_parallel_size = tensor_parallel_size

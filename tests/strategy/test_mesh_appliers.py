@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
 
 from framework.strategy.fsdp import FSDPStrategy
 from framework.strategy.hsdp import HSDPStrategy
@@ -14,7 +15,9 @@ from framework.strategy.mesh import strategy as mesh_strategy
 from framework.strategy.mesh.applier import Applier
 from framework.strategy.model_parallel import ModelParallelStrategy
 from framework.strategy.pipeline import PipelineStrategy
-from tests.conftest import ROOT
+from tests.conftest import ROOT, checkpoint_at, load_model_state, metric_values
+from tests.helpers.run_cache import trained_run
+from tests.helpers.two_ranks import BASE, STEPS, shared
 
 MESH = ROOT / "framework" / "strategy" / "mesh"
 # whether the layout has stages, or a dimension's size compared: a branch on the layout
@@ -113,3 +116,44 @@ def test_hsdp_with_experts_prints_the_experts_line_too():
     lines = strategy.layout(4, model).lines
     assert any(line.startswith("mesh: 2 replica(s) x 2 shard(s)") for line in lines), lines
     assert any(line.startswith("expert parallel: 2 ranks, 2 of 4 experts each") for line in lines), lines
+
+
+def test_replicas_of_sharded_groups_compose_with_tensor_and_pipeline_dimensions():
+    """shard_size on model_parallel and pipeline: replicas x (shard x tensor) and pipeline x replicas
+    (the sharding applier's hybrid mesh beside the others'); the pipeline's optimizer state is
+    sharded over one shard group, not its replicas."""
+    from framework.models.gpt import GPT
+
+    tensor = ModelParallelStrategy(tensor_parallel_size=2, shard_size=1)
+    tensor.devices = 4
+    dims = tensor.parallel_dims(4)
+    assert (dims.replicate, dims.shard, dims.tensor, dims.data_parallel) == (2, 1, 2, 2)
+    stages = PipelineStrategy(pipeline_parallel_size=2, shard_size=2)
+    stages.devices = 8
+    dims = stages.parallel_dims(8)
+    assert (dims.pipeline, dims.replicate, dims.shard) == (2, 2, 2)
+    layout = stages.layout(8, GPT(n_layer=2, n_embd=32, n_head=2, block_size=32, vocab_size=64))
+    assert layout.states.data_parallel == 2
+    assert any("sharded over 2 data-parallel rank(s) (x 2 replicas)" in line for line in layout.lines)
+
+
+# The reference: the shared fsdp run at 2 ranks x 8 (tests/helpers/two_ranks.py), a global batch of 16.
+HYBRID = {
+    "replicas2_x_tensor2": ["strategy=model_parallel", "devices=4", "strategy.tensor_parallel_size=2",
+                            "strategy.shard_size=1", "data.batch_size=8"],
+}  # pipeline stages x replicas: tests/strategy/test_pipeline.py's layouts (its model has the layers)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(HYBRID))
+def test_a_hybrid_layout_with_tensor_ranks_equals_one_process(name):
+    reference, run = shared("fsdp"), trained_run([*BASE, *HYBRID[name]])
+    for key in ("train/loss", "train/grad_norm", "val/loss"):
+        got, want = metric_values(run, key), metric_values(reference, key)
+        assert len(got) == len(want) > 0, key
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=1e-5, msg=key)
+    assert min(metric_values(run, "train/grad_norm")) > 0.5  # every step clipped: the norm itself is compared
+    final, straight = load_model_state(checkpoint_at(run, STEPS)), load_model_state(checkpoint_at(reference, STEPS))
+    assert set(final) == set(straight)
+    for key, value in straight.items():
+        torch.testing.assert_close(final[key], value, rtol=1e-5, atol=1e-6, msg=key)

@@ -231,6 +231,8 @@ PIPELINES = {  # one stage a rank, looped, V; at 4 processes also FSDP2 within e
     "1f1b@2xfsdp@2": ["devices=4", "strategy.pipeline_parallel_size=2", "data.batch_size=4", "checkpoint_io=dcp"],
     # pipeline x data x tensor 2x1x2, spelled as model_parallel with stages (tensor_parallel_size auto: 2)
     "1f1b@2xtp@2": ["strategy=model_parallel", "devices=4", "strategy.pipeline_parallel_size=2", "checkpoint_io=dcp"],
+    # pipeline x replicas of a one-rank shard group (hybrid sharding of each stage)
+    "1f1b@2xreplicas@2": ["devices=4", "strategy.pipeline_parallel_size=2", "strategy.shard_size=1", "data.batch_size=4"],
 }
 
 

@@ -59,10 +59,10 @@ class ParallelDims:
     def token_ranks(self, group_of):
         """The ranks that read different tokens, where not the whole world: None where they are
         (no tensor ranks, no stages), "single" where each rank alone, else `group_of()` (the
-        data-parallel x context ranks' group)."""
+        replicate x shard x context ranks' group)."""
         if self.tensor == 1 and self.pipeline == 1:
             return None
-        return "single" if self.shard * self.context == 1 else group_of()
+        return "single" if self.replicate * self.shard * self.context == 1 else group_of()
 
     def coordinates(self, rank: int) -> dict[str, int]:
         """`rank`'s place on each dimension (row-major over DIMS)."""
@@ -228,9 +228,6 @@ def _shard(given: DimsSettings, taking: _Taking) -> None:
     fix = "a shard group must not span two nodes. Choose a size that divides devices, or shard_size=auto (one node)."
     refuse(indivisible(key, shard, devices, f"the {devices} ranks of a node (devices)", fix)
            or indivisible(key, shard, dp, f"the {dp} data-parallel ranks", fix))
-    if dp // shard > 1 and (taking.sizes["pipeline"] > 1 or taking.sizes["tensor"] > 1):
-        raise ConfigError("replicas of a sharded group (strategy.shard_size) with pipeline stages or tensor "
-                          "parallelism: not supported yet; use strategy=hsdp without them, or drop shard_size.")
     taking.take("replicate", dp // shard)
     taking.take("shard", shard)
 

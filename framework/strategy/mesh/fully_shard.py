@@ -70,6 +70,13 @@ def data_mesh(mesh, replicated: bool):
     return DeviceMesh._concatenate([mesh["replicate"], inner])
 
 
+def token_mesh(mesh):
+    """The ranks that read different tokens, as one dimension: replicate x shard x context, those of
+    them the mesh has (a mixture of experts counts its routing over them)."""
+    names = tuple(n for n in ("replicate", "shard", "context") if n in mesh.mesh_dim_names)
+    return mesh[names]._flatten("_".join(names)) if len(names) > 1 else mesh[names[0]]  # as data_mesh names it
+
+
 class ShardingApplier(Applier):
     """FSDP2 over the data-parallel (x context) ranks, after the layers are split: each unit, then
     each root (the model, or a pipeline rank's stages)."""

@@ -28,7 +28,9 @@ def gather_fused(tensor) -> torch.Tensor:
 
     mesh, part = tensor.device_mesh, tensor.to_local()
     rows = tensor.shape[0] // mesh.size(mesh.ndim - 1)  # this tensor-parallel rank's rows, before FSDP split them
-    for dim in range(mesh.ndim - 1):  # the data-parallel split of this rank's rows
+    for dim in range(mesh.ndim - 1):  # the data-parallel split of this rank's rows (replicas hold them whole)
+        if tensor.placements[dim].is_replicate():
+            continue
         shape = (rows, *tensor.shape[1:])
         part = DTensor.from_local(part, mesh[mesh.mesh_dim_names[dim]], [Shard(0)], shape=shape,
                                   stride=torch.empty(shape, device="meta").stride()).full_tensor()
@@ -53,12 +55,13 @@ def whole_tensor(value):
 
 def contiguous_layout(tensor: torch.Tensor) -> torch.Tensor:
     """`tensor` unchanged, unless it is a fused layer's: then a copy whose rows are split over the
-    data-parallel ranks and whole on each tensor-parallel rank, a layout DCP describes."""
+    data-parallel ranks (replicated over the replicas of hybrid sharding) and whole on each
+    tensor-parallel rank, a layout DCP describes."""
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     if not is_fused(tensor):
         return tensor
-    layout = [Shard(0)] * (tensor.device_mesh.ndim - 1) + [Replicate()]
+    layout = [p if p.is_replicate() else Shard(0) for p in tensor.placements[:-1]] + [Replicate()]
     return distribute_tensor(gather_fused(tensor), tensor.device_mesh, layout, src_data_rank=None)
 
 

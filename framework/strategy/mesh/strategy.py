@@ -27,7 +27,7 @@ from framework.strategy.mesh.applier import Applier
 from framework.strategy.mesh.context import ContextApplier
 from framework.strategy.mesh.dims import DimsSettings, ParallelDims
 from framework.strategy.mesh.experts import ExpertApplier, RoutingApplier
-from framework.strategy.mesh.fully_shard import ShardingApplier, data_mesh, materialise
+from framework.strategy.mesh.fully_shard import ShardingApplier, materialise, token_mesh
 from framework.strategy.mesh.gradients import clip_gradients
 from framework.strategy.mesh.pipeline.applier import PipelineApplier
 from framework.strategy.mesh.pipeline.settings import PipelineSettings
@@ -134,7 +134,7 @@ class MeshStrategy(ParallelStrategy):
     def token_group(self):
         """The ranks that read different tokens (a mixture of experts counts its routing over them):
         None where they are the whole world, "single" where this rank alone."""
-        return self.dims.token_ranks(lambda: data_mesh(self.mesh, False).get_group())
+        return self.dims.token_ranks(lambda: token_mesh(self.mesh).get_group())
 
     def setup_environment(self) -> None:
         super().setup_environment()

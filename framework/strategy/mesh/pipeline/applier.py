@@ -49,7 +49,7 @@ class PipelineApplier(Applier):
         return layout_lines(self.settings, self.dims, model, self.strategy.loop_settings.micro_batch_size)
 
     def layout(self, layout: Layout, model) -> Layout:
-        layout = replace(layout, states=StateLayout("pipelined", data_parallel=self.dims.data_parallel,
+        layout = replace(layout, states=StateLayout("pipelined", data_parallel=self.dims.shard,
                                                     tensor_parallel=self.dims.tensor))
         if model is None:
             return layout

@@ -43,8 +43,9 @@ def describe_pipeline(settings: PipelineSettings, dims: ParallelDims) -> str:
 
 
 def layout_lines(settings: PipelineSettings, dims: ParallelDims, model, micro_batch_size: int) -> list[str]:
-    pp, dp, tp = dims.pipeline, dims.data_parallel, dims.tensor
+    pp, dp, tp = dims.pipeline, dims.shard, dims.tensor  # the optimizer state: over a shard group (not its replicas)
     m = settings.microbatch_count(pp)
+    replicas = f" (x {dims.replicate} replicas)" if dims.replicate > 1 else ""
     lines = [f"mesh: {describe_pipeline(settings, dims)}; each data-parallel group of {pp * tp} rank(s) passes its "
              f"batch through the stages in {m} microbatches of {micro_batch_size // m}"]
     if model is not None:
@@ -55,7 +56,7 @@ def layout_lines(settings: PipelineSettings, dims: ParallelDims, model, micro_ba
         most = max(rank_parameters(settings, dims, model))
         lines.append(f"the most a pipeline rank holds: {most:,} parameters ({100 * most / max(total, 1):.0f}% of the "
                      f"model's {total:,}, a tied head's copy counted: Ψs below), its optimizer state sharded over "
-                     f"{dp} data-parallel rank(s)" + (", its weights and gradients whole through a step (the "
+                     f"{dp} data-parallel rank(s)" + replicas + (", its weights and gradients whole through a step (the "
                                                       "schedule gathers them once per step)" if dp > 1 else "")
                      + (f", split over {tp} tensor-parallel ranks where the plan says" if tp > 1 else ""))
     bubble = bubble_fraction(settings.schedule, pp, m, settings.per_rank)
