@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from framework.callbacks.progress import RichProgress, TextProgress
 from framework.checkpoint.load import load_model_weights
 from framework.checkpoint.resume import resume_path
-from framework.checkpoint.rng import seed_everything
+from framework.checkpoint.rng import rng_state, seed_everything
 from framework.checkpoint.weights import initial_weights
 from framework.config.build import build, guarded
 from framework.config.loop_settings import loop_settings
@@ -36,6 +36,7 @@ from framework.loop.preemption import PreemptionWatcher
 from framework.loop.state import FitResult, RunMode
 from framework.models.build import build_model
 from framework.plugins import build_plugins
+from framework.tasks.frozen import build_frozen
 from framework.tasks.manual import ManualOptimization, optimizer_set_factory
 from framework.tensors import weights_digest
 
@@ -121,6 +122,7 @@ def _model_and_optimizer(cfg, strategy, task, pretrained: bool = True):
     talk = strategy.is_global_zero
     model_name = cfg.model._target_.rsplit(".", 1)[-1]
     adapter = build(cfg.adapter, "adapter") if cfg.get("adapter") else None
+    frozen, built_from = task.frozen_source(), rng_state()  # a second model is built from the same random state
     with announce_if_slow(f"building the model ({model_name})", talk, why=strategy.setup_note):
         model = strategy.build_model(lambda: build_model(cfg.model), adapter)
     if adapter is not None:  # the optimizer holds the adapters' weights alone
@@ -134,6 +136,11 @@ def _model_and_optimizer(cfg, strategy, task, pretrained: bool = True):
     if weights:  # named by a model built without weights (a sharded build): each rank copies its part
         with announce_if_slow(f"loading pretrained weights ({Path(weights[0]).parent})", talk):
             strategy.load_model_state_dict(model, initial_weights(strategy.unwrap(model), weights))
+    if frozen is not None and frozen.kind == "initial" and frozen.adapters_off and adapter is not None:
+        task.use_frozen(None)  # the trained model with its adapters off: no second model
+    elif frozen is not None:
+        with announce_if_slow(f"building the frozen model of {frozen.key}", talk):
+            task.use_frozen(build_frozen(frozen, cfg, strategy, built_from))
     return model, optimizer
 
 

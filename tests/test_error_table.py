@@ -120,6 +120,16 @@ CASES = [
      "task.loss_chunk_tokens: 'framework.tasks.classification.Classification' takes no argument 'loss_chunk_tokens'"),
     (TRAIN + ["strategy=pipeline", "devices=2", "task.loss_chunk_tokens=16"],
      "task.loss_chunk_tokens with strategy=pipeline and pipeline stages"),
+    # preference tuning (docs/post-training.md)
+    (TRAIN + ["task=preference", "data=preference_files", "task.loss=dpo"],
+     "task.loss='dpo': must be one of 'sigmoid', 'ipo', 'simpo'"),
+    (TRAIN + ["task=preference", "data=preference_files", "task.beta=0"], "task.beta=0: must be a number > 0"),
+    (TRAIN + ["task=preference", "data=preference_files", "task.label_smoothing=0.5"],
+     "task.label_smoothing=0.5: must be at least 0 and below 0.5"),
+    (TRAIN + ["task=preference", "data=preference_files", "task.reference=/nonexistent/sft-run"],
+     "task.reference=/nonexistent/sft-run: no such directory"),
+    (TRAIN + ["task=preference", "data=preference_files", "strategy=pipeline", "devices=2"],
+     "task Preference with strategy=pipeline: the task computes with a second, frozen model"),
     # a Hugging Face mixture of experts is checked as the built-in GPT's model.moe is
     (TRAIN + ["model=hf_causal_lm", "model/config=qwen3_moe", "model.config.num_experts_per_tok=9"],
      "model.config.num_experts_per_tok=9 is more than model.config.num_experts=8: each token is sent to "

@@ -17,6 +17,7 @@ import fnmatch
 import importlib.util
 import math
 import zlib
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -68,6 +69,28 @@ def linear_names(model: nn.Module) -> list[str]:
 def is_adapted(model: nn.Module) -> bool:
     """Whether peft injected adapters into the model."""
     return hasattr(model, "peft_config")
+
+
+@contextmanager
+def adapters_off(model: nn.Module):
+    """The model as it was before its adapters (a preference task's reference, free: no second
+    copy): every adapter layer skipped while inside. Only the flag peft's forward reads is turned
+    (not requires_grad, which a sharded step keeps); a module trained whole (modules_to_save) is
+    not undone: such a run is refused a reference this way (framework/tasks/preference.py)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    if not layers:  # the reference would silently be the trained model itself
+        raise ConfigError("the trained model has no adapters to turn off for its reference (adapter=lora); give the "
+                          "reference as a model of its own (task.reference=<a directory>).")
+    before = [layer._disable_adapters for layer in layers]
+    for layer in layers:
+        layer._disable_adapters = True
+    try:
+        yield model
+    finally:
+        for layer, was in zip(layers, before):
+            layer._disable_adapters = was
 
 
 def trainable_names(model: nn.Module) -> set[str]:

@@ -24,7 +24,7 @@ from framework.console import human_bytes, parse_size
 from framework.errors import ConfigError, ExitCode, UserError, report
 from framework.models.moe_stats import describe_experts
 from framework.paths import conf_dir, find_recipe
-from framework.planning.memory import estimate, model_stats
+from framework.planning.memory import estimate, model_stats, second_model_params
 from framework.preflight import prepare
 
 
@@ -81,6 +81,10 @@ def plan(cfg: DictConfig, out=None, device_memory: int | None = None, elsewhere:
               f"({human_bytes(stats.frozen_bytes)}"
               f"{', quantized layers included' if plugins.precision.frozen_weights(model)[0] else ''})",
               file=out)
+    key, second = second_model_params(resolved, model)
+    if second:
+        print(f"  {key}: a frozen second model of {second:,} parameters ({human_bytes(second * stats.param_bytes)}), "
+              "its weights alone (no gradients, no optimizer state), placed as the trained model is", file=out)
     frozen_params, frozen_bytes = plugins.precision.frozen_weights(model)
     if frozen_params:
         quantized, kept = plugins.precision.plan_layers(model)

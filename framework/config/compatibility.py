@@ -209,7 +209,15 @@ RULES: list[Rule] = [
         "precision=bf16 (float32's range: no loss scaling needed) or bf16_true.",
     ),
     Rule(
-        lambda p: p.strategy.abilities.pipeline_stages and not p.loop.stage_split and not p.loop.manual_optimization,
+        lambda p: p.strategy.abilities.pipeline_stages and p.loop.frozen_model,
+        lambda p: f"task {p.loop.task} with strategy={_strat(p)}: the task computes with a second, frozen model (a "
+        "reference, a teacher) on the same whole sequences as the trained one, and pipeline stages pass a stage's "
+        "activations alone, so the second model would need stages and a schedule of its own, which are not built; "
+        "use strategy=fsdp (or model_parallel without pipeline_parallel_size) to shard both models.",
+    ),
+    Rule(
+        lambda p: p.strategy.abilities.pipeline_stages and not p.loop.stage_split and not p.loop.manual_optimization
+        and not p.loop.frozen_model,  # said by the row above
         lambda p: f"strategy={_strat(p)} runs the model in pipeline stages, but task {p.loop.task} does not say how a "
         "batch goes through stages; give it pipeline_split(batch) -> (the first stage's input, the targets) and "
         "summed_loss(outputs, targets) (framework/tasks/base.py), or use strategy=fsdp.",

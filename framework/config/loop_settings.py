@@ -30,6 +30,7 @@ class LoopSettings:
     loss_chunked: bool = False  # task.loss_chunk_tokens: the head and the loss by chunks (framework/tasks/chunked_loss.py)
     sequence_split: bool = False  # the task's batches may be split along the sequence (context parallelism)
     sequence_length: int | None = None  # data.block_size: the positions of a batch's rows
+    frozen_model: bool = False  # the task computes with a second, frozen model (framework/tasks/frozen.py)
 
 
 def loop_settings(cfg: DictConfig) -> LoopSettings:
@@ -48,7 +49,8 @@ def loop_settings(cfg: DictConfig) -> LoopSettings:
                         adapter=cfg.adapter._target_.rsplit(".", 1)[-1].lower() if cfg.get("adapter") else None,
                         pooled_routing=hf_routed(cfg), loss_chunked=cfg.task.get("loss_chunk_tokens") is not None,
                         sequence_split=bool(getattr(task, "sequence_split", False)),
-                        sequence_length=cfg.data.get("block_size"))
+                        sequence_length=cfg.data.get("block_size"),
+                        frozen_model=bool(getattr(task, "frozen_model", False)))
 
 
 def hf_routed(cfg: DictConfig) -> bool:

@@ -170,6 +170,8 @@ class ChatFiles(StoredFiles):
     """Local conversations, rendered with a chat template, responses scored."""
 
     kind = "chat"
+    row_fields = ("chat data needs rows with fields (JSON lines, a JSON array, parquet or CSV), each a conversation; "
+                  "plain text is data=text_files.")
 
     def __init__(self, files: str | list[str], val_files: str | list[str] | None = None, val_percent: PositiveInt = 5,
                  test_files: str | list[str] | None = None, test_percent: NonNegativeInt = 0,
@@ -196,9 +198,6 @@ class ChatFiles(StoredFiles):
                          test_percent=test_percent, format=format, tokenizer=tokenizer, block_size=block_size,
                          packing=packing, cache_dir=cache_dir, num_proc=num_proc, allow_changed=allow_changed,
                          **loader)
-        if self.format == "text":
-            raise ConfigError("data.format=text: chat data needs rows with fields (JSON lines, a JSON array, parquet "
-                              "or CSV), each a conversation; plain text is data=text_files.")
         self.fields = Fields(messages_field, prompt_field, response_field, system_field, system_prompt)
         self.scored_roles = list(scored_roles or ["assistant"])
         self.drop_unscorable = drop_unscorable

@@ -34,7 +34,7 @@ from framework.console import human_bytes
 from framework.data.once import folder_lock
 from framework.data.sources import Unit, plan_units, read_rows
 from framework.data.splits import FILE_ROLES, SPLITS, SplitRule
-from framework.data.store import MANIFEST, VERSION, fingerprint, read_manifest
+from framework.data.store import FLAGGED_KINDS, MANIFEST, VERSION, fingerprint, read_manifest
 from framework.errors import ConfigError, StorageError
 
 PROGRESS_EVERY_S = 5.0
@@ -84,7 +84,7 @@ class StoreSpec:
     documents (MISSING for a row without the field, None for one that makes no document); it is
     pickled to the worker processes."""
 
-    kind: str  # "text" or "chat"
+    kind: str  # "text", "chat" or "preference" (the last two: a flag per token, store.FLAGGED_KINDS)
     roles: dict[str, list[str]]  # "files", "val_files", "test_files": absolute paths
     patterns: dict  # the roles as given (globs, folders): the store's identity, so a grown corpus replaces it
     tokenizer: str  # the tokenizer as given (its path): with another path, another store
@@ -234,7 +234,7 @@ def run_unit(job: tuple) -> UnitResult:
     spec = _SPEC
     path = spec.files[unit.file]
     result = UnitResult(index)
-    writers = {name: _ShardWriter(Path(out) / f"u{index:06d}-{name}", spec.dtype, spec.kind == "chat")
+    writers = {name: _ShardWriter(Path(out) / f"u{index:06d}-{name}", spec.dtype, spec.kind in FLAGGED_KINDS)
                for name in SPLITS}
     for split, doc, digest, position in unit_documents(spec, unit):
         if doc is MISSING:
@@ -403,7 +403,7 @@ def _move_document(out: Path, result: UnitResult, doc: int, split: str, spec: St
     train, target = out / f"u{result.unit:06d}-train", out / f"u{result.unit:06d}-{split}"
     starts = np.fromfile(str(train) + ".docs", dtype=np.int64)
     lo, hi = int(starts[doc]), int(starts[doc + 1])
-    suffixes = [(".tokens", dtype)] + ([(".scored", np.uint8)] if spec.kind == "chat" else [])
+    suffixes = [(".tokens", dtype)] + ([(".scored", np.uint8)] if spec.kind in FLAGGED_KINDS else [])
     for suffix, kind in suffixes:
         values = np.fromfile(str(train) + suffix, dtype=kind)
         write_array(str(target) + suffix, values[lo:hi])

@@ -22,6 +22,9 @@ from framework.sequences import IGNORE_INDEX
 
 MANIFEST = "manifest.json"
 VERSION = 1
+#: the kinds of store whose tokens carry a flag each (chat data: scored or not; preference pairs:
+#: scored or not, and which sequence of the pair: framework/data/preference_files.py)
+FLAGGED_KINDS = ("chat", "preference")
 
 
 def read_manifest(root: Path) -> dict | None:
@@ -100,6 +103,10 @@ class StoreSplit:
 
     def scored(self, start: int, end: int) -> torch.Tensor:
         return torch.from_numpy(self._slice(start, end, 1).astype(np.bool_))
+
+    def flags(self, start: int, end: int) -> np.ndarray:
+        """The tokens' flags as stored (uint8), for kinds that keep more than scored or not."""
+        return self._slice(start, end, 1)
 
     def document(self, i: int) -> tuple[int, int]:
         return int(self.doc_starts[i]), int(self.doc_starts[i + 1])
@@ -190,7 +197,7 @@ def open_split(root: Path, name: str) -> StoreSplit | None:
     info = (manifest or {}).get("splits", {}).get(name)
     if info is None:
         return None
-    return StoreSplit(root, info, manifest["dtype"], manifest["kind"] == "chat")
+    return StoreSplit(root, info, manifest["dtype"], manifest["kind"] in FLAGGED_KINDS)
 
 
 def shared_documents(split: StoreSplit, other: StoreSplit) -> int:

@@ -86,6 +86,8 @@ class StoredFiles(DataModule):
     streaming = False  # data=text_files may read its files while training instead (framework/data/stream.py)
     text_unit = "document"  # what one document of a plain-text file is (data=text_files sets it)
     separator: str | None = None
+    #: what a row must hold where plain text cannot be one (chat data, pairs): data.format=text is refused saying it
+    row_fields: str | None = None
 
     def __init__(self, files: str | list[str], val_files: str | list[str] | None = None, val_percent: PositiveInt = 5,
                  test_files: str | list[str] | None = None, test_percent: NonNegativeInt = 0,
@@ -107,6 +109,8 @@ class StoredFiles(DataModule):
         self.val_percent = val_percent
         self.test_percent = 0 if self.test_files else test_percent
         self.format = file_format(self.files + (self.val_files or []) + (self.test_files or []), format, "data.files")
+        if self.format == "text" and self.row_fields:
+            raise ConfigError(f"data.format=text: {self.row_fields}")
         self.tokenizer = loaded_tokenizer(str(tokenizer))
         self.block_size = block_size
         self.packing = packing

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from omegaconf import DictConfig
 
+from framework.config.build import build
 from framework.console import human_bytes
 from framework.strategy.deepspeed.sizes import NVME_OPTIMIZER_BUFFERS, NVME_PARAM_BUFFERS
 
@@ -32,8 +33,9 @@ class ModelStats:
     """Optimizer state tensors per parameter (Adam 2, SGD with momentum 1, plain SGD 0)."""
     frozen_bytes: int = 0
     """Bytes of weights that never train (a quantized precision's frozen layers, an adapter's base
-    model): no gradient or optimizer state; sharded like the rest of the weights where a strategy
-    shards weights (fsdp, ZeRO-3), else held whole by every rank."""
+    model, a task's frozen second model: a preference task's reference): no gradient or optimizer
+    state; sharded like the rest of the weights where a strategy shards weights (fsdp, ZeRO-3), else
+    held whole by every rank."""
     largest_param: int = 0
     """Elements of the largest trainable parameter (NVMe offload swaps one parameter per buffer)."""
     held_params: int = 0
@@ -186,6 +188,17 @@ def optimizer_states(cfg: DictConfig) -> int:
     return 2  # Adam, AdamW, and a safe upper bound for the rest
 
 
+def second_model_params(cfg: DictConfig, model) -> tuple[str, int]:
+    """(the key that names it, its parameters) of a frozen second model the task computes with (a
+    preference task's reference: framework/tasks/frozen.py), ("", 0) where it needs none or an
+    adapter's off switch stands for it. It is this run's model without its adapters."""
+    task = build(cfg.task, "task")
+    source = getattr(task, "frozen_source", lambda: None)()
+    if source is None or (cfg.get("adapter") and source.kind == "initial" and source.adapters_off):
+        return "", 0
+    return source.key, sum(p.numel() for name, p in model.named_parameters() if "lora_" not in name)
+
+
 def model_stats(cfg: DictConfig, plugins, model):
     """Trainable parameters, the largest unit gathered at once (by the units the strategy would
     shard: the same rule as the run, framework/construction/units.py), and the byte sizes that the
@@ -200,7 +213,8 @@ def model_stats(cfg: DictConfig, plugins, model):
         params -= quantized_params
     units = plugins.strategy.units(model)
     param_bytes = torch.empty((), dtype=precision.param_dtype).element_size()
-    frozen_bytes = quantized_bytes + frozen * param_bytes
+    second = second_model_params(cfg, model)[1]  # weights only, placed (and sharded) as the trained model's
+    frozen_bytes = quantized_bytes + (frozen + second) * param_bytes
     mixed_half = precision.param_dtype == torch.float32 and precision.compute_dtype in (torch.float16, torch.bfloat16)
     largest = max((p.numel() for p in model.parameters() if p.requires_grad), default=0)
     layout = plugins.strategy.layout(plugins.strategy.devices * plugins.strategy.num_nodes, model)

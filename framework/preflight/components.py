@@ -17,6 +17,7 @@ from framework.models.build import build_model
 from framework.paths import check_creatable_dir
 from framework.plugins import Plugins
 from framework.tasks.fit_check import check_compilable, check_fit, validation_metric_names
+from framework.tasks.frozen import frozen_problems
 
 
 def build_components(cfg: DictConfig, plugins: Plugins | None = None,
@@ -43,6 +44,12 @@ def build_components(cfg: DictConfig, plugins: Plugins | None = None,
     if mismatch:
         raise ConfigError(mismatch)
     task = build(cfg.task, "task")
+    frozen = task.frozen_source()
+    found = frozen_problems(frozen, cfg, data)
+    if found:
+        raise ConfigError("\n".join(found))
+    if frozen is not None:  # the shapes tried with the model itself in the frozen one's place
+        task.use_frozen(None if cfg.get("adapter") and frozen.kind == "initial" else model)
     if mode.name == "predict" and not task.can_predict:
         raise ConfigError(f"framework predict: the task ({type(task).__name__}) defines no predict_step; give it one "
                           "(what it predicts for each sample: framework/tasks/base.py), or use a built-in task.")

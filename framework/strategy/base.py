@@ -49,7 +49,8 @@ class Strategy:
       of it (framework/construction/meta_init.py); `units(model)`: what it gathers together and
       what activation checkpointing recomputes (framework/construction/units.py).
     - `setup(model, optimizer_factory) -> (model, optimizer)`: precision conversion, placement,
-      wrapping (`wrap_model`), then the optimizer built over the wrapped parameters.
+      wrapping (`wrap_model`), then the optimizer built over the wrapped parameters;
+      `place_frozen(factory)`: a second, frozen model (a reference, a teacher) laid out alike.
     - per micro-batch: `batch_to_device`, then `forward_backward` (forward under
       `forward_context`, then `backward`), inside `no_backward_sync(model, skip)` while accumulating.
     - per optimizer step: `clip_gradients`, `optimizer_step` (False if skipped), `zero_grad`.
@@ -183,6 +184,16 @@ class Strategy:
         model = place_model(model, self.root_device)
         model = self.wrap_model(model)
         return model, optimizer_factory(model.parameters())
+
+    def place_frozen(self, factory: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+        """A frozen model beside the trained one (a preference task's reference, a distillation's
+        teacher): built as `build_model` builds, converted to the compute precision, on this rank's
+        device and laid out as the trained model is where the strategy splits it; no gradients, no
+        optimizer, not in checkpoints. The base: whole on every rank, as a replicated strategy holds
+        the trained model (no DDP: it has nothing to reduce)."""
+        model = self.build_model(factory).requires_grad_(False)
+        model = convert_precision(model, self.precision, False)
+        return place_model(model, self.root_device).eval()
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """Wrap the placed model (DDP, FSDP, ...). The base class returns it unchanged."""

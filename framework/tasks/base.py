@@ -8,6 +8,7 @@ import torch
 
 from framework.models import moe_stats
 from framework.models.stage_routing import StageRouting
+from framework.tasks.frozen import FrozenSource
 
 
 class Task(ABC):
@@ -105,6 +106,21 @@ class Task(ABC):
         a watch over the stages' routing records whose `values(...)` the pipeline logs each step
         (framework/models/stage_routing.py)."""
         return StageRouting(stages)
+
+    #: whether the task may compute with a frozen second model (frozen_source says which, per instance):
+    #: the compatibility table refuses layouts that cannot place one
+    frozen_model: bool = False
+
+    def frozen_source(self) -> FrozenSource | None:
+        """Where a frozen model the task computes with beside the trained one comes from (a
+        preference task's reference, a distillation's teacher: framework/tasks/frozen.py); None (this
+        default): the task needs none. The trainer builds it with the strategy and hands it to
+        `use_frozen` before the first step."""
+        return None
+
+    def use_frozen(self, model: torch.nn.Module | None) -> None:
+        """The frozen model `frozen_source` asked for, placed by the strategy; None: the trained
+        model with its adapters off stands for it (an adapter run with the initial weights as source)."""
 
     def after_optimizer_step(self, model: torch.nn.Module, stepped: bool) -> None:
         """After each step's optimizer step (`stepped`: False where the step was left out): a mixture

@@ -262,6 +262,18 @@ class DeepSpeedStrategy(ParallelStrategy):
         self.engine = engine
         return engine, base  # schedulers and LR monitors act on the torch optimizer's param_groups
 
+    def place_frozen(self, factory):
+        """ZeRO-3: partitioned as the trained model is, in an engine of its own without an optimizer
+        (its forward gathers each module's parameters, DeepSpeed's ZeRO inference: trl places its
+        reference so); stages 0-2 hold the trained model whole on every rank, and the frozen one too."""
+        if self.stage != 3:
+            return super().place_frozen(factory)
+        model = self.build_model(factory).requires_grad_(False).to(self.root_device)
+        config = {k: v for k, v in self.deepspeed_config(model).items() if k not in ("optimizer", "scheduler")}
+        engine, _, _, _ = deepspeed_package().initialize(model=model, config=config)
+        engine.eval()  # DeepSpeedEngine.eval returns None
+        return engine
+
     @contextmanager
     def _initializing(self):
         """ZeRO-3's memory measures while deepspeed.initialize builds its optimizer: in float32 the
@@ -280,7 +292,10 @@ class DeepSpeedStrategy(ParallelStrategy):
         forget_process_groups()
 
     def unwrap(self, model):
-        return model.module if self.engine is not None and model is self.engine else model
+        """The module of an engine: the trained model's, or a frozen model's (place_frozen); by its
+        class's name, so that asking before launch does not import deepspeed."""
+        engine = any(cls.__name__ == "DeepSpeedEngine" for cls in type(model).__mro__)
+        return model.module if engine else model
 
     def backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss, scale_wrt_gas=False)  # the loop has already divided by the group size
@@ -303,7 +318,7 @@ class DeepSpeedStrategy(ParallelStrategy):
     # ---- checkpoint state: full fp32 tensors by parameter name, like every other strategy -------
     # (framework/strategy/deepspeed/state.py)
     def model_state_dict(self, model) -> dict:
-        state = ds_state.full_model_state(self.unwrap(self.engine))
+        state = ds_state.full_model_state(self.unwrap(model))
         return state if self.is_global_zero else {}
 
     def optimizer_state_dict(self, model, optimizer) -> dict:
@@ -311,7 +326,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         return state if self.is_global_zero else {}
 
     def load_model_state_dict(self, model, state: dict) -> None:
-        ds_state.load_full_model_state(self.unwrap(self.engine), state, self.root_device)
+        ds_state.load_full_model_state(self.unwrap(model), state, self.root_device)
 
     def load_optimizer_state_dict(self, model, optimizer, state: dict) -> None:
         ds_state.load_full_optimizer_state(self.unwrap(self.engine), self.engine.optimizer, optimizer, state,

@@ -16,7 +16,7 @@ import torch
 
 from framework.config.types import PositiveInt
 from framework.construction.meta_init import InitLog, build_on_meta
-from framework.construction.prepare import with_adapter
+from framework.construction.prepare import convert_precision, place_model, with_adapter
 from framework.construction.units import DEFAULT_MIN_UNIT_PARAMS, Units, choose_units
 from framework.errors import ConfigError
 from framework.strategy.abilities import Abilities
@@ -110,8 +110,7 @@ class MeshStrategy(ParallelStrategy):
         """Before launch: the appliers of the planned world (devices x num_nodes)."""
         return self.appliers(self.devices * self.num_nodes)
 
-    # what the layout can do (the compatibility table reads these)
-    @property
+    @property  # what the layout can do (the compatibility table reads it)
     def abilities(self) -> Abilities:
         return Abilities().combined([a.abilities for a in self.planned_appliers()])
 
@@ -137,9 +136,7 @@ class MeshStrategy(ParallelStrategy):
         return self.dims.token_ranks(lambda: token_mesh(self.mesh).get_group())
 
     def setup_environment(self) -> None:
-        super().setup_environment()
-        # DTensor logs a warning on every rank whenever a 2-D parameter is gathered in two steps
-        # (a checkpoint, the gradient norm): how a 2-D mesh works, not something a user can act on
+        super().setup_environment()  # DTensor's warning at every 2-D gather (a checkpoint, the norm): not the user's
         logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
 
     # ---- before launch --------------------------------------------------------------------------
@@ -200,6 +197,15 @@ class MeshStrategy(ParallelStrategy):
         for applier in self.appliers():
             applier.finish(model)
         return model
+
+    def place_frozen(self, factory):
+        """Laid out as the trained model, by appliers of its own (they keep what they set up)."""
+        kept, self._appliers = self._appliers, {}
+        try:
+            model = convert_precision(self.build_model(factory).requires_grad_(False), self.precision, False)
+            return self.wrap_model(place_model(model, self.root_device)).eval()
+        finally:
+            self._appliers = kept
 
     def roots(self, model: torch.nn.Module) -> list[torch.nn.Module]:
         """The modules FSDP2 shards as roots: the model, or what an applier says (a rank's stages)."""
@@ -265,9 +271,7 @@ class MeshStrategy(ParallelStrategy):
 
     def _merged(self, own: dict, merge: str) -> dict:
         merged = next((m for a in self.appliers() if (m := getattr(a, merge)(own)) is not None), None)
-        if merged is not None:
-            return merged
-        return own if self.is_global_zero else {}
+        return merged if merged is not None else own if self.is_global_zero else {}
 
     def model_state_dict(self, model) -> dict:
         if not self._by_hand:
@@ -292,7 +296,5 @@ class MeshStrategy(ParallelStrategy):
         state.place_fused(self.unwrap(model), None, optimizer, full)
 
     def sharded_state_dict(self, model, optimizer) -> dict:
-        """A fused layer's split thirds (a strided shard, which DCP cannot describe as one chunk per
-        rank) laid out as one contiguous chunk per data-parallel rank (copies: loading places them
-        back, framework/strategy/base.py)."""
+        """A fused layer's thirds laid out as one chunk per data-parallel rank (mesh/state.py)."""
         return state.contiguous(super().sharded_state_dict(model, optimizer))
