@@ -37,8 +37,9 @@ def shown_lines(pattern: str) -> list[tuple[str, str]]:
 # example plugin installed (its options are run by tests/extension/test_plugin_package.py), or the
 # reader's own files (docs/your-model.md's files and commands run in tests/test_your_model_doc.py).
 NEEDS_A_PLUGIN = ("mypkg", "my_configs", "cluster=mysched", "hooked_ddp", "checkpoint_io=bucket", "my-tokenizer",
-                  "data.tokenizer=./tok", "corpus/**/*.jsonl.gz")  # docs/data.md's corpus and tokenizer: run by
-# tests/cli/test_prepare_data.py
+                  "data.tokenizer=./tok", "corpus/**/*.jsonl.gz",  # docs/data.md's corpus and tokenizer: run by
+                  # tests/cli/test_prepare_data.py
+                  "task.teacher=outputs/teacher")  # the teacher the command before trains: tests/tasks/test_distillation.py
 
 
 def shown_commands() -> list[tuple[str, str]]:

@@ -130,6 +130,11 @@ CASES = [
      "task.reference=/nonexistent/sft-run: no such directory"),
     (TRAIN + ["task=preference", "data=preference_files", "strategy=pipeline", "devices=2"],
      "task Preference with strategy=pipeline: the task computes with a second, frozen model"),
+    (TRAIN + ["task=distillation"], "task.teacher: give the teacher's directory"),
+    (TRAIN + ["task=distillation", "task.teacher=/nonexistent/teacher"], "task.teacher=/nonexistent/teacher: no such "
+     "directory"),
+    (TRAIN + ["task=distillation", "task.teacher=x", "task.kd_ratio=2"], "task.kd_ratio=2: must be between 0 and 1"),
+    (TRAIN + ["task=distillation", "task.teacher=x", "task.temperature=0"], "task.temperature=0"),
     # a Hugging Face mixture of experts is checked as the built-in GPT's model.moe is
     (TRAIN + ["model=hf_causal_lm", "model/config=qwen3_moe", "model.config.num_experts_per_tok=9"],
      "model.config.num_experts_per_tok=9 is more than model.config.num_experts=8: each token is sent to "

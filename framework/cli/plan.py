@@ -24,7 +24,7 @@ from framework.console import human_bytes, parse_size
 from framework.errors import ConfigError, ExitCode, UserError, report
 from framework.models.moe_stats import describe_experts
 from framework.paths import conf_dir, find_recipe
-from framework.planning.memory import estimate, model_stats, second_model_params
+from framework.planning.memory import estimate, model_stats
 from framework.preflight import prepare
 
 
@@ -66,7 +66,7 @@ def plan(cfg: DictConfig, out=None, device_memory: int | None = None, elsewhere:
               f"{ranks_per_node(devices, resolved.num_nodes)}", file=out)
     for line in plugins.strategy.layout(world, model).lines if not prepared.refusals else ():
         print(f"  {line}", file=out)
-    stats, units = model_stats(resolved, plugins, model)
+    stats, units = model_stats(resolved, plugins, model, prepared.second_model[1])
     print("model", file=out)
     print(f"  {type(model).__name__}: {stats.params:,} trainable parameters; largest unit gathered at once: "
           f"{stats.largest_unit:,}", file=out)
@@ -81,10 +81,10 @@ def plan(cfg: DictConfig, out=None, device_memory: int | None = None, elsewhere:
               f"({human_bytes(stats.frozen_bytes)}"
               f"{', quantized layers included' if plugins.precision.frozen_weights(model)[0] else ''})",
               file=out)
-    key, second = second_model_params(resolved, model)
+    key, second = prepared.second_model
     if second:
         print(f"  {key}: a frozen second model of {second:,} parameters ({human_bytes(second * stats.param_bytes)}), "
-              "its weights alone (no gradients, no optimizer state), placed as the trained model is", file=out)
+              "its weights alone (no gradients, no optimizer state), placed as the trained model's are", file=out)
     frozen_params, frozen_bytes = plugins.precision.frozen_weights(model)
     if frozen_params:
         quantized, kept = plugins.precision.plan_layers(model)

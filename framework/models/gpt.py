@@ -124,6 +124,7 @@ class GPT(nn.Module):
         if n_embd % n_head:
             raise ConfigError(f"model.n_head={n_head} must divide model.n_embd={n_embd}.")
         self.block_size = block_size
+        self.vocab_size = vocab_size  # the token ids it scores (a reference or teacher must share them)
         self.tok_emb = nn.Embedding(vocab_size, n_embd)
         self.pos_emb = nn.Embedding(block_size, n_embd)
         self.drop = nn.Dropout(dropout)

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import torch
 from omegaconf import DictConfig
 
-from framework.config.build import build
 from framework.console import human_bytes
 from framework.strategy.deepspeed.sizes import NVME_OPTIMIZER_BUFFERS, NVME_PARAM_BUFFERS
 
@@ -188,21 +187,11 @@ def optimizer_states(cfg: DictConfig) -> int:
     return 2  # Adam, AdamW, and a safe upper bound for the rest
 
 
-def second_model_params(cfg: DictConfig, model) -> tuple[str, int]:
-    """(the key that names it, its parameters) of a frozen second model the task computes with (a
-    preference task's reference: framework/tasks/frozen.py), ("", 0) where it needs none or an
-    adapter's off switch stands for it. It is this run's model without its adapters."""
-    task = build(cfg.task, "task")
-    source = getattr(task, "frozen_source", lambda: None)()
-    if source is None or (cfg.get("adapter") and source.kind == "initial" and source.adapters_off):
-        return "", 0
-    return source.key, sum(p.numel() for name, p in model.named_parameters() if "lora_" not in name)
-
-
-def model_stats(cfg: DictConfig, plugins, model):
+def model_stats(cfg: DictConfig, plugins, model, second_params: int = 0):
     """Trainable parameters, the largest unit gathered at once (by the units the strategy would
     shard: the same rule as the run, framework/construction/units.py), and the byte sizes that the
-    strategies' memory formulas need, for the model built on the meta device."""
+    strategies' memory formulas need, for the model built on the meta device; `second_params`: a
+    task's frozen second model's (framework/tasks/frozen.py), weights held as the trained model's."""
     precision = plugins.precision
     quantized_params, quantized_bytes = precision.frozen_weights(model)
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -213,8 +202,7 @@ def model_stats(cfg: DictConfig, plugins, model):
         params -= quantized_params
     units = plugins.strategy.units(model)
     param_bytes = torch.empty((), dtype=precision.param_dtype).element_size()
-    second = second_model_params(cfg, model)[1]  # weights only, placed (and sharded) as the trained model's
-    frozen_bytes = quantized_bytes + (frozen + second) * param_bytes
+    frozen_bytes = quantized_bytes + (frozen + second_params) * param_bytes
     mixed_half = precision.param_dtype == torch.float32 and precision.compute_dtype in (torch.float16, torch.bfloat16)
     largest = max((p.numel() for p in model.parameters() if p.requires_grad), default=0)
     layout = plugins.strategy.layout(plugins.strategy.devices * plugins.strategy.num_nodes, model)

@@ -17,17 +17,19 @@ from framework.models.build import build_model
 from framework.paths import check_creatable_dir
 from framework.plugins import Plugins
 from framework.tasks.fit_check import check_compilable, check_fit, validation_metric_names
-from framework.tasks.frozen import frozen_problems
+from framework.tasks.frozen import frozen_parameters, frozen_problems
 
 
 def build_components(cfg: DictConfig, plugins: Plugins | None = None,
-                     mode: RunMode = RunMode(), warnings: list | None = None) -> tuple[object, int, set[str] | None]:
+                     mode: RunMode = RunMode(), warnings: list | None = None) -> tuple[object, int, set[str] | None,
+                                                                                   tuple[str, int]]:
     """Build the model (on the meta device: no memory, no init cost), data module and task once,
     so an argument their constructors refuse is reported before anything is written, and pass one
     batch through them (framework/tasks/fit_check.py); returns the meta model (its size is what
     `framework plan` reports) and the activation bytes of one micro-batch (what the forward keeps
     for backward; with trainer.activation_checkpointing the units' inputs and one unit's
-    activations, live again while backward recomputes it), and the metric names a validation logs."""
+    activations, live again while backward recomputes it), the metric names a validation logs, and
+    a frozen second model's key and parameters (a reference, a teacher: ("", 0) where none)."""
     with meta_device():
         model = build_model(cfg.model)
         if cfg.get("adapter"):  # the adapter's layers, and its refusals (targets, rank), before launch
@@ -45,9 +47,10 @@ def build_components(cfg: DictConfig, plugins: Plugins | None = None,
         raise ConfigError(mismatch)
     task = build(cfg.task, "task")
     frozen = task.frozen_source()
-    found = frozen_problems(frozen, cfg, data)
+    found = frozen_problems(frozen, cfg, data, model)
     if found:
         raise ConfigError("\n".join(found))
+    second = (frozen.key, frozen_parameters(frozen, cfg, model)) if frozen is not None else ("", 0)
     if frozen is not None:  # the shapes tried with the model itself in the frozen one's place
         task.use_frozen(None if cfg.get("adapter") and frozen.kind == "initial" else model)
     if mode.name == "predict" and not task.can_predict:
@@ -58,10 +61,10 @@ def build_components(cfg: DictConfig, plugins: Plugins | None = None,
     if plugins is not None and cfg.trainer.get("compile"):
         check_compilable(model, data, task, plugins.strategy, bool(cfg.trainer.get("activation_checkpointing")))
     if plugins is None or not cfg.trainer.get("activation_checkpointing"):
-        return model, whole, logged
+        return model, whole, logged, second
     count = checkpoint_units(plugins.strategy.units(model))
     kept = check_fit(model, data, task, batch_size, device_type(plugins))
-    return model, kept + (max(whole - kept, 0) // count if count else 0), logged
+    return model, kept + (max(whole - kept, 0) // count if count else 0), logged, second
 
 
 _FITTED: dict[str, tuple[int, set[str] | None]] = {}  # a process's fit checks that passed, by what they depend on

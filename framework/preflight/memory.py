@@ -10,14 +10,14 @@ from framework.planning.memory import beyond_memory, estimate, model_stats
 def memory_refusal(prepared) -> str | None:
     """The refusal of a run whose estimate is above the memory it would run in, or None."""
     plugins = prepared.plugins
-    stats = model_stats(prepared.resolved, plugins, prepared.model)[0]
+    stats = model_stats(prepared.resolved, plugins, prepared.model, prepared.second_model[1])[0]
     return beyond_memory(plugins, stats, prepared.world_size, prepared.processes_per_node,
                          prepared.activation_bytes, MEMORY_ADVICE)
 
 
 def memory_advice(prepared) -> str:
     """What `framework plan` estimated per rank for this run, and what needs less."""
-    stats, _ = model_stats(prepared.resolved, prepared.plugins, prepared.model)
+    stats, _ = model_stats(prepared.resolved, prepared.plugins, prepared.model, prepared.second_model[1])
     states = estimate(prepared.plugins.strategy, stats, prepared.world_size)
     per_rank = states.device + states.host + prepared.activation_bytes
     return (f"framework plan estimated {human_bytes(per_rank)} per rank ({prepared.plugins.strategy.name}: "

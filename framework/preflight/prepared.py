@@ -37,6 +37,7 @@ class Prepared:
     model: object = None  # built on the meta device: no memory, no initialisation
     activation_bytes: int = 0  # what one micro-batch's forward keeps for backward (measured on meta)
     logged: set[str] | None = None  # the metric names a validation logs (None: not known before the run)
+    second_model: tuple[str, int] = ("", 0)  # a task's frozen second model: its key and parameters (framework/tasks/frozen.py)
 
     @property
     def processes_per_node(self) -> int:
@@ -91,8 +92,8 @@ def prepare(cfg: DictConfig, strict: bool = True, mode: RunMode = RunMode(), dev
         if prepared.plugins is not None and elsewhere:
             plugins = prepared.plugins
             plugins.accelerator = plugins.strategy.accelerator = planned(plugins.accelerator, device_memory)
-        prepared.model, prepared.activation_bytes, prepared.logged = attempt(
-            lambda: build_components(resolved, prepared.plugins, mode, prepared.warnings)) or (None, 0, None)
+        prepared.model, prepared.activation_bytes, prepared.logged, prepared.second_model = attempt(
+            lambda: build_components(resolved, prepared.plugins, mode, prepared.warnings)) or (None, 0, None, ("", 0))
     if prepared.plugins is not None:
         plugins = prepared.plugins
         prepared.devices = attempt(lambda: plugins.fault_tolerance.resolve_devices(plugins.accelerator, resolved.devices))

@@ -7,10 +7,10 @@ Its source is one of:
 - the trained model's own initial weights (`path` null): rebuilt from the same config and the same
   random state as the trained model was built from, so a resumed run rebuilds the same reference;
   with an adapter (adapter=lora) no second model at all: the trained model with its adapters off;
-- a run directory of this framework (its best checkpoint, else its newest) or a checkpoint directory:
-  its weights loaded into this run's model (the same architecture);
-- a local Hugging Face model directory (config.json and weights): this run's Hugging Face model
-  config with `pretrained` set to it.
+- a run directory of this framework (its best checkpoint, else its newest), built from that run's
+  own model config, or a checkpoint directory (this run's model config): its weights loaded;
+- a local Hugging Face model directory (config.json and weights): its own architecture and weights.
+Its vocabulary and tokenizer must be the trained model's and the data's (checked before launch).
 """
 from __future__ import annotations
 
@@ -22,11 +22,14 @@ from omegaconf import OmegaConf
 from framework.checkpoint.load import find_checkpoint, load_model_weights
 from framework.checkpoint.rng import rng_state, set_rng_state
 from framework.checkpoint.weights import initial_weights
-from framework.data.tokenizer import tokenizer_mismatch
+from framework.config.resolvers import BYTES
+from framework.construction.meta_build import meta_device
+from framework.data.tokenizer import loaded_tokenizer
 from framework.errors import ConfigError
 from framework.models.build import build_model
 
 HUB_CONFIG = "config.json"
+HUB_MODEL = "framework.models.hf_causal_lm.causal_lm"  # a Hugging Face directory's model, beside a model of another kind
 
 
 @dataclass(frozen=True)
@@ -47,10 +50,11 @@ class FrozenSource:
         return "hub" if (Path(self.path).expanduser() / HUB_CONFIG).is_file() else "run"
 
 
-def frozen_problems(source: FrozenSource | None, cfg, data) -> list[str]:
-    """Before launch: the directory exists and is one of the kinds; a Hugging Face directory goes
-    with a Hugging Face model whose tokenizer gives the data's ids; an adapter that trains whole
-    modules cannot stand for the initial weights with its adapters off."""
+def frozen_problems(source: FrozenSource | None, cfg, data, model) -> list[str]:
+    """Before launch (`model`: the trained model, on the meta device): the directory exists and is
+    one of the kinds; its model builds, with the trained model's vocabulary, from a tokenizer that
+    gives the data's ids; an adapter that trains whole modules cannot stand for the initial weights
+    with its adapters off."""
     if source is None:
         return []
     adapter = cfg.get("adapter")
@@ -64,31 +68,89 @@ def frozen_problems(source: FrozenSource | None, cfg, data) -> list[str]:
     path = Path(source.path).expanduser()
     if not path.is_dir():
         return [f"{source.key}={source.path}: no such directory; give a run directory of this framework "
-                "(outputs/<name>), a checkpoint directory, or a local Hugging Face model directory (with config.json), "
-                f"or {source.key}=null for the trained model's initial weights."]
-    if source.kind == "hub":
-        if "pretrained" not in cfg.model:
-            return [f"{source.key}={source.path} is a Hugging Face model directory, but the trained model "
-                    f"({cfg.model._target_}) is not built from one; train model=hf_causal_lm, or give a run directory "
-                    "of this model."]
-        mismatch = tokenizer_mismatch(str(path), data)
-        return [f"{source.key}: {mismatch}"] if mismatch else []
+                "(outputs/<name>), a checkpoint directory, or a local Hugging Face model directory (with config.json)."]
     try:
-        find_checkpoint(path, source.key)
+        node = frozen_node(source, cfg)
+        with meta_device():
+            frozen = build_model(node)
     except ConfigError as err:
-        return [str(err)]
+        return [f"{source.key}={source.path}: {err}"]
+    except Exception as err:  # a directory transformers cannot read
+        return [f"{source.key}={source.path}: its model cannot be built ({type(err).__name__}: {err})."]
+    theirs, ours = vocabulary(frozen), vocabulary(model)
+    if theirs and ours and theirs != ours:
+        return [f"{source.key}={source.path}: its model scores {theirs:,} token ids, the trained model {ours:,}: the "
+                "two must share one tokenizer; give a model of the same vocabulary."]
+    spec = _own_tokenizer(source)
+    if spec is not None and loaded_tokenizer(spec).sha256() != data.tokenizer.sha256():
+        return [f"{source.key}={source.path}: its tokenizer ({spec}) turns text into other ids than data.tokenizer "
+                f"({data.tokenizer.spec}); the two models must read the same ids: give data.tokenizer={spec}, or a "
+                "model trained with the data's tokenizer."]
     return []
+
+
+def frozen_parameters(source: FrozenSource | None, cfg, model) -> int:
+    """The parameters of the frozen second model (0: none, or the trained model with its adapters
+    off stands for it); `model`: the trained model on the meta device (the initial weights' size)."""
+    if source is None or (source.kind == "initial" and source.adapters_off and cfg.get("adapter")):
+        return 0
+    if source.kind == "initial":
+        return sum(p.numel() for name, p in model.named_parameters() if "lora_" not in name)
+    with meta_device():
+        return sum(p.numel() for p in build_model(frozen_node(source, cfg)).parameters())
+
+
+def vocabulary(model) -> int | None:
+    """The token ids a model scores (its config's vocab_size, or the built-in GPT's), None if unknown."""
+    config = getattr(model, "config", None)
+    return getattr(config, "vocab_size", None) or getattr(model, "vocab_size", None)
+
+
+def _run_config(source: FrozenSource):
+    """The run directory's config (None: a checkpoint directory outside a run)."""
+    _, run, _ = find_checkpoint(Path(source.path).expanduser(), source.key)
+    return OmegaConf.load(run / "config.yaml") if run is not None else None
+
+
+def _own_tokenizer(source: FrozenSource) -> str | None:
+    """The tokenizer the source's model reads (its directory's, or the run's data.tokenizer), where known."""
+    path = Path(source.path).expanduser()
+    if source.kind == "hub":
+        return str(path) if (path / "tokenizer.json").is_file() else None
+    run = _run_config(source)
+    spec = run.data.get("tokenizer") if run is not None and "data" in run else None
+    if spec is None or (spec != BYTES and not Path(str(spec)).expanduser().exists()):
+        return None
+    return str(spec)
+
+
+def frozen_node(source: FrozenSource, cfg):
+    """The model config the frozen model is built from: the trained model's (initial weights); a
+    Hugging Face directory's own (this run's Hugging Face settings, its architecture the directory's);
+    a run's own model config (a checkpoint directory outside a run: this run's)."""
+    if source.kind == "initial":
+        return cfg.model
+    path = str(Path(source.path).expanduser())
+    if source.kind == "hub":
+        base = cfg.model if "pretrained" in cfg.model else OmegaConf.create({"_target_": HUB_MODEL})
+        return OmegaConf.merge(base, {"pretrained": path, "config": None, "config_dir": None})
+    run = _run_config(source)
+    if run is None:
+        return cfg.model
+    if run.get("adapter"):
+        raise ConfigError(f"the run trained {run.adapter._target_.rsplit('.', 1)[-1]} adapters, and its checkpoints "
+                          f"hold them alone; merge them into a model first (framework convert {path} merged --to hf) "
+                          "and give that directory.")
+    return run.model
 
 
 def build_frozen(source: FrozenSource, cfg, strategy, built_from: dict):
     """In each worker: the frozen model placed by `strategy` (`built_from`: the random state the
     trained model was built from). The random state the run goes on with is left as it was."""
     after = rng_state()
-    node = cfg.model
+    node = frozen_node(source, cfg)
     if source.kind == "initial":
         set_rng_state(built_from)
-    elif source.kind == "hub":
-        node = OmegaConf.merge(cfg.model, {"pretrained": str(Path(source.path).expanduser())})
     try:
         model = strategy.place_frozen(lambda: build_model(node))
     finally:

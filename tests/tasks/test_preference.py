@@ -175,11 +175,16 @@ def test_a_reference_that_cannot_be_is_refused_before_launch(tmp_path):
             "model.n_head=2", "model.block_size=256", f"data.cache_dir={tmp_path / 'cache'}"]
     missing = run_train([*args, f"task.reference={tmp_path / 'nowhere'}"], tmp_path)
     assert missing.returncode == 2 and f"task.reference={tmp_path / 'nowhere'}: no such directory" in missing.stderr
-    hub = tmp_path / "hub"
-    hub.mkdir()
-    (hub / "config.json").write_text("{}")
-    wrong = run_train([*args, f"task.reference={hub}"], tmp_path)
-    assert wrong.returncode == 2 and "is a Hugging Face model directory, but the trained model" in wrong.stderr
+    transformers = pytest.importorskip("transformers")
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=300, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2)).save_pretrained(tmp_path / "hub")
+    wrong = run_train([*args, f"task.reference={tmp_path / 'hub'}"], tmp_path)
+    assert wrong.returncode == 2 and "its model scores 300 token ids, the trained model 256" in wrong.stderr
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{}")
+    broken = run_train([*args, f"task.reference={tmp_path / 'broken'}"], tmp_path)
+    assert broken.returncode == 2 and "Should have a `model_type` key in its config.json" in broken.stderr
     unknown = run_train([*args, "task.loss=dpo"], tmp_path)
     assert unknown.returncode == 2 and "task.loss='dpo': must be one of 'sigmoid', 'ipo', 'simpo'" in unknown.stderr
     kept = run_train([*args, "adapter=lora", "adapter.modules_to_save=[head]"], tmp_path)
