@@ -350,3 +350,17 @@ def test_plan_counts_the_references_weights_sharded_as_the_policys(tmp_path):
     assert "frozen/N" in next(line for line in lines if line.strip().startswith("fsdp:"))
     lora = run_command([*args, "adapter=lora"], tmp_path)  # the policy with its adapters off: nothing more
     assert lora.returncode == 0 and "task.reference" not in lora.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["single_device", "fsdp", "deepspeed_stage_3"])
+def test_the_reference_computes_in_the_policys_precision(layout):
+    """Under bf16 the first step's policy and reference are the same weights computed the same way:
+    a loss of ln 2 and zero rewards exactly (a reference left in float32 beside a bf16 policy would
+    show rewards of bf16's rounding)."""
+    extra = ["devices=1", "data.batch_size=4"] if layout == "single_device" else [f"strategy={layout}", "devices=2",
+                                                                                  "data.batch_size=2"]
+    run = trained_run([*GPT[:GPT.index("callbacks=[checkpoint]")], "precision=bf16", "trainer.max_steps=2", *extra])
+    assert metric_values(run, "train/loss")[0] == pytest.approx(math.log(2), abs=1e-6)
+    assert metric_values(run, "train/rewards/chosen")[0] == 0 and metric_values(run, "train/rewards/margins")[0] == 0
+    assert metric_values(run, "train/rewards/chosen")[1] != 0
