@@ -57,7 +57,7 @@ HEAVY = (
     # optional extras (pyproject.toml): not installed everywhere
     "deepspeed", "pydantic", "fairscale", "tensorboard", "torch.utils.tensorboard", "mlflow", "transformers",
     "huggingface_hub", "datasets", "pyarrow", "tokenizers", "safetensors", "matplotlib", "bitsandbytes", "torch_xla",
-    "transformer_engine", "peft", "wandb", "mpi4py", "torchmetrics", "zstandard", "torchft",
+    "transformer_engine", "peft", "wandb", "mpi4py", "torchmetrics", "zstandard", "torchft", "lm_eval",
     # parts of the core stack that cost a noticeable share of start-up, measured with torch loaded
     "torch.distributed.checkpoint",  # 0.42 s
     "torch.distributed.fsdp",  # 0.36 s

@@ -9,6 +9,7 @@
     framework test RUN_DIR|CHECKPOINT [OVERRIDES...]   a checkpoint's scores on the data's test split
     framework predict RUN_DIR|CHECKPOINT [OVERRIDES...] -o FILE  one row per sample of a split
     framework generate RUN_DIR|CHECKPOINT|HF_DIR --prompt TEXT   text from a trained language model
+    framework eval RUN_DIR|CHECKPOINT|HF_DIR --tasks NAMES   benchmarks through lm-evaluation-harness
     framework cp RECIPE DEST              copy a built-in recipe to edit it
     framework convert CKPT --to torch OUT.pt    model weights as a plain state_dict (or safetensors)
     framework convert DS_DIR --from deepspeed OUT_DIR   a DeepSpeed native checkpoint, imported
@@ -50,6 +51,8 @@ PASS_THROUGH = {
                 "[OVERRIDES...] -o predictions.jsonl|.parquet [--split test|val|train]`", "predict", "main"),
     "generate": ("text from a trained language model: `framework generate RUN_DIR|CHECKPOINT|HF_DIR --prompt TEXT "
                  "[--temperature T] [--top-k K] [--top-p P] [--seed S] [--max-new-tokens N]`", "generate", "main"),
+    "eval": ("benchmarks through EleutherAI's lm-evaluation-harness: `framework eval RUN_DIR|CHECKPOINT|HF_DIR "
+             "--tasks NAMES [--include-path DIR] [--limit N] [--num-fewshot K] [--batch-size B]`", "eval", "main"),
     "cp": ("copy a built-in recipe to edit it: `framework cp RECIPE DEST`", "copy_recipe", "main"),
     "convert": ("export a checkpoint's weights, or import a DeepSpeed checkpoint: "
                 "`framework convert CKPT OUT [--to torch|safetensors] [--from framework|deepspeed]`", "convert", "main"),
@@ -67,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_parser(name, help=help_text, add_help=False)
     sub.add_parser("version", help="print framework, torch and Python versions")
     if argv[:1] and argv[0] in PASS_THROUGH:
-        if argv[1:2] in (["-h"], ["--help"]) and argv[0] not in ("train", "run", "convert", "plot", "test", "generate", "predict",
+        if argv[1:2] in (["-h"], ["--help"]) and argv[0] not in ("train", "run", "convert", "plot", "test", "generate", "predict", "eval",
                                                            "lighthouse"):
             print(f"framework {argv[0]}: {PASS_THROUGH[argv[0]][0]}")
             return ExitCode.OK
