@@ -42,6 +42,11 @@ def _tasks(root):
         f"task: pymc\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {root / 'mc.jsonl'}\n"
         "test_split: test\noutput_type: multiple_choice\ndoc_to_text: '{{question}}'\ndoc_to_target: '{{label}}'\n"
         "doc_to_choice: '{{choices}}'\ntarget_delimiter: ''\nmetric_list:\n  - metric: acc\n")
+    (root / "pygen.yaml").write_text(
+        f"task: pygen\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {root / 'mc.jsonl'}\n"
+        "test_split: test\noutput_type: generate_until\ndoc_to_text: '{{question}}'\n"
+        "doc_to_target: '{{choices[0]}}'\ngeneration_kwargs:\n  until: ['\\n']\n  max_gen_toks: 12\n"
+        "metric_list:\n  - metric: exact_match\n")
     (root / "pyppl.yaml").write_text(
         f"task: pyppl\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {root / 'texts.jsonl'}\n"
         "test_split: test\noutput_type: loglikelihood_rolling\ndoc_to_text: ''\ndoc_to_target: '{{text}}'\n"
@@ -104,12 +109,13 @@ def test_a_gpt_run_is_scored_and_its_rolling_likelihood_is_framework_tests_loss(
                        f"data.test_files={tasks / 'framework_test.jsonl'}", f"data.block_size={BLOCK}",
                        "trainer.max_steps=60", "trainer.val_every=60", "trainer.progress_bar=false", "trainer.plot=false",
                        "callbacks=[checkpoint]"])
-    result = run_command(["eval", str(run), "--tasks", "pymc,pyppl", "--include-path", str(tasks)], tmp_path)
+    result = run_command(["eval", str(run), "--tasks", "pymc,pyppl,pygen", "--include-path", str(tasks)], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads((run / "eval_metrics.json").read_text())
     assert record["step"] == 60 and record["lm_eval"] and record["tasks"]["pymc"]["n-shot"] == 0
     acc = record["tasks"]["pymc"]["metrics"]["acc"]
     assert 0 <= acc <= 1 and metric_values(run, "eval/pymc/acc") == [acc]  # the run's logger has it too
+    assert 0 <= record["tasks"]["pygen"]["metrics"]["exact_match"] <= 1  # greedy generation, cut at the newline
     tested = run_command(["test", str(run)], tmp_path)
     assert tested.returncode == 0, tested.stderr[-3000:]
     metrics = json.loads((run / "test_metrics.json").read_text())["metrics"]
@@ -158,3 +164,8 @@ def test_a_hugging_face_run_scores_as_lm_evals_own_command_line_on_its_export(tm
     their_acc = json.loads(written.read_text())["results"]["pymc"]["acc,none"]
     our_acc = json.loads((run / "eval_metrics.json").read_text())["tasks"]["pymc"]["metrics"]["acc"]
     assert our_acc == their_acc
+    direct = run_command(["eval", str(tmp_path / "export"), "--tasks", "pymc", "--include-path", str(tasks),
+                          "--batch-size", "4"], tmp_path)  # the Hugging Face directory itself
+    assert direct.returncode == 0, direct.stderr[-3000:]
+    assert json.loads((tmp_path / "export" / "eval_metrics.json").read_text())["tasks"]["pymc"]["metrics"]["acc"] \
+        == their_acc
