@@ -127,7 +127,7 @@ def section_commands(title: str) -> list[str]:
 def test_the_after_training_commands_run_as_written(tmp_path):
     import json
 
-    commands = section_commands("After training: test, predict, generate")
+    commands = section_commands("After training: test, predict, generate, evaluate")
     assert [c.split()[1] for c in commands] == ["run", "test", "test", "test", "predict", "train", "generate"]
     outputs = {}
     for command in commands:
