@@ -122,7 +122,8 @@ def _model_and_optimizer(cfg, strategy, task, pretrained: bool = True):
     talk = strategy.is_global_zero
     model_name = cfg.model._target_.rsplit(".", 1)[-1]
     adapter = build(cfg.adapter, "adapter") if cfg.get("adapter") else None
-    frozen, built_from = task.frozen_source(), rng_state()  # a second model is built from the same random state
+    frozen = task.frozen_source()
+    built_from = rng_state() if frozen is not None else None  # a second model is built from the same random state
     with announce_if_slow(f"building the model ({model_name})", talk, why=strategy.setup_note):
         model = strategy.build_model(lambda: build_model(cfg.model), adapter)
     if adapter is not None:  # the optimizer holds the adapters' weights alone
@@ -136,7 +137,7 @@ def _model_and_optimizer(cfg, strategy, task, pretrained: bool = True):
     if weights:  # named by a model built without weights (a sharded build): each rank copies its part
         with announce_if_slow(f"loading pretrained weights ({Path(weights[0]).parent})", talk):
             strategy.load_model_state_dict(model, initial_weights(strategy.unwrap(model), weights))
-    if frozen is not None and frozen.kind == "initial" and frozen.adapters_off and adapter is not None:
+    if frozen is not None and frozen.adapters_stand_in(adapter):
         task.use_frozen(None)  # the trained model with its adapters off: no second model
     elif frozen is not None:
         with announce_if_slow(f"building the frozen model of {frozen.key}", talk):

@@ -107,12 +107,12 @@ def _model(target: Path, batch_size: int, device: str, scratch: Path):
 
 
 def _hub(directory: Path, batch_size: int, device: str):
-    """The harness's own Hugging Face model class on a from_pretrained directory with its tokenizer."""
+    """The harness's own Hugging Face model class on a from_pretrained directory with its tokenizer
+    (without one, load_model says what is missing)."""
     from lm_eval.models.huggingface import HFLM
 
-    if not (directory / "tokenizer.json").is_file() and not (directory / "tokenizer_config.json").is_file():
-        loaded = load_model(directory, COMMAND, device=device)  # raises: the directory has no tokenizer
-        return harness_model(loaded, batch_size, device)
+    if not (directory / "tokenizer.json").is_file():
+        return harness_model(load_model(directory, COMMAND, device=device), batch_size, device)
     return HFLM(pretrained=str(directory), tokenizer=str(directory), batch_size=batch_size, device=device,
                 dtype="float32")
 
@@ -154,6 +154,6 @@ def main(argv: list[str]) -> int:
               "num_fewshot": args.num_fewshot, "tasks": tasks}
     path = write_json(out / EVAL_METRICS, record)
     print(metrics_table({k.removeprefix("eval/"): v for k, v in flat.items()}, f"{COMMAND}: {path}"), flush=True)
-    if config is not None and out is not None and (out / "config.yaml").is_file():
+    if config is not None and (out / "config.yaml").is_file():  # a run directory: its loggers
         log_to_run(OmegaConf.create(config), out, flat, step)
     return ExitCode.OK

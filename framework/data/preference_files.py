@@ -59,11 +59,13 @@ class PairFields:
     def problem(self, row: dict) -> str | None:
         """What keeps `row` from being a pair (a field missing or empty, text mixed with messages), or None."""
         for field in (self.chosen, self.rejected):
-            if field not in row or row[field] is None:
+            value = row.get(field)
+            if value is None:
                 return f"has no '{field}'"
-            if not _filled(row[field]):
-                return f"has an empty '{field}'" if row[field] in ("", []) or str(row[field]).strip() == "" else \
-                    f"'{field}' is neither text nor a list of {{role, content}} messages"
+            if value == [] or (isinstance(value, str) and not value.strip()):
+                return f"has an empty '{field}'"
+            if not _filled(value):
+                return f"'{field}' is neither text nor a list of {{role, content}} messages"
         as_text = isinstance(row[self.chosen], str)
         if as_text != isinstance(row[self.rejected], str):
             return f"'{self.chosen}' and '{self.rejected}' are not of one kind (text and messages mixed)"
@@ -109,11 +111,17 @@ class _EncodePairs:
         self.special_tokens = template.special_tokens if template is not None else {}
         self.block_size, self.drop_unscorable = block_size, drop_unscorable
 
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "_compiled"}  # compiled again where unpickled
+
     def _template(self) -> ChatTemplate:
+        """The chat template, compiled once per process."""
         if self.template_source is None:
             raise ConfigError("data.chat_template: chat-message pairs need a template; give one (data.chat_template="
                               "chatml, a .jinja file or a Jinja template inline).")
-        return ChatTemplate(self.template_source, self.template_origin, self.special_tokens)
+        if getattr(self, "_compiled", None) is None:
+            self._compiled = ChatTemplate(self.template_source, self.template_origin, self.special_tokens)
+        return self._compiled
 
     def tokenise(self, row: dict) -> tuple[list[int], list[int], list[int]] | None:
         """(prompt ids, chosen ids, rejected ids) of one pair; None when a response has nothing
@@ -238,20 +246,12 @@ class PreferenceFiles(StoredFiles):
                          **loader)
         self.fields = PairFields(prompt_field, chosen_field, rejected_field)
         self.drop_unscorable = drop_unscorable
-        self.chat_template = chat_template
-        self._template: ChatTemplate | None = None
-
-    @property
-    def template(self) -> ChatTemplate | None:
-        """The chat template, for pairs of messages (None where none is given and the tokenizer has
-        none: text pairs need none)."""
-        if self._template is None:
-            try:
-                self._template = ChatTemplate.choose(self.chat_template, self.tokenizer.spec)
-            except ConfigError:
-                if self.chat_template:
-                    raise
-        return self._template
+        try:
+            self.template = ChatTemplate.choose(chat_template, self.tokenizer.spec)
+        except ConfigError:
+            if chat_template:
+                raise
+            self.template = None  # the tokenizer has none: text pairs need none, message pairs are refused
 
     def problems(self) -> list[str]:
         """Every row (up to CHECKED_ROWS a file) is a pair, named by file and line where not; each
@@ -265,7 +265,7 @@ class PreferenceFiles(StoredFiles):
         return found
 
     def _file_problems(self, key: str, path: str) -> list[str]:
-        checked = 0
+        checked, encoder = 0, self._encoder()
         try:
             for position, row in read_rows(path, self.format):
                 problem = self.fields.problem(row)
@@ -273,7 +273,7 @@ class PreferenceFiles(StoredFiles):
                     return [f"{key}: {path}, {_line(path, self.format, position)}: the pair {problem}; fix or remove "
                             "the row (data.prompt_field, data.chosen_field and data.rejected_field name the fields)."]
                 if checked < TOKENISED_ROWS:
-                    self._encoder().tokenise(row)
+                    encoder.tokenise(row)
                 checked += 1
                 if checked >= CHECKED_ROWS:
                     break

@@ -17,7 +17,7 @@ from framework.models.build import build_model
 from framework.paths import check_creatable_dir
 from framework.plugins import Plugins
 from framework.tasks.fit_check import check_compilable, check_fit, validation_metric_names
-from framework.tasks.frozen import frozen_parameters, frozen_problems
+from framework.tasks.frozen import inspect_frozen
 
 
 def build_components(cfg: DictConfig, plugins: Plugins | None = None,
@@ -47,12 +47,12 @@ def build_components(cfg: DictConfig, plugins: Plugins | None = None,
         raise ConfigError(mismatch)
     task = build(cfg.task, "task")
     frozen = task.frozen_source()
-    found = frozen_problems(frozen, cfg, data, model)
+    found, parameters = inspect_frozen(frozen, cfg, data, model)
     if found:
         raise ConfigError("\n".join(found))
-    second = (frozen.key, frozen_parameters(frozen, cfg, model)) if frozen is not None else ("", 0)
+    second = (frozen.key, parameters) if frozen is not None else ("", 0)
     if frozen is not None:  # the shapes tried with the model itself in the frozen one's place
-        task.use_frozen(None if cfg.get("adapter") and frozen.kind == "initial" else model)
+        task.use_frozen(None if frozen.adapters_stand_in(cfg.get("adapter")) else model)
     if mode.name == "predict" and not task.can_predict:
         raise ConfigError(f"framework predict: the task ({type(task).__name__}) defines no predict_step; give it one "
                           "(what it predicts for each sample: framework/tasks/base.py), or use a built-in task.")

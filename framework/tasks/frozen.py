@@ -42,6 +42,11 @@ class FrozenSource:
     path: str | None = None
     adapters_off: bool = True
 
+    def adapters_stand_in(self, adapter) -> bool:
+        """Whether the trained model with its adapters off is this model (no second one is built):
+        the initial weights asked for, an adapter run, and the task allowing it."""
+        return self.kind == "initial" and self.adapters_off and bool(adapter)
+
     @property
     def kind(self) -> str:
         """initial, run (a run or checkpoint directory) or hub (a Hugging Face model directory)."""
@@ -50,54 +55,48 @@ class FrozenSource:
         return "hub" if (Path(self.path).expanduser() / HUB_CONFIG).is_file() else "run"
 
 
-def frozen_problems(source: FrozenSource | None, cfg, data, model) -> list[str]:
-    """Before launch (`model`: the trained model, on the meta device): the directory exists and is
-    one of the kinds; its model builds, with the trained model's vocabulary, from a tokenizer that
+def inspect_frozen(source: FrozenSource | None, cfg, data, model) -> tuple[list[str], int]:
+    """Before launch (`model`: the trained model, on the meta device): (what is wrong with the
+    source, the frozen model's parameters). The directory exists and is one of the kinds; its model
+    builds (once, on the meta device), with the trained model's vocabulary, from a tokenizer that
     gives the data's ids; an adapter that trains whole modules cannot stand for the initial weights
-    with its adapters off."""
+    with its adapters off. No parameters where there is no second model (none asked for, or the
+    trained model with its adapters off stands for it)."""
     if source is None:
-        return []
+        return [], 0
     adapter = cfg.get("adapter")
     if source.kind == "initial":
         kept = list((adapter or {}).get("modules_to_save") or [])
         if adapter and source.adapters_off and kept:
             return [f"{source.key}=null with adapter.modules_to_save={kept}: the reference would be the trained model "
                     "with its adapters off, but those modules train whole and do not go back; give the reference as a "
-                    f"directory ({source.key}=<a run or Hugging Face directory>), or adapter.modules_to_save=[]."]
-        return []
+                    f"directory ({source.key}=<a run or Hugging Face directory>), or adapter.modules_to_save=[]."], 0
+        if source.adapters_stand_in(adapter):
+            return [], 0
+        return [], sum(p.numel() for name, p in model.named_parameters() if "lora_" not in name)
     path = Path(source.path).expanduser()
     if not path.is_dir():
         return [f"{source.key}={source.path}: no such directory; give a run directory of this framework "
-                "(outputs/<name>), a checkpoint directory, or a local Hugging Face model directory (with config.json)."]
+                "(outputs/<name>), a checkpoint directory, or a local Hugging Face model directory (with "
+                "config.json)."], 0
     try:
         node = frozen_node(source, cfg)
         with meta_device():
             frozen = build_model(node)
     except ConfigError as err:
-        return [f"{source.key}={source.path}: {err}"]
+        return [f"{source.key}={source.path}: {err}"], 0
     except Exception as err:  # a directory transformers cannot read
-        return [f"{source.key}={source.path}: its model cannot be built ({type(err).__name__}: {err})."]
+        return [f"{source.key}={source.path}: its model cannot be built ({type(err).__name__}: {err})."], 0
     theirs, ours = vocabulary(frozen), vocabulary(model)
     if theirs and ours and theirs != ours:
         return [f"{source.key}={source.path}: its model scores {theirs:,} token ids, the trained model {ours:,}: the "
-                "two must share one tokenizer; give a model of the same vocabulary."]
+                "two must share one tokenizer; give a model of the same vocabulary."], 0
     spec = _own_tokenizer(source)
     if spec is not None and loaded_tokenizer(spec).sha256() != data.tokenizer.sha256():
         return [f"{source.key}={source.path}: its tokenizer ({spec}) turns text into other ids than data.tokenizer "
                 f"({data.tokenizer.spec}); the two models must read the same ids: give data.tokenizer={spec}, or a "
-                "model trained with the data's tokenizer."]
-    return []
-
-
-def frozen_parameters(source: FrozenSource | None, cfg, model) -> int:
-    """The parameters of the frozen second model (0: none, or the trained model with its adapters
-    off stands for it); `model`: the trained model on the meta device (the initial weights' size)."""
-    if source is None or (source.kind == "initial" and source.adapters_off and cfg.get("adapter")):
-        return 0
-    if source.kind == "initial":
-        return sum(p.numel() for name, p in model.named_parameters() if "lora_" not in name)
-    with meta_device():
-        return sum(p.numel() for p in build_model(frozen_node(source, cfg)).parameters())
+                "model trained with the data's tokenizer."], 0
+    return [], sum(p.numel() for p in frozen.parameters())
 
 
 def vocabulary(model) -> int | None:

@@ -13,7 +13,7 @@ from torch.nn import functional as F
 
 from framework.errors import ConfigError
 from framework.tasks.distillation import Distillation
-from tests.conftest import metric_values, run_train
+from tests.conftest import metric_values
 from tests.helpers.run_cache import trained_run
 
 VOCAB = 7
@@ -65,14 +65,17 @@ def test_bad_settings_are_refused_naming_the_key(kwargs, fragment):
 
 
 def test_a_teacher_of_another_vocabulary_is_refused_before_launch(tmp_path):
+    from tests.helpers.in_process import run_command
+
     transformers = pytest.importorskip("transformers")
     transformers.LlamaForCausalLM(transformers.LlamaConfig(
         vocab_size=300, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
         num_key_value_heads=2)).save_pretrained(tmp_path / "hub")
-    refused = run_train(["task=distillation", f"task.teacher={tmp_path / 'hub'}", "trainer.max_steps=1"], tmp_path)
+    refused = run_command(["train", "task=distillation", f"task.teacher={tmp_path / 'hub'}", "trainer.max_steps=1"],
+                          tmp_path)
     assert refused.returncode == 2
     assert f"task.teacher={tmp_path / 'hub'}: its model scores 300 token ids, the trained model 256" in refused.stderr
-    missing = run_train(["task=distillation", "trainer.max_steps=1"], tmp_path)
+    missing = run_command(["train", "task=distillation", "trainer.max_steps=1"], tmp_path)
     assert missing.returncode == 2 and "task.teacher" in missing.stderr
 
 

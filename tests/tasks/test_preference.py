@@ -18,7 +18,7 @@ from framework.config.resolvers import example_data
 from framework.data.preference_files import PairCollate, PreferenceFiles
 from framework.errors import ConfigError
 from framework.tasks.preference import Preference, sequence_logps
-from tests.conftest import checkpoint_at, load_model_state, metric_values, run_inprocess, run_train
+from tests.conftest import checkpoint_at, load_model_state, metric_values, run_inprocess
 from tests.helpers.run_cache import trained_run
 
 VOCAB = 11
@@ -171,6 +171,12 @@ def test_pairs_read_as_trl_reads_them(tmp_path):
 
 
 def test_a_reference_that_cannot_be_is_refused_before_launch(tmp_path):
+    """In this process, through the command's own entry (tests/helpers/in_process.py)."""
+    from tests.helpers.in_process import run_command
+
+    def run_train(args, cwd):
+        return run_command(["train", *args], cwd)
+
     args = ["task=preference", "data=preference_files", "trainer.max_steps=1", "model.n_layer=1", "model.n_embd=16",
             "model.n_head=2", "model.block_size=256", f"data.cache_dir={tmp_path / 'cache'}"]
     missing = run_train([*args, f"task.reference={tmp_path / 'nowhere'}"], tmp_path)
