@@ -118,3 +118,29 @@ def test_an_unwritable_extensions_folder_is_refused_before_launch(tmp_path, vari
     assert (f"TORCH_EXTENSIONS_DIR={shown}: cannot be created, because {blocker} is a file, not a folder; set "
             "TORCH_EXTENSIONS_DIR to a folder you can write") in result.stderr
     assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").rglob("checkpoints"))
+
+
+def test_a_wait_starting_before_the_builder_made_its_lock_waits_for_the_build(tmp_path):
+    """The builder takes its owner flock before torch's lock file exists: a process whose try_acquire
+    lost in that window used to see no lock, stop waiting at once and load an op not built yet (CI:
+    deepspeed_shm_comm.so "cannot open shared object file", two ranks' first build on a fresh machine)."""
+    import fcntl
+    lock = tmp_path / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir()
+    built = lock.parent / "deepspeed_shm_comm.so"
+    owner = os.open(str(lock) + op_locks.OWNER_SUFFIX, os.O_CREAT | os.O_RDWR, 0o644)
+    fcntl.flock(owner, fcntl.LOCK_EX)  # a builder between its flock and its lock (another open file: they conflict)
+    assert not FileBaton(str(lock)).try_acquire()
+    assert not lock.exists()
+
+    def build():
+        lock.touch()
+        time.sleep(0.3)
+        built.touch()
+        os.remove(lock)
+        fcntl.flock(owner, fcntl.LOCK_UN)
+        os.close(owner)
+
+    threading.Timer(0.3, build).start()
+    FileBaton(str(lock), wait_seconds=0.02).wait()
+    assert built.exists()

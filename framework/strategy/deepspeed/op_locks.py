@@ -127,8 +127,10 @@ def watch_op_builds() -> None:
         lock = self.lock_file_path
         folder = os.path.dirname(lock)
         started = said = time.monotonic()
-        while os.path.exists(lock):
-            time.sleep(self.wait_seconds)
+        while True:
+            # A framework builder holds the owner flock from before it makes the lock until after it
+            # removes it: a lock not there yet while the flock is held is a build about to start, not
+            # a finished one (a waiter that looked only at the lock went on to load an op not built).
             fd = _hold_owner(lock)
             if fd is not None:
                 dead = _left_by_dead_builder(lock, fd)
@@ -141,6 +143,9 @@ def watch_op_builds() -> None:
                         "finished, while this run waited for it; its lock is removed. Run again: the next run "
                         "builds the op.")
                 _release_owner(fd, clear=False)
+                if not os.path.exists(lock):
+                    return
+            time.sleep(self.wait_seconds)
             now = time.monotonic()
             if now - said >= SAY_EVERY_S:
                 said = now
