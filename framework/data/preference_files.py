@@ -265,7 +265,7 @@ class PreferenceFiles(StoredFiles):
         return found
 
     def _file_problems(self, key: str, path: str) -> list[str]:
-        checked, encoder = 0, self._encoder()
+        checked, encoder = 0, self.encoder()
         try:
             for position, row in read_rows(path, self.format):
                 problem = self.fields.problem(row)
@@ -283,11 +283,8 @@ class PreferenceFiles(StoredFiles):
             return [f"{key}: {path}: {str(err).removeprefix('data: ')}"]
         return [] if checked else [f"{key}: {path} has no row; remove it from {key} or fill it."]
 
-    def _encoder(self) -> _EncodePairs:
+    def encoder(self) -> _EncodePairs:
         return _EncodePairs(self.tokenizer.spec, self.template, self.fields, self.block_size, self.drop_unscorable)
-
-    def encoder(self):
-        return self._encoder()
 
     def missing_message(self) -> str:
         return (f"data: {{count}} row(s) are not pairs: a missing or empty '{self.fields.chosen}' or "

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from framework.checkpoint.load import find_checkpoint, load_model_weights
 from framework.checkpoint.rng import rng_state, set_rng_state
@@ -80,7 +80,8 @@ def inspect_frozen(source: FrozenSource | None, cfg, data, model) -> tuple[list[
                 "(outputs/<name>), a checkpoint directory, or a local Hugging Face model directory (with "
                 "config.json)."], 0
     try:
-        node = frozen_node(source, cfg)
+        run = _located(source)[1] if source.kind == "run" else None
+        node = frozen_node(source, cfg, run)
         with meta_device():
             frozen = build_model(node)
     except ConfigError as err:
@@ -91,7 +92,7 @@ def inspect_frozen(source: FrozenSource | None, cfg, data, model) -> tuple[list[
     if theirs and ours and theirs != ours:
         return [f"{source.key}={source.path}: its model scores {theirs:,} token ids, the trained model {ours:,}: the "
                 "two must share one tokenizer; give a model of the same vocabulary."], 0
-    spec = _own_tokenizer(source)
+    spec = _own_tokenizer(source, run)
     if spec is not None and loaded_tokenizer(spec).sha256() != data.tokenizer.sha256():
         return [f"{source.key}={source.path}: its tokenizer ({spec}) turns text into other ids than data.tokenizer "
                 f"({data.tokenizer.spec}); the two models must read the same ids: give data.tokenizer={spec}, or a "
@@ -105,35 +106,35 @@ def vocabulary(model) -> int | None:
     return getattr(config, "vocab_size", None) or getattr(model, "vocab_size", None)
 
 
-def _run_config(source: FrozenSource):
-    """The run directory's config (None: a checkpoint directory outside a run)."""
-    _, run, _ = find_checkpoint(Path(source.path).expanduser(), source.key)
-    return OmegaConf.load(run / "config.yaml") if run is not None else None
+def _located(source: FrozenSource) -> tuple[Path, DictConfig | None]:
+    """A run or checkpoint directory's checkpoint (the best, else the newest) and its run's config
+    (None: a checkpoint directory outside a run), looked up once by each caller."""
+    checkpoint, run, _ = find_checkpoint(Path(source.path).expanduser(), source.key)
+    return checkpoint, OmegaConf.load(run / "config.yaml") if run is not None else None
 
 
-def _own_tokenizer(source: FrozenSource) -> str | None:
+def _own_tokenizer(source: FrozenSource, run: DictConfig | None) -> str | None:
     """The tokenizer the source's model reads (its directory's, or the run's data.tokenizer), where known."""
     path = Path(source.path).expanduser()
     if source.kind == "hub":
         return str(path) if (path / "tokenizer.json").is_file() else None
-    run = _run_config(source)
     spec = run.data.get("tokenizer") if run is not None and "data" in run else None
     if spec is None or (spec != BYTES and not Path(str(spec)).expanduser().exists()):
         return None
     return str(spec)
 
 
-def frozen_node(source: FrozenSource, cfg):
+def frozen_node(source: FrozenSource, cfg, run: DictConfig | None = None):
     """The model config the frozen model is built from: the trained model's (initial weights); a
     Hugging Face directory's own (this run's Hugging Face settings, its architecture the directory's);
-    a run's own model config (a checkpoint directory outside a run: this run's)."""
+    a run's own model config (`run`: that run's config; None, a checkpoint directory outside a run:
+    this run's)."""
     if source.kind == "initial":
         return cfg.model
     path = str(Path(source.path).expanduser())
     if source.kind == "hub":
         base = cfg.model if "pretrained" in cfg.model else OmegaConf.create({"_target_": HUB_MODEL})
         return OmegaConf.merge(base, {"pretrained": path, "config": None, "config_dir": None})
-    run = _run_config(source)
     if run is None:
         return cfg.model
     if run.get("adapter"):
@@ -147,7 +148,8 @@ def build_frozen(source: FrozenSource, cfg, strategy, built_from: dict):
     """In each worker: the frozen model placed by `strategy` (`built_from`: the random state the
     trained model was built from). The random state the run goes on with is left as it was."""
     after = rng_state()
-    node = frozen_node(source, cfg)
+    checkpoint, run = _located(source) if source.kind == "run" else (None, None)
+    node = frozen_node(source, cfg, run)
     if source.kind == "initial":
         set_rng_state(built_from)
     try:
@@ -157,7 +159,6 @@ def build_frozen(source: FrozenSource, cfg, strategy, built_from: dict):
     weights = getattr(strategy.unwrap(model), "pretrained_weights", None)
     if weights:  # a sharded build names its weights and each rank copies its part
         strategy.load_model_state_dict(model, initial_weights(strategy.unwrap(model), weights))
-    if source.kind == "run":
-        checkpoint, _, _ = find_checkpoint(Path(source.path).expanduser(), source.key)
+    if checkpoint is not None:
         load_model_weights(strategy, model, checkpoint)
     return model
