@@ -81,9 +81,9 @@ def fit(cfg: DictConfig, output_dir) -> float | None:
     prepared, result = launched.prepared, launched.result
     resolved, plugins = prepared.resolved, prepared.plugins
     if result.preempted is not None:
-        line = plugins.cluster.on_preempted() if launched.writer else None  # e.g. requeue the SLURM job
-        if line:
-            print(f"{plugins.cluster.name}: {line}", file=sys.stderr, flush=True)
+        if launched.writer:  # e.g. requeue the SLURM job
+            plugins.cluster.on_preempted(lambda line: print(f"{plugins.cluster.name}: {line}", file=sys.stderr,
+                                                            flush=True))
         raise Preempted(result.preempted.signal, result.preempted.step, requeued=plugins.cluster.requeued)
     objective_name = resolved.trainer.objective
     objective = result.metrics.get(objective_name)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 
 class ClusterEnvironment(ABC):
@@ -62,10 +63,10 @@ class ClusterEnvironment(ABC):
     #: set by `on_preempted` when the scheduler will run the job again by itself
     requeued: bool = False
 
-    def on_preempted(self) -> str | None:
+    def on_preempted(self, say: Callable[[str], None]) -> None:
         """Called on global rank zero once the preemption checkpoint is saved (e.g. to requeue the
-        job); returns a line for the user, or None."""
-        return None
+        job); `say` tells the user a line. Say what is done before doing it: a requeue may stop
+        this process at once (SLURM cancels the running step), and a line said after is lost."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -161,13 +161,17 @@ class SLURMEnvironment(ClusterEnvironment):
                               f"SLURM started {self.world_size()} task(s) (SLURM_NTASKS): srun "
                               f"--ntasks={devices * num_nodes}, or set devices/num_nodes to match.")
 
-    def on_preempted(self) -> str | None:
+    def on_preempted(self, say) -> None:
         if not self.auto_requeue or not self.job_id:
-            return None
+            return
         if shutil.which("scontrol") is None:
-            return "scontrol is not on PATH: the job was not requeued"
+            say("scontrol is not on PATH: the job was not requeued")
+            return
+        # said first: SLURM cancels this step as soon as the job is requeued
+        say(f"requeueing SLURM job {self.job_id}: SLURM stops this step now and starts the job again, which "
+            "continues from this checkpoint by itself")
         result = subprocess.run(["scontrol", "requeue", self.job_id], capture_output=True, text=True)
         if result.returncode != 0:
-            return f"`scontrol requeue {self.job_id}` failed: {result.stderr.strip() or result.stdout.strip()}"
+            say(f"`scontrol requeue {self.job_id}` failed: {result.stderr.strip() or result.stdout.strip()}")
+            return
         self.requeued = True
-        return f"requeued SLURM job {self.job_id}"

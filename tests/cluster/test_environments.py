@@ -138,9 +138,18 @@ def test_slurm_requeue_calls_scontrol(monkeypatch, tmp_path):
     env = SLURMEnvironment()
     assert env.preemption_signals() == ["SIGUSR1"]
     assert not env.requeued
-    assert env.on_preempted() == "requeued SLURM job 31337" and env.requeued
+    said = []
+    env.on_preempted(said.append)
+    assert env.requeued and said == ["requeueing SLURM job 31337: SLURM stops this step now and starts the job "
+                                     "again, which continues from this checkpoint by itself"]
     assert (tmp_path / "args").read_text().split() == ["requeue", "31337"]
-    assert SLURMEnvironment(auto_requeue=False).on_preempted() is None
+    fake.write_text("#!/bin/sh\necho 'Invalid job id specified' >&2\nexit 1\n")  # said before, failed after
+    failed, said = SLURMEnvironment(), []
+    failed.on_preempted(said.append)
+    assert not failed.requeued and said[1] == "`scontrol requeue 31337` failed: Invalid job id specified"
+    quiet = []
+    SLURMEnvironment(auto_requeue=False).on_preempted(quiet.append)
+    assert quiet == []
     assert not env.restarted
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     assert env.restarted
