@@ -36,6 +36,8 @@ from framework.loop.preemption import PreemptionWatcher
 from framework.loop.state import FitResult, RunMode
 from framework.models.build import build_model
 from framework.plugins import build_plugins
+from framework.tasks.base import without_dropout
+from framework.tasks.decay import decay_groups
 from framework.tasks.frozen import build_frozen
 from framework.tasks.manual import ManualOptimization, optimizer_set_factory
 from framework.tensors import weights_digest
@@ -126,6 +128,10 @@ def _model_and_optimizer(cfg, strategy, task, pretrained: bool = True):
     built_from = rng_state() if frozen is not None else None  # a second model is built from the same random state
     with announce_if_slow(f"building the model ({model_name})", talk, why=strategy.setup_note):
         model = strategy.build_model(lambda: build_model(cfg.model), adapter)
+    if task.disable_dropout:
+        without_dropout(model)
+    if not cfg.trainer.decay_biases_and_norms:  # transformers' rule: biases and norms without weight decay
+        optimizer_factory = decay_groups(optimizer_factory, model)
     if adapter is not None:  # the optimizer holds the adapters' weights alone
         optimizer_factory = trainable_only(optimizer_factory)
     if not task.automatic_optimization:  # one optimizer per named group of the task

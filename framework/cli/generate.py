@@ -91,17 +91,17 @@ def main(argv: list[str]) -> int:
             stop = loaded.tokenizer.encode([template.turn_end()])[0] if template.turn_end() else None
         elif args.chat_template or args.system:
             raise ConfigError(f"{COMMAND}: --chat-template and --system go with --chat.")
-        encoded = loaded.tokenizer.encode(texts)
+        encoded = loaded.tokenizer.encode(texts, special=not args.chat)  # a text prompt as tokenizer(text) has it
         for text, ids in zip(texts, encoded):
             check_prompt(loaded, ids, text, COMMAND)
     except UserError as err:
         report(err)
         return ExitCode.USER_ERROR
     print(f"{COMMAND}: {loaded.source}", file=sys.stderr, flush=True)
-    eos = None if args.no_stop else loaded.tokenizer.eos_id
+    stop_ids = () if args.no_stop else loaded.tokenizer.stop_ids
     rows = []
     for text, ids in zip(prompts, encoded):
-        result = generate(loaded.model, ids, sampling, eos_id=eos, use_cache=not args.no_cache, stop=stop)
+        result = generate(loaded.model, ids, sampling, stop_ids=stop_ids, use_cache=not args.no_cache, stop=stop)
         completion = loaded.tokenizer.decode(result.ids[:len(result.ids) - len(stop)] if result.stopped and stop
                                              else result.ids)
         print(completion if args.chat else text + completion, flush=True)

@@ -11,17 +11,23 @@ from pathlib import Path
 
 from framework.config.resolvers import BYTES, tokenizer_file
 from framework.data.chat_template import ChatTemplate
-from framework.data.tokenizer import EOS_NAMES, loaded_tokenizer
+from framework.data.special_tokens import EOS_NAMES
+from framework.data.tokenizer import loaded_tokenizer
 
 BOS_NAMES = ("<|startoftext|>", "<|begin_of_text|>", "<s>", "<bos>", "[CLS]")
 PAD_NAMES = ("<pad>", "[PAD]", "<|pad|>", "<|padding|>")
 
 
 def special_tokens(spec: str) -> dict[str, tuple[str, int] | None]:
-    """{"eos", "bos", "pad"}: (token, id) from the tokenizer's vocabulary, or None. The beginning of
-    text is the end-of-text token where the tokenizer has no token of its own for it (GPT-2's
+    """{"eos", "bos", "pad"}: (token, id), or None. Where the tokenizer's directory has settings
+    files, theirs (framework/data/special_tokens.py); a bare tokenizer.json's are found by name, the
+    beginning of text being the end-of-text token where it has no token of its own for it (GPT-2's
     convention: <|endoftext|> both ways)."""
     tokenizer = loaded_tokenizer(str(spec))
+    if tokenizer.special.read_from:
+        texts, ids = tokenizer.special.texts, tokenizer.special.ids
+        return {role: (texts[role], ids[role]) if texts.get(role) is not None else None for role in ("eos", "bos",
+                                                                                                    "pad")}
 
     def first(names):
         return next(((n, tokenizer.token_id(n)) for n in names if tokenizer.token_id(n) is not None), None)
@@ -57,14 +63,17 @@ def export_tokenizer(spec: str | None, out: Path, max_length: int | None = None,
 
 
 def end_marker_ids(tokenizer: str | None, template: str | None) -> list[int]:
-    """The ids of a chat template's end markers that are single tokens of the tokenizer: the end of
-    an assistant's turn (ChatML's `<|im_end|>`, Llama 3's `<|eot_id|>`, Gemma's `<end_of_turn>`)
-    and the template's `eos_token` where it writes one. A marker the tokenizer splits into several
-    tokens cannot stop transformers' generate (the run warned of it before launch)."""
-    if not tokenizer or not template or str(tokenizer) == BYTES:
+    """The ids generation stops at: the tokenizer's own (its eos and its directory's
+    generation_config.json's eos_token_id), then a chat template's end markers that are single
+    tokens of the tokenizer: the end of an assistant's turn (ChatML's `<|im_end|>`, Llama 3's
+    `<|eot_id|>`, Gemma's `<end_of_turn>`) and the template's `eos_token` where it writes one. A
+    marker the tokenizer splits into several tokens cannot stop transformers' generate (the run
+    warned of it before launch)."""
+    if not tokenizer or str(tokenizer) == BYTES:
         return []
     loaded = loaded_tokenizer(str(tokenizer))
-    found = [loaded.token_id(marker) for marker in ChatTemplate(template, "the run's chat template").end_markers()]
+    markers = ChatTemplate(template, "the run's chat template").end_markers() if template else []
+    found = [*loaded.stop_ids, *(loaded.token_id(marker) for marker in markers)]
     return list(dict.fromkeys(i for i in found if i is not None))
 
 

@@ -46,3 +46,27 @@ def load_optimizer_state_by_name(model: torch.nn.Module, optimizer: torch.optim.
         "param_groups": [{**{k: v for k, v in group.items() if k != "params"},
                           "params": [index[name] for name in group["params"]]} for group in state["param_groups"]],
     })
+
+
+def regrouped(state: dict, module: torch.nn.Module, optimizer) -> dict:
+    """A by-name optimizer state whose parameter groups are laid out as `optimizer`'s are: a state
+    saved with one group (before biases and norms had a group of their own without weight decay,
+    framework/tasks/decay.py; or by DeepSpeed, which saves one) loads into two, and the other way.
+    Each live group takes the settings of the saved group that held its first parameter (its
+    learning rate, betas...), keeping its own weight_decay, which the grouping decides. Unchanged
+    where the layouts agree, or where the live optimizer holds parameters `module` does not name
+    (DeepSpeed's flat partitions: its own loader maps them)."""
+    names = {id(p): n for n, p in module.named_parameters()}
+    live = [[names.get(id(p)) for p in group["params"]] for group in optimizer.param_groups]
+    saved = state.get("param_groups") or []
+    if any(None in group for group in live) or [g["params"] for g in saved] == live:
+        return state
+    home = {name: group for group in saved for name in group["params"]}
+    groups = []
+    for group, group_names in zip(optimizer.param_groups, live):
+        source = next((home[n] for n in group_names if n in home), group)
+        settings = {k: v for k, v in source.items() if k != "params"}
+        if "weight_decay" in group:
+            settings["weight_decay"] = group["weight_decay"]
+        groups.append({**settings, "params": group_names})
+    return {**state, "param_groups": groups}

@@ -23,6 +23,7 @@ row.
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 import numpy as np
 import torch
@@ -118,8 +119,9 @@ class _RenderChat:
     argument that changes the result is an attribute, and part of the store's identity)."""
 
     def __init__(self, tokenizer: str, template: ChatTemplate, fields: Fields, scored_roles: list[str],
-                 block_size: int, drop_unscorable: bool):
+                 scored_turns: str, block_size: int, drop_unscorable: bool):
         self.tokenizer, self.fields, self.scored_roles = tokenizer, fields, list(scored_roles)
+        self.scored_turns = scored_turns
         self.template_source, self.template_origin = template.source, template.origin
         self.special_tokens = template.special_tokens
         self.block_size, self.drop_unscorable = block_size, drop_unscorable
@@ -128,9 +130,9 @@ class _RenderChat:
         """(input_ids, labels) of one conversation, cut to block_size; None when nothing in the
         block is scored and such rows are dropped."""
         messages = self.fields.conversation(row)
-        text, spans = template.scored_text(messages, self.scored_roles)
-        ids, starts = loaded_tokenizer(self.tokenizer).encode_with_offsets(text)
-        scored = [any(s <= start < e for s, e in spans) for start in starts]
+        text, spans = template.scored_text(messages, self.scored_roles, last_only=self.scored_turns == "last")
+        ids, offsets = loaded_tokenizer(self.tokenizer).encode_with_offsets(text)
+        scored = [any(start < e and end > s for s, e in spans) for start, end in offsets]  # overlapping a span
         labels = [t if keep else IGNORE_INDEX for t, keep in zip(ids, scored)]
         if labels:
             labels[0] = IGNORE_INDEX  # no token predicts a row's first
@@ -139,7 +141,7 @@ class _RenderChat:
             if self.drop_unscorable:
                 return None
             why = (f"has no message of a scored role ({', '.join(self.scored_roles)})" if not spans else
-                   f"is {len(starts)} tokens, longer than data.block_size={self.block_size}, and no response starts "
+                   f"is {len(offsets)} tokens, longer than data.block_size={self.block_size}, and no response starts "
                    "within the block")
             raise ConfigError(f"data: a conversation (its first message: {_preview(messages)}) {why}: nothing in it "
                               "is left to score. Raise data.block_size, shorten or remove it, or set "
@@ -177,7 +179,8 @@ class ChatFiles(StoredFiles):
                  test_files: str | list[str] | None = None, test_percent: NonNegativeInt = 0,
                  format: str | None = None, messages_field: str = "messages", prompt_field: str = "prompt",
                  response_field: str = "response", system_field: str = "system", system_prompt: str | None = None,
-                 chat_template: str | None = None, scored_roles: list[str] | None = None, tokenizer: str = BYTES,
+                 chat_template: str | None = None, scored_roles: list[str] | None = None,
+                 scored_turns: Literal["all", "last"] = "all", tokenizer: str = BYTES,
                  block_size: PositiveInt = 512, packing: bool = True, drop_unscorable: bool = False,
                  cache_dir: str | None = None, num_proc: PositiveInt | None = None, allow_changed: bool = False,
                  **loader):
@@ -189,7 +192,10 @@ class ChatFiles(StoredFiles):
         conversation that has none (null: none); chat_template: a built-in template's name
         (chatml), a .jinja file, or a Jinja template inline (null: the tokenizer's own, from its
         tokenizer_config.json or chat_template.jinja); scored_roles: the roles whose messages the
-        loss counts (null: [assistant]); block_size: tokens per row (a longer conversation is cut);
+        loss counts (null: [assistant]); scored_turns: all (every message of a scored role: where the
+        template marks the assistant's text with {% generation %}, those blocks, as trl's
+        assistant_only_loss) or last (the last of them alone: trl's completion_only_loss, the
+        prompt being all that comes before); block_size: tokens per row (a longer conversation is cut);
         packing: several whole conversations per row, kept apart by position_ids (false: one per
         row, padded per batch); drop_unscorable: leave out conversations with nothing to score
         within the block (false: refuse them). Chat data is always prepared (a conversation's
@@ -200,6 +206,10 @@ class ChatFiles(StoredFiles):
                          **loader)
         self.fields = Fields(messages_field, prompt_field, response_field, system_field, system_prompt)
         self.scored_roles = list(scored_roles or ["assistant"])
+        if scored_turns not in ("all", "last"):
+            raise ConfigError(f"data.scored_turns={scored_turns!r}: choose all (every response) or last (the last "
+                              "response of each conversation alone).")
+        self.scored_turns = scored_turns
         self.drop_unscorable = drop_unscorable
         self.template = ChatTemplate.choose(chat_template, self.tokenizer.spec)
 
@@ -249,8 +259,8 @@ class ChatFiles(StoredFiles):
         return found
 
     def _renderer(self) -> _RenderChat:
-        return _RenderChat(self.tokenizer.spec, self.template, self.fields, self.scored_roles, self.block_size,
-                           self.drop_unscorable)
+        return _RenderChat(self.tokenizer.spec, self.template, self.fields, self.scored_roles, self.scored_turns,
+                           self.block_size, self.drop_unscorable)
 
     def encoder(self):
         return self._renderer()
@@ -264,7 +274,7 @@ class ChatFiles(StoredFiles):
         fields = self.fields
         return {"template": [self.template.source, self.template.origin, self.template.special_tokens],
                 "fields": [fields.messages, fields.prompt, fields.response, fields.system, fields.system_prompt],
-                "scored_roles": self.scored_roles, "block_size": self.block_size,
+                "scored_roles": self.scored_roles, "scored_turns": self.scored_turns, "block_size": self.block_size,
                 "drop_unscorable": self.drop_unscorable}
 
     def _dataset(self, split: str):

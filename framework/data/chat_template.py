@@ -3,13 +3,19 @@ model trains on, and where in that text each response lies, so that only respons
 
 A template is Jinja, as Hugging Face tokenizers ship it (`chat_template` in tokenizer_config.json,
 or chat_template.jinja beside it), rendered the way `transformers` renders it (a sandboxed
-environment, trim_blocks and lstrip_blocks, `raise_exception`, `bos_token` / `eos_token`, the
-`add_generation_prompt` flag). A response's span is found by rendering the conversation up to
-it: the text of the messages before it plus the generation prompt is where it starts, the text
-of the messages up to and including it is where it ends (its end-of-turn marker is scored too,
-so the model learns to stop). This needs nothing from the template beyond rendering a prefix of a
+environment, trim_blocks and lstrip_blocks, `raise_exception`, the tokenizer's `bos_token` /
+`eos_token` / `pad_token` / `unk_token`, the `add_generation_prompt` flag). The rendered text is
+encoded as `apply_chat_template` encodes it: nothing added to what the template writes (a template
+that writes the bos gets one bos).
+
+Which characters are scored: where the template marks the assistant's text with `{% generation %}`
+blocks, those (transformers' assistant mask, what trl's SFTTrainer scores with
+assistant_only_loss). Otherwise a response's span is found by rendering the conversation up to it:
+the text of the messages before it plus the generation prompt is where it starts, the text of the
+messages up to and including it is where it ends (its end-of-turn marker is scored too, so the
+model learns to stop). This needs nothing from the template beyond rendering a prefix of a
 conversation as a prefix of the whole, which every ordinary template does; one that does not is
-refused, named.
+refused, named. A token is scored where it overlaps a scored span (transformers' rule).
 """
 from __future__ import annotations
 
@@ -25,6 +31,8 @@ from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from framework.config.resolvers import BYTES
+from framework.data.special_tokens import TOKENIZER_CONFIG, read_json
+from framework.data.tokenizer import loaded_tokenizer
 from framework.errors import ConfigError
 
 # Templates that ship with the framework, by name (data.chat_template=chatml).
@@ -37,19 +45,42 @@ BUILT_IN = {
 TEMPLATE_FILE = "chat_template.jinja"
 # Special-token spellings a template writes into the text: <|im_start|>, <|eot_id|>, </s>, [INST], <end_of_turn>
 _MARKER = re.compile(r"<\|[^|<>\s]+\|>|</?s>|\[/?INST\]|<\|?[a-z_]*(?:turn|eot|im)[a-z_]*\|?>")
-TOKENIZER_CONFIG = "tokenizer_config.json"
+
+
+# What a `{% generation %}` block's text is wrapped in while rendering (private-use characters no
+# message holds: a conversation holding one is refused), taken out again with their places noted.
+GENERATION_START, GENERATION_END = "\ue000", "\ue001"
+_GENERATION_TAG = re.compile(r"{%-?\s*generation\s*-?%}")
 
 
 class Generation(Extension):
-    """`{% generation %}...{% endgeneration %}` (Hugging Face's marks of assistant text): rendered as
-    its content; the spans are found by rendering prefixes instead."""
+    """`{% generation %}...{% endgeneration %}`, Hugging Face's marks of the assistant's text (what
+    trl's SFTTrainer scores with assistant_only_loss): rendered as its content between two marks
+    that ChatTemplate.scored_text turns into spans."""
 
     tags = {"generation"}
 
     def parse(self, parser):
         lineno = next(parser.stream).lineno
         body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return nodes.Scope(body, lineno=lineno)
+        return nodes.CallBlock(self.call_method("_marked"), [], [], body).set_lineno(lineno)
+
+    def _marked(self, caller) -> str:
+        return GENERATION_START + caller() + GENERATION_END
+
+
+def _unmarked(text: str) -> tuple[str, list[tuple[int, int]]]:
+    """A rendering without its generation marks, and the (start, end) of each marked span in it."""
+    spans, out, at = [], [], 0
+    for piece in re.split(f"([{GENERATION_START}{GENERATION_END}])", text):
+        if piece == GENERATION_START:
+            spans.append([at, at])
+        elif piece == GENERATION_END:
+            spans[-1][1] = at
+        else:
+            out.append(piece)
+            at += len(piece)
+    return "".join(out), [(start, end) for start, end in spans if end > start]
 
 
 @functools.lru_cache(maxsize=8)
@@ -65,11 +96,6 @@ def _compiled(source: str):
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
     return env.from_string(source)
-
-
-def _token_text(value) -> str | None:
-    """A special token as tokenizer_config.json writes it: a string or {"content": ...}."""
-    return value.get("content") if isinstance(value, dict) else value
 
 
 def tokenizer_directory(tokenizer: str) -> Path | None:
@@ -98,12 +124,9 @@ class ChatTemplate:
         directory = tokenizer_directory(tokenizer)
         config = {}
         if directory is not None and (directory / TOKENIZER_CONFIG).is_file():
-            try:
-                config = json.loads((directory / TOKENIZER_CONFIG).read_text(encoding="utf-8"))
-            except ValueError as err:
-                raise ConfigError(f"data.tokenizer: {directory / TOKENIZER_CONFIG} is not JSON ({err}).") from err
-        special = {name: _token_text(config.get(name)) for name in ("bos_token", "eos_token", "pad_token",
-                                                                    "unk_token")}
+            config = read_json(directory / TOKENIZER_CONFIG)
+        special = {} if str(tokenizer) == BYTES else {
+            f"{role}_token": text for role, text in loaded_tokenizer(str(tokenizer)).special.texts.items()}
         if given:
             given = str(given)
             if given in BUILT_IN:
@@ -129,26 +152,47 @@ class ChatTemplate:
         raise ConfigError(f"data.chat_template: the tokenizer has no chat template ({where}); give one: "
                           f"data.chat_template=chatml (built in), a .jinja file, or a Jinja template inline.")
 
+    @property
+    def marks_generation(self) -> bool:
+        """Whether the template marks the assistant's text with `{% generation %}` blocks."""
+        return bool(_GENERATION_TAG.search(self.source))
+
     def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
+        return self._rendered(messages, add_generation_prompt)[0]
+
+    def _rendered(self, messages: list[dict], add_generation_prompt: bool = False) -> tuple[str, list]:
+        """The conversation's text and the spans its `{% generation %}` blocks marked."""
+        if any(GENERATION_START in m["content"] or GENERATION_END in m["content"] for m in messages):
+            raise ConfigError("data: a message holds the character U+E000 or U+E001, which the framework uses to find "
+                              "a chat template's {% generation %} blocks; remove it from the data.")
         try:
-            return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+            text = self.template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                         **self.special_tokens)
         except jinja2.TemplateError as err:
             raise ConfigError(f"data.chat_template: the template ({self.origin}) refuses a conversation with roles "
                               f"{', '.join(m['role'] for m in messages)}: {err}. Give conversations it accepts, or "
                               "another template (data.chat_template).") from err
+        return _unmarked(text)
 
-    def scored_text(self, messages: list[dict], scored_roles) -> tuple[str, list[tuple[int, int]]]:
-        """The conversation's text and the (start, end) character spans of the messages whose role
-        is scored. A message the template leaves out (a role it does not know) is refused."""
-        text = self.render(messages)
-        spans = []
-        for i, message in enumerate(messages):
+    def scored_text(self, messages: list[dict], scored_roles, last_only: bool = False
+                    ) -> tuple[str, list[tuple[int, int]]]:
+        """The conversation's text and the (start, end) character spans that are scored: where the
+        template marks the assistant's text with `{% generation %}` and the assistant alone is
+        scored, those blocks (transformers' assistant mask, trl's assistant_only_loss); else the
+        messages of a scored role, each found by rendering the conversation up to it. `last_only`:
+        the last of them alone (trl's completion_only_loss). A message the template leaves out (a
+        role it does not know) is refused."""
+        text, marked = self._rendered(messages)
+        for message in messages:
             content = message["content"].strip()
             if content and content not in text:
                 raise ConfigError(f"data: the chat template ({self.origin}) does not know the role "
                                   f"{message['role']!r}: it leaves that message out of the text. Rename the role "
                                   "(system, user, assistant) or give a template that knows it (data.chat_template).")
+        if self.marks_generation and list(scored_roles) == ["assistant"]:
+            return text, marked[-1:] if last_only else marked
+        spans = []
+        for i, message in enumerate(messages):
             if message["role"] not in scored_roles:
                 continue
             before = self.render(messages[:i], add_generation_prompt=True)
@@ -156,9 +200,10 @@ class ChatTemplate:
             if not (text.startswith(before) and text.startswith(upto) and len(before) <= len(upto)):
                 raise ConfigError(f"data.chat_template: the template ({self.origin}) renders the start of a "
                                   "conversation differently from the whole conversation, so the responses cannot "
-                                  "be found in its text; give a template that renders each turn in place.")
+                                  "be found in its text; give a template that renders each turn in place, or mark "
+                                  "the assistant's text with {% generation %} blocks.")
             spans.append((len(before), len(upto)))
-        return text, spans
+        return text, spans[-1:] if last_only else spans
 
     def markers(self) -> list[str]:
         """The template's own markers, in the order they appear: special-token spellings written into

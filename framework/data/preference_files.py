@@ -92,6 +92,16 @@ class PairFields:
         return chosen[:shared], chosen[shared:], rejected[shared:]
 
 
+def _ended(tokenizer, response: str, ids: list[int]) -> list[int]:
+    """A text response's ids ended as trl ends it: its eos token's text appended to a response that
+    does not end with it (so before the eos a family's post-processor adds itself, if it adds one)."""
+    eos, text = tokenizer.eos_id, tokenizer.special.texts.get("eos")
+    if eos is None or (text is not None and response.endswith(text)) or (text is None and ids[-1:] == [eos]):
+        return ids
+    at = len(ids) - (1 if tokenizer.special.add_eos else 0)
+    return [*ids[:at], eos, *ids[at:]]
+
+
 def _common_prefix(a: list[int], b: list[int]) -> int:
     n = 0
     while n < min(len(a), len(b)) and a[n] == b[n]:
@@ -128,15 +138,12 @@ class _EncodePairs:
         within block_size and such pairs are dropped."""
         prompt, chosen, rejected = self.fields.pair(row)
         tokenizer = loaded_tokenizer(self.tokenizer)
-        if isinstance(chosen, str):
-            end = [] if tokenizer.eos_id is None else [tokenizer.eos_id]  # a text response ends as trl ends it
-
-            def ended(ids: list[int]) -> list[int]:
-                return ids + end if end and ids[-1:] != end else ids
-
-            prompt_ids, with_chosen, with_rejected = tokenizer.encode([prompt, prompt + chosen, prompt + rejected])
-            with_chosen, with_rejected = ended(with_chosen), ended(with_rejected)
-        else:
+        if isinstance(chosen, str):  # as trl: each text with the family's bos..., a response ended by the eos
+            prompt_ids, with_chosen, with_rejected = tokenizer.encode([prompt, prompt + chosen, prompt + rejected],
+                                                                      special=True)
+            with_chosen, with_rejected = _ended(tokenizer, chosen, with_chosen), _ended(tokenizer, rejected,
+                                                                                        with_rejected)
+        else:  # as trl: apply_chat_template, which adds nothing to what the template writes
             template = self._template()
             prompt_text = template.render(prompt, add_generation_prompt=True) if prompt else ""
             prompt_ids, with_chosen, with_rejected = tokenizer.encode(

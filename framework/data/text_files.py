@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import torch
 from torch.utils.data import Dataset
 
@@ -35,8 +34,9 @@ from framework.errors import ConfigError
 
 class TextEncoder:
     """A batch of a file's rows to documents: the text (a plain-text row, or a row's text_field)
-    tokenised, ended by the end-of-text token with add_eos; its split is chosen by a hash of its
-    UTF-8 text. Pickled to the preparing processes."""
+    tokenised as transformers' tokenizer(text) does (the family's bos first where it adds one),
+    ended by the end-of-text token with add_eos; its split is chosen by a hash of its UTF-8 text.
+    Pickled to the preparing processes."""
 
     def __init__(self, tokenizer: str, text_field: str, add_eos: bool):
         self.tokenizer, self.text_field, self.add_eos = tokenizer, text_field, add_eos
@@ -50,13 +50,11 @@ class TextEncoder:
                 continue
             texts.append(str(text))
             out.append(None)
-        tok = loaded_tokenizer(self.tokenizer)
-        eos = np.array([tok.eos_id], dtype=np.int64) if self.add_eos and tok.eos_id is not None else None
-        encoded = iter(zip(texts, tok.encode_numpy(texts)))
+        encoded = iter(zip(texts, loaded_tokenizer(self.tokenizer).document(texts, end=self.add_eos)))
         for i, slot in enumerate(out):
             if slot is None:
                 text, ids = next(encoded)
-                out[i] = Encoded(text.encode("utf-8"), ids if eos is None else np.concatenate([ids, eos]))
+                out[i] = Encoded(text.encode("utf-8"), ids)
         return out
 
 

@@ -59,22 +59,23 @@ def vocabulary_size(model) -> int | None:
 
 
 @torch.no_grad()
-def generate(model, prompt: list[int], sampling: Sampling, eos_id: int | None = None,
-             use_cache: bool = True, stop: list[int] | None = None) -> Generated:
-    """Generate up to sampling.max_new_tokens after `prompt`, stopping after eos_id or after the
-    token sequence `stop` (a chat template's end of turn); the ids returned include either."""
+def generate(model, prompt: list[int], sampling: Sampling, stop_ids=(), use_cache: bool = True,
+             stop: list[int] | None = None) -> Generated:
+    """Generate up to sampling.max_new_tokens after `prompt`, stopping after any of `stop_ids` (the
+    tokenizer's eos and its generation_config.json's stops: Tokenizer.stop_ids) or after the token
+    sequence `stop` (a chat template's end of turn); the ids returned include it."""
     model.eval()
     device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(sampling.seed)
     start = time.perf_counter()
     ids = torch.tensor([prompt], dtype=torch.long, device=device)
-    stop = list(stop or [])
+    stop, stop_ids = list(stop or []), [int(i) for i in stop_ids]
     if has_own_generate(model):
-        new = _hub_generate(model, ids, sampling, eos_id, use_cache, stop)
+        new = _hub_generate(model, ids, sampling, stop_ids, use_cache, stop)
     else:
-        new = _own_generate(model, ids, sampling, eos_id, generator, use_cache, stop)
+        new = _own_generate(model, ids, sampling, stop_ids, generator, use_cache, stop)
     seconds = time.perf_counter() - start
-    stopped = (eos_id is not None and bool(new) and new[-1] == eos_id) or ends_with(new, stop)
+    stopped = (bool(new) and new[-1] in stop_ids) or ends_with(new, stop)
     return Generated(new, seconds, stopped)
 
 
@@ -82,7 +83,7 @@ def ends_with(ids: list[int], stop: list[int]) -> bool:
     return bool(stop) and ids[-len(stop):] == stop
 
 
-def _own_generate(model, ids: torch.Tensor, sampling: Sampling, eos_id, generator, use_cache: bool,
+def _own_generate(model, ids: torch.Tensor, sampling: Sampling, stop_ids: list[int], generator, use_cache: bool,
                   stop: list[int]) -> list[int]:
     context = context_length(model)
     cache = model.new_cache(1) if use_cache and hasattr(model, "new_cache") else None
@@ -96,14 +97,15 @@ def _own_generate(model, ids: torch.Tensor, sampling: Sampling, eos_id, generato
             logits = output_logits(model(ids[:, -context:] if context else ids))[:, -1]
         token = next_tokens(logits, sampling, generator)
         new.append(int(token))
-        if (eos_id is not None and new[-1] == eos_id) or ends_with(new, stop):
+        if new[-1] in stop_ids or ends_with(new, stop):
             break
         window = token.view(1, 1)
         ids = torch.cat([ids, window], dim=1)
     return new
 
 
-def _hub_generate(model, ids: torch.Tensor, sampling: Sampling, eos_id, use_cache: bool, stop: list[int]) -> list[int]:
+def _hub_generate(model, ids: torch.Tensor, sampling: Sampling, stop_ids: list[int], use_cache: bool,
+                  stop: list[int]) -> list[int]:
     from transformers import StoppingCriteria, StoppingCriteriaList
 
     class EndsWith(StoppingCriteria):
@@ -111,11 +113,11 @@ def _hub_generate(model, ids: torch.Tensor, sampling: Sampling, eos_id, use_cach
             return torch.tensor([ends_with(row[ids.shape[1]:].tolist(), stop) for row in input_ids])
 
     options = {"max_new_tokens": sampling.max_new_tokens, "do_sample": not sampling.greedy, "use_cache": use_cache,
-               "attention_mask": torch.ones_like(ids), "pad_token_id": eos_id if eos_id is not None else 0}
+               "attention_mask": torch.ones_like(ids), "pad_token_id": stop_ids[0] if stop_ids else 0}
     if stop:
         options["stopping_criteria"] = StoppingCriteriaList([EndsWith()])
-    if eos_id is not None:
-        options["eos_token_id"] = eos_id
+    if stop_ids:
+        options["eos_token_id"] = stop_ids
     if not sampling.greedy:  # transformers draws from torch's global generator
         options.update(temperature=sampling.temperature, top_k=sampling.top_k or 0, top_p=sampling.top_p or 1.0)
         torch.manual_seed(sampling.seed)

@@ -9,10 +9,12 @@ metrics and their aggregation.
   real tokens do not see the padding), the continuation's log-probabilities summed, and whether
   each of its tokens was the greedy choice;
 - rolling log-likelihood of a whole text (perplexity tasks): the harness's disjoint windows of the
-  model's context, each token predicted once, the first from the end-of-text token (or, for a
-  tokenizer without one: bytes, the newline byte);
+  model's context, each token predicted once, the first from the beginning-of-text token, else the
+  end-of-text token (lm-eval's hf model's rule), or, for a tokenizer with neither (bytes), the
+  newline byte; texts are encoded without special tokens, as lm-eval's hf model encodes them;
 - generation until a stop string: greedy decoding of `framework generate` (the built-in GPT's KV
-  cache, transformers' generate for a Hugging Face model), cut at the first stop string.
+  cache, transformers' generate for a Hugging Face model), stopped at the tokenizer's end tokens
+  (its eos and generation_config.json's), cut at the first stop string.
 
 lm_eval is imported only here, when `framework eval` runs (the `eval` extra).
 """
@@ -43,6 +45,11 @@ def harness_model(loaded: Loaded, batch_size: int = 8, device: str = "cpu"):
         @property
         def eot_token_id(self) -> int:
             return self.tok.eos_id if self.tok.eos_id is not None else NEWLINE
+
+        @property
+        def prefix_token_id(self) -> int:
+            """What a text is predicted from (lm-eval's hf model: the bos where the tokenizer has one)."""
+            return self.tok.bos_id if self.tok.bos_id is not None else self.eot_token_id
 
         def tok_encode(self, string: str, add_special_tokens=None, **kwargs) -> list[int]:
             return self.tok.encode([string])[0]
@@ -98,7 +105,7 @@ def harness_model(loaded: Loaded, batch_size: int = 8, device: str = "cpu"):
                 until = [until] if isinstance(until, str) else list(until)
                 prompt = self.tok_encode(context)[-self.max_length:]
                 sampling = Sampling(max_new_tokens=int(settings.get("max_gen_toks", 256)), temperature=0.0)
-                result = generate(self.model, prompt, sampling, eos_id=self.tok.eos_id)
+                result = generate(self.model, prompt, sampling, stop_ids=self.tok.stop_ids)
                 text = self.tok_decode(result.ids)
                 for stop in until:
                     text = text.split(stop)[0] if stop else text

@@ -17,6 +17,7 @@ from framework.checkpoint.load import load_model_weights
 from framework.checkpoint.weights import fit_saved_state, is_weights_file, load_error_summary
 from framework.checkpoint_io.dcp_reader import STATE_DIR
 from framework.console import announce_if_slow, human_bytes
+from framework.construction.named_state import regrouped
 from framework.errors import CheckpointError
 from framework.loop.loop_record import load_loop_state, loop_state
 from framework.loop.nonfinite import weights_finite
@@ -108,7 +109,8 @@ class Checkpointer:
                 return
             else:
                 strategy.load_model_state_dict(loop.model, fit_saved_state(module, objects["model"]))
-                strategy.load_optimizer_state_dict(loop.model, loop.optimizer, objects["optimizer"])
+                strategy.load_optimizer_state_dict(loop.model, loop.optimizer,
+                                                   regrouped(objects["optimizer"], module, loop.optimizer))
         except (RuntimeError, KeyError, ValueError) as err:
             raise CheckpointError(f"{path} does not fit this model/optimizer ({load_error_summary(err)}); "
                                   "it was saved from a different config (see its meta.json).") from err

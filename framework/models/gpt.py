@@ -50,7 +50,7 @@ class CausalSelfAttention(nn.Module):
         self.head_dim = n_embd // n_head
         self.qkv = nn.Linear(n_embd, 3 * n_embd)
         self.proj = nn.Linear(n_embd, n_embd)
-        self.dropout = dropout
+        self.attn_drop = nn.Dropout(dropout)  # a module, so that a task that turns dropout off finds it
         self.resid_drop = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0,
@@ -68,7 +68,7 @@ class CausalSelfAttention(nn.Module):
         elif cache is not None:
             cache.append(layer, k, v)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                           dropout_p=self.dropout if self.training else 0.0)
+                                           dropout_p=self.attn_drop.p if self.training else 0.0)
         return self.resid_drop(self.proj(y.transpose(1, 2).reshape(b, t, -1)))
 
 

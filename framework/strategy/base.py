@@ -16,6 +16,7 @@ from framework.cluster.base import ClusterEnvironment
 from framework.cluster.local import LocalEnvironment
 from framework.config.loop_settings import LoopSettings
 from framework.construction.compile import compile_model
+from framework.construction.named_state import regrouped
 from framework.construction.prepare import checkpoint_activations, convert_precision, place_model, with_adapter
 from framework.construction.quantized_build import build_quantized
 from framework.construction.units import Units, choose_units
@@ -319,7 +320,8 @@ class Strategy:
             full = sharded.read_full(state_dir, ("model", "optimizer") if optimizer is not None else ("model",))
             self.load_model_state_dict(model, full["model"])
             if optimizer is not None:
-                self.load_optimizer_state_dict(model, optimizer, full["optimizer"])
+                self.load_optimizer_state_dict(model, optimizer, regrouped(full["optimizer"], self.unwrap(model),
+                                                                           optimizer))
             return
         load_sharded(self, model, optimizer, state_dir)
 

@@ -107,6 +107,10 @@ class Task(ABC):
         (framework/models/stage_routing.py)."""
         return StageRouting(stages)
 
+    #: whether the trainer turns the model's dropout off (every torch.nn.Dropout's p set to 0, as trl's
+    #: disable_dropout does): a preference task's log-probability ratios are meant without it
+    disable_dropout: bool = False
+
     #: whether the task may compute with a frozen second model (frozen_source says which, per instance):
     #: the compatibility table refuses layouts that cannot place one
     frozen_model: bool = False
@@ -141,3 +145,12 @@ def sums_normalised(task) -> bool:
     mro = type(task).__mro__
     owner = next((i for i, cls in enumerate(mro) if "training_sums" in cls.__dict__), None)
     return owner is not None and not any("training_step" in cls.__dict__ for cls in mro[:owner])
+
+
+def without_dropout(model: torch.nn.Module) -> int:
+    """Every torch.nn.Dropout of `model` set to p=0 (trl's disable_dropout_in_model: a LoRA layer's
+    dropout too); the number of them."""
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+    for layer in layers:
+        layer.p = 0.0
+    return len(layers)

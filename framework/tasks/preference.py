@@ -23,7 +23,7 @@ and `framework test` report the same over held-out pairs.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import Literal
 
 import torch
@@ -54,6 +54,18 @@ def sequence_logps(model, batch: Mapping) -> tuple[torch.Tensor, torch.Tensor]:
     return (picked * scored).sum(-1), scored.sum(-1)
 
 
+@contextmanager
+def evaluating(model):
+    """`model` in eval mode inside (no dropout: the policy standing in for its reference with its
+    adapters off), its own mode after."""
+    was = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was)
+
+
 class Preference(Task):
     """DPO (sigmoid), IPO or SimPO over chosen/rejected pairs, against a frozen reference."""
 
@@ -62,14 +74,17 @@ class Preference(Task):
 
     def __init__(self, loss: Literal["sigmoid", "ipo", "simpo"] = "sigmoid", beta: PositiveFloat = 0.1,
                  label_smoothing: NonNegativeFloat = 0.0, simpo_gamma: NonNegativeFloat = 0.5,
-                 reference: str | None = None):
+                 reference: str | None = None, disable_dropout: bool = True):
         """loss: sigmoid (DPO), ipo or simpo (trl's names); beta: how far the policy may move from
         the reference (DPO's β; IPO's regularisation τ; SimPO's reward scale); label_smoothing: the
         share of pairs taken as mislabelled (conservative DPO, sigmoid and simpo), below 0.5;
         simpo_gamma: SimPO's target margin; reference: where the frozen reference comes from (null:
         the policy's initial weights, rebuilt on resume, never checkpointed, and with adapter=lora
         the policy with its adapters off; else a run directory, a checkpoint directory or a local
-        Hugging Face model directory). simpo uses no reference."""
+        Hugging Face model directory). simpo uses no reference; disable_dropout: every dropout
+        layer of the policy at p=0 (trl's DPOConfig.disable_dropout, its default): the first step's
+        loss is then ln 2 with zero rewards, as the log-probability ratios mean; false keeps the
+        model's dropout in the policy (the reference computes without it all the same)."""
         if loss not in LOSSES:
             raise ConfigError(f"task.loss={loss!r}: choose one of {', '.join(LOSSES)} (trl's names: sigmoid is DPO).")
         if not beta > 0:
@@ -87,6 +102,7 @@ class Preference(Task):
         self.loss, self.beta, self.label_smoothing, self.simpo_gamma = loss, float(beta), float(label_smoothing), \
             float(simpo_gamma)
         self.reference_path = reference
+        self.disable_dropout = bool(disable_dropout)
         self.reference: torch.nn.Module | None = None  # placed by the trainer (use_frozen)
         self.adapters_off = False
 
@@ -103,7 +119,8 @@ class Preference(Task):
             raise ConfigError("task=preference: no reference model was placed (the trainer hands it over before the "
                               "first step: framework/tasks/frozen.py); a Preference used outside the trainer needs "
                               "use_frozen(reference) first.")
-        with torch.no_grad(), adapters_off(model) if self.adapters_off else nullcontext():
+        with torch.no_grad(), adapters_off(model) if self.adapters_off else nullcontext(), \
+                evaluating(model) if self.adapters_off else nullcontext():
             return sequence_logps(model if self.adapters_off else self.reference, batch)[0]
 
     # ---- the loss ---------------------------------------------------------------------------------

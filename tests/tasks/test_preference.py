@@ -370,3 +370,36 @@ def test_the_reference_computes_in_the_policys_precision(layout):
     assert metric_values(run, "train/loss")[0] == pytest.approx(math.log(2), abs=1e-6)
     assert metric_values(run, "train/rewards/chosen")[0] == 0 and metric_values(run, "train/rewards/margins")[0] == 0
     assert metric_values(run, "train/rewards/chosen")[1] != 0
+
+
+@pytest.mark.slow
+def test_dropout_is_off_by_default_so_the_first_step_is_ln_2(tmp_path):
+    """The built-in GPT with dropout 0.1, as trl's DPOTrainer runs a model with dropout: off in the
+    policy by default (task.disable_dropout), so the first step's loss is ln 2 with zero rewards;
+    kept on, the policy's log-probabilities carry a dropout mask and the first step is not ln 2."""
+    args = [*[a for a in GPT if not a.startswith("callbacks")], "model.dropout=0.1", "data.batch_size=4",
+            "trainer.max_steps=1", "trainer.val_every=1", "data.test_percent=0"]
+    off, on = tmp_path / "off", tmp_path / "on"
+    run_inprocess(args, off)
+    run_inprocess([*args, "task.disable_dropout=false"], on)
+    assert metric_values(off, "train/loss")[0] == pytest.approx(math.log(2), abs=1e-6)
+    assert metric_values(off, "train/rewards/chosen")[0] == 0 == metric_values(off, "train/rewards/margins")[0]
+    assert abs(metric_values(on, "train/loss")[0] - math.log(2)) > 1e-3
+
+
+def test_the_reference_with_the_adapters_off_computes_in_eval_mode():
+    """With LoRA the reference is the policy with its adapters off: its log-probabilities come without
+    dropout even while the policy trains with it (task.disable_dropout=false), and the policy's mode
+    is its own again after."""
+    from framework.adapter.lora import LoRA
+    from framework.models.gpt import GPT as BuiltinGPT
+
+    torch.manual_seed(0)
+    model = LoRA(target_modules=["qkv"]).apply(BuiltinGPT(vocab_size=VOCAB, block_size=16, n_layer=1, n_head=2,
+                                                           n_embd=16, dropout=0.5))
+    task = Preference(disable_dropout=False)
+    task.use_frozen(None)
+    batch = {"input_ids": torch.randint(0, VOCAB, (2, 8)), "labels": torch.randint(0, VOCAB, (2, 8))}
+    model.train()
+    first, second = task.reference_logps(model, batch), task.reference_logps(model, batch)
+    assert torch.equal(first, second) and model.training

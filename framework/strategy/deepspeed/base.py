@@ -322,7 +322,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         return state if self.is_global_zero else {}
 
     def optimizer_state_dict(self, model, optimizer) -> dict:
-        state = ds_state.full_optimizer_state(self.unwrap(self.engine), optimizer)
+        state = ds_state.full_optimizer_state(self.unwrap(self.engine), self.engine.optimizer, optimizer)
         return state if self.is_global_zero else {}
 
     def load_model_state_dict(self, model, state: dict) -> None:

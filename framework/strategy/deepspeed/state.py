@@ -29,10 +29,17 @@ def full_model_state(module) -> dict:
     return state
 
 
-def full_optimizer_state(module, optimizer) -> dict:
-    """Collective: each trainable parameter's full optimizer state (and the step), by name."""
+def full_optimizer_state(module, zero, optimizer) -> dict:
+    """Collective: each trainable parameter's full optimizer state (and the step), by name (`zero`:
+    the engine's ZeRO optimizer; `optimizer`: the torch one inside it)."""
     from deepspeed.utils import safe_get_full_optimizer_state
 
+    if hasattr(zero, "_lazy_init_hp_params_optimizer_state"):
+        # ZeRO 1/2 link each parameter to its optimizer state after the first group's first step,
+        # before the other groups have any (DeepSpeed 0.19): with two groups (weight decay and
+        # none, framework/tasks/decay.py) the second's were linked to nothing; linked again here
+        zero._hp_optimizer_states_linked = False
+        zero._lazy_init_hp_params_optimizer_state()
     params = _named_params(module)
     inner_state = next(iter(optimizer.state.values()), {}) if optimizer.state else {}
     tensor_keys = [k for k, v in inner_state.items() if torch.is_tensor(v) and v.dim() > 0]
@@ -47,9 +54,23 @@ def full_optimizer_state(module, optimizer) -> dict:
         if step is not None:
             entry["step"] = step.detach().cpu().clone() if torch.is_tensor(step) else torch.tensor(float(step))
         state[name] = entry
-    groups = [{k: v for k, v in g.items() if k != "params"} | {"params": list(state)}
-              for g in optimizer.param_groups[:1]]
-    return {"state": state, "param_groups": groups}
+    return {"state": state, "param_groups": _named_groups(params, zero, optimizer, list(state))}
+
+
+def _named_groups(params: dict, zero, optimizer, names: list[str]) -> list[dict]:
+    """The torch optimizer's groups (settings and parameter names) as a plain optimizer over the
+    module would have them: ZeRO keeps each group's module parameters (bit16_groups at stages 1-2,
+    fp16_groups at 3) beside the flat partitions the torch optimizer holds."""
+    members = getattr(zero, "bit16_groups", None) or getattr(zero, "fp16_groups", None)
+    by_id = {}
+    for name, param in params.items():  # a tied parameter under its first name, as in the state
+        by_id.setdefault(id(param), name)
+    settings = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    if not members or len(members) != len(settings):  # one group of every parameter, as before
+        return [settings[0] | {"params": names}]
+    kept = set(names)
+    return [group | {"params": [by_id[id(p)] for p in member if by_id.get(id(p)) in kept]}
+            for group, member in zip(settings, members)]
 
 
 def load_full_model_state(module, state: dict, device: torch.device) -> None:
