@@ -24,7 +24,7 @@ def special_tokens(spec: str) -> dict[str, tuple[str, int] | None]:
     beginning of text being the end-of-text token where it has no token of its own for it (GPT-2's
     convention: <|endoftext|> both ways)."""
     tokenizer = loaded_tokenizer(str(spec))
-    if tokenizer.special.read_from:
+    if tokenizer.special.tokenizer_settings:
         texts, ids = tokenizer.special.texts, tokenizer.special.ids
         return {role: (texts[role], ids[role]) if texts.get(role) is not None else None for role in ("eos", "bos",
                                                                                                     "pad")}

@@ -54,13 +54,14 @@ def regrouped(state: dict, module: torch.nn.Module, optimizer) -> dict:
     framework/tasks/decay.py; or by DeepSpeed, which saves one) loads into two, and the other way.
     Each live group takes the settings of the saved group that held its first parameter (its
     learning rate, betas...), keeping its own weight_decay, which the grouping decides. Unchanged
-    where the layouts agree, or where the live optimizer holds parameters `module` does not name
-    (DeepSpeed's flat partitions: its own loader maps them)."""
+    where the layouts agree, or where the live optimizer's groups are not `module`'s named parameters
+    (DeepSpeed's flat partitions, or none at all under ZeRO-3: its own loader maps them)."""
     names = {id(p): n for n, p in module.named_parameters()}
     live = [[names.get(id(p)) for p in group["params"]] for group in optimizer.param_groups]
     saved = state.get("param_groups") or []
-    if any(None in group for group in live) or [g["params"] for g in saved] == live:
-        return state
+    if not all(live) or any(None in group for group in live) or \
+            [set(g["params"]) for g in saved] == [set(g) for g in live]:
+        return state  # (ZeRO-3's torch optimizer holds no parameter of the module's at all)
     home = {name: group for group in saved for name in group["params"]}
     groups = []
     for group, group_names in zip(optimizer.param_groups, live):

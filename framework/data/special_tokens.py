@@ -15,9 +15,10 @@ names `add_bos_token` or `add_eos_token`, or tokenizer.json has no post-processo
 are added as those flags say (each off unless set); otherwise tokenizer.json's own post-processor
 decides (Llama 3 adds <|begin_of_text|> so, GPT-2 and Qwen add nothing).
 
-A bare tokenizer.json, with none of these files, has no settings to read: nothing is added to a text
-and the eos is the first of a few usual names in its vocabulary (`<|endoftext|>`, `</s>`, `<eos>`,
-`[SEP]`), as before these files were read.
+A bare tokenizer.json, without tokenizer_config.json or special_tokens_map.json, has no settings to
+read: nothing is added to a text and the eos is the first of a few usual names in its vocabulary
+(`<|endoftext|>`, `</s>`, `<eos>`, `[SEP]`), as before these files were read (a generation_config.json
+beside it still adds its stops).
 """
 from __future__ import annotations
 
@@ -63,8 +64,11 @@ class SpecialTokens:
     #: tokenizer.json's own post-processor decides what a text gets (no flags, one is there)
     own_post_processor: bool = False
     stop_ids: tuple[int, ...] = ()
-    #: the settings files read (none: a bare tokenizer.json)
+    #: the settings files read
     read_from: tuple[str, ...] = ()
+    #: whether a tokenizer_config.json or special_tokens_map.json said which tokens are special and
+    #: what a text gets (False: a bare tokenizer.json, as before these files were read)
+    tokenizer_settings: bool = False
 
     def identity(self) -> dict:
         """What the token ids of a document depend on, beyond tokenizer.json's encoding parts."""
@@ -76,15 +80,20 @@ def read_special_tokens(directory: Path | None, tokenizer) -> SpecialTokens:
     """The special tokens of the `tokenizers` Tokenizer `tokenizer` loaded from `directory`'s
     tokenizer.json, from the settings files there (module docstring). A token a file names that
     the vocabulary lacks is refused, naming the file and the token."""
-    present = [directory / name for name in SETTINGS_FILES if directory is not None and (directory / name).is_file()]
-    if not present:
+    def present(name: str) -> bool:
+        return directory is not None and (directory / name).is_file()
+
+    stops = _generation_stops(directory / GENERATION_CONFIG, tokenizer) if present(GENERATION_CONFIG) else []
+    read = tuple(name for name in SETTINGS_FILES if present(name))
+    if not present(TOKENIZER_CONFIG) and not present(SPECIAL_TOKENS_MAP):  # a bare tokenizer.json: as before
         eos = next((name for name in EOS_NAMES if tokenizer.token_to_id(name) is not None), None)
         eos_id = None if eos is None else tokenizer.token_to_id(eos)
         return SpecialTokens({"bos": None, "eos": eos, "pad": None, "unk": None},
                              {"bos": None, "eos": eos_id, "pad": None, "unk": None},
-                             stop_ids=() if eos_id is None else (eos_id,))
-    config = read_json(directory / TOKENIZER_CONFIG) if (directory / TOKENIZER_CONFIG).is_file() else {}
-    mapped = read_json(directory / SPECIAL_TOKENS_MAP) if (directory / SPECIAL_TOKENS_MAP).is_file() else {}
+                             stop_ids=tuple(dict.fromkeys(i for i in (eos_id, *stops) if i is not None)),
+                             read_from=read)
+    config = read_json(directory / TOKENIZER_CONFIG) if present(TOKENIZER_CONFIG) else {}
+    mapped = read_json(directory / SPECIAL_TOKENS_MAP) if present(SPECIAL_TOKENS_MAP) else {}
     texts, ids = {}, {}
     for role in ROLES:
         key = f"{role}_token"
@@ -107,19 +116,22 @@ def read_special_tokens(directory: Path | None, tokenizer) -> SpecialTokens:
         added = tokenizer.encode("", add_special_tokens=True).ids
         add_bos = ids["bos"] is not None and added[:1] == [ids["bos"]]
         add_eos = ids["eos"] is not None and added[-1:] == [ids["eos"]] and (len(added) > 1 or not add_bos)
-    generation = read_json(directory / GENERATION_CONFIG) if (directory / GENERATION_CONFIG).is_file() else {}
-    stops = generation.get("eos_token_id")
-    stops = [stops] if isinstance(stops, int) else list(stops or []) if isinstance(stops, list) else []
-    # a model saved with its class's default config can name ids its tokenizer does not have (GPT-2's 50256 beside
-    # a tokenizer of 300): those are no token this tokenizer makes, left out
-    stops = [i for i in stops if isinstance(i, int) and 0 <= i < tokenizer.get_vocab_size()]
     stop_ids = tuple(dict.fromkeys(i for i in (ids["eos"], *stops) if i is not None))
-    return SpecialTokens(texts, ids, add_bos, add_eos, own, stop_ids, tuple(p.name for p in present))
+    return SpecialTokens(texts, ids, add_bos, add_eos, own, stop_ids, read, tokenizer_settings=True)
+
+
+def _generation_stops(path: Path, tokenizer) -> list[int]:
+    """generation_config.json's eos_token_id (one id or a list), the ids of the tokenizer's
+    vocabulary only: a model saved with its class's default config can name ids its tokenizer does
+    not have (GPT-2's 50256 beside a tokenizer of 300), no token this tokenizer makes."""
+    stops = read_json(path).get("eos_token_id")
+    stops = [stops] if isinstance(stops, int) else stops if isinstance(stops, list) else []
+    return [i for i in stops if isinstance(i, int) and 0 <= i < tokenizer.get_vocab_size()]
 
 
 def post_processor(tokenizer, special: SpecialTokens):
     """The post-processor transformers puts on the tokenizer (None: keep tokenizer.json's own)."""
-    if special.own_post_processor or not special.read_from:
+    if special.own_post_processor or not special.tokenizer_settings:
         return None
     from tokenizers import processors
 

@@ -76,7 +76,7 @@ class Tokenizer:
     def _adds(self, special: bool) -> bool:
         """Whether to encode with the post-processor: asked for, and settings files say what it adds
         (a bare tokenizer.json's text gets nothing, as before they were read)."""
-        return special and bool(self.special.read_from)
+        return special and self.special.tokenizer_settings
 
     def document(self, texts: list[str], end: bool = True) -> list[np.ndarray]:
         """Each text as a document of a token stream: its ids with what the family puts around a
@@ -120,7 +120,7 @@ class Tokenizer:
         if self._tokenizer is None:
             return BYTES
         behaviour = tokenizer_behaviour(tokenizer_file(self.spec))
-        if not self.special.read_from:  # a bare tokenizer.json: its digest as before the settings files were read
+        if not self.special.tokenizer_settings:  # a bare tokenizer.json: its digest as before the settings files
             return behaviour
         identity = {"behaviour": behaviour, "special": self.special.identity(),
                     "post_processor": json.loads(self._tokenizer.to_str()).get("post_processor")}

@@ -168,6 +168,6 @@ def test_a_bare_tokenizer_json_keeps_its_behaviour(tmp_path):
 
     directory = train_tokenizer(tmp_path / "bare", stdlib_documents(4, 2000))
     tokenizer = Tokenizer(str(directory))
-    assert tokenizer.special.read_from == () and tokenizer.bos_id is None
+    assert not tokenizer.special.tokenizer_settings and tokenizer.bos_id is None
     assert tokenizer.decode([tokenizer.eos_id]) == "<|endoftext|>"
     assert tokenizer.encode(["import os"], special=True) == tokenizer.encode(["import os"])

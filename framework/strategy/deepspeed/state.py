@@ -59,9 +59,10 @@ def full_optimizer_state(module, zero, optimizer) -> dict:
 
 def _named_groups(params: dict, zero, optimizer, names: list[str]) -> list[dict]:
     """The torch optimizer's groups (settings and parameter names) as a plain optimizer over the
-    module would have them: ZeRO keeps each group's module parameters (bit16_groups at stages 1-2,
-    fp16_groups at 3) beside the flat partitions the torch optimizer holds."""
-    members = getattr(zero, "bit16_groups", None) or getattr(zero, "fp16_groups", None)
+    module would have them: ZeRO 1/2 keep each group's module parameters (bit16_groups) beside the
+    flat partitions the torch optimizer holds; ZeRO-3's sub-groups are saved as one group of every
+    parameter with the first group's settings (a load refits groups: named_state.regrouped)."""
+    members = getattr(zero, "bit16_groups", None)
     by_id = {}
     for name, param in params.items():  # a tied parameter under its first name, as in the state
         by_id.setdefault(id(param), name)
