@@ -44,10 +44,10 @@ COMMON = ["model=hf_causal_lm", "model.config=null", "data.shuffle=false", f"dat
           "trainer.progress_bar=false", "trainer.plot=false", "trainer.val_at_start=false", "seed=0"]
 LAYOUTS = {"one_process": [f"data.batch_size={ROWS}"],
            "fsdp_2_processes": ["strategy=fsdp", "devices=2", f"data.batch_size={ROWS // 2}"]}
-TRAINING = dict(use_cpu=True, report_to=[], per_device_train_batch_size=ROWS, max_steps=STEPS, logging_steps=1,
-                learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0, max_length=BLOCK,
-                save_strategy="no", train_sampling_strategy="sequential", bf16=False, gradient_checkpointing=False,
-                optim="adamw_torch", weight_decay=DECAY, seed=0)
+TRAINING = {"use_cpu": True, "report_to": [], "per_device_train_batch_size": ROWS, "max_steps": STEPS,
+            "logging_steps": 1, "learning_rate": LR, "lr_scheduler_type": "constant", "warmup_steps": 0,
+            "max_grad_norm": 1.0, "max_length": BLOCK, "save_strategy": "no", "train_sampling_strategy": "sequential",
+            "bf16": False, "gradient_checkpointing": False, "optim": "adamw_torch", "weight_decay": DECAY, "seed": 0}
 
 
 def _model_with(tokenizer_dir, out):
