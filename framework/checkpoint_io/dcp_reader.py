@@ -179,6 +179,17 @@ def full_template(state_dir: Path, prefixes: tuple[str, ...] | None = None) -> d
     return template
 
 
+def saved_subtree(state_dir: Path, prefix: tuple) -> Any:
+    """The part of what was saved under `prefix` (e.g. ("optimizer", "param_groups")), as
+    full_template builds it: placeholders for plain values, empty tensors; None where nothing was."""
+    tree = full_template(Path(state_dir), prefix[:1])
+    for key in prefix:
+        if not isinstance(tree, (dict, list)) or (isinstance(tree, dict) and key not in tree):
+            return None
+        tree = tree[key]
+    return tree
+
+
 def read_full(state_dir: Path, prefixes: tuple[str, ...] | None = None, process_group=None) -> dict:
     """The whole saved state as full tensors on this rank ({"model": ..., "optimizer": ...}), or
     only the top-level entries named in `prefixes`. Collective when a process group is up."""

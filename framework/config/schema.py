@@ -47,11 +47,11 @@ class TrainerConfig:
     """Clip the global gradient norm to this value (after unscaling); null for no clipping."""
     clip_grad_value: Optional[float] = None
     """Clamp every gradient element to [-v, v]; null for no clipping."""
-    decay_biases_and_norms: bool = True
-    """Apply the optimizer's weight_decay to biases and normalisation weights too (true: every
-    parameter, as torch.optim.AdamW(model.parameters()) does). false: they are left out (a second
-    parameter group with weight_decay 0), transformers' Trainer's rule and so trl's
-    (framework/tasks/decay.py says which parameters); a run compared with trl sets it."""
+    decay_biases_and_norms: bool = False
+    """Apply the optimizer's weight_decay to biases and normalisation weights too (every parameter,
+    as torch.optim.AdamW(model.parameters()) does). false: they are left out (a second parameter
+    group with weight_decay 0), transformers' Trainer's rule and so trl's and nanoGPT's
+    (framework/tasks/decay.py says which parameters). A checkpoint resumes across the two."""
     log_every: int = 20
     """Log training metrics (and print them when there is no progress bar) every N steps."""
     peak_tflops: Optional[float] = None

@@ -59,8 +59,8 @@ def regrouped(state: dict, module: torch.nn.Module, optimizer) -> dict:
     names = {id(p): n for n, p in module.named_parameters()}
     live = [[names.get(id(p)) for p in group["params"]] for group in optimizer.param_groups]
     saved = state.get("param_groups") or []
-    if not all(live) or any(None in group for group in live) or \
-            [set(g["params"]) for g in saved] == [set(g) for g in live]:
+    # a group's names in the live order too: torch's load_state_dict pairs a group's parameters by position
+    if not all(live) or any(None in group for group in live) or [g["params"] for g in saved] == live:
         return state  # (ZeRO-3's torch optimizer holds no parameter of the module's at all)
     home = {name: group for group in saved for name in group["params"]}
     groups = []

@@ -40,7 +40,7 @@ def load_loop_state(loop, saved: dict, meta: dict, path: Path) -> None:
     if note:
         loop.say(note)
     if loop.scheduler is not None and saved["scheduler"] is not None:
-        loop.scheduler.load_state_dict(saved["scheduler"])
+        loop.scheduler.load_state_dict(scheduler_for_groups(saved["scheduler"], len(loop.optimizer.param_groups)))
     strategy.precision.load_state_dict(saved["precision"])
     loop.guard.load_state_dict(saved.get("nonfinite", {}))
     for name, cb in loop.callbacks.items():
@@ -50,3 +50,23 @@ def load_loop_state(loop, saved: dict, meta: dict, path: Path) -> None:
     loop.replicas.load_state_dict(saved.get("replicas"))
     for logger in loop.loggers:
         logger.truncate(loop.state.step)
+
+
+# A scheduler's state that holds one entry per parameter group (torch's LR schedulers, and
+# SequentialLR's or ChainedScheduler's inner ones under _schedulers)
+PER_GROUP = ("base_lrs", "_last_lr", "lr_lambdas", "min_lrs", "max_lrs", "initial_lrs")
+
+
+def scheduler_for_groups(state: dict, groups: int) -> dict:
+    """A saved scheduler state laid out for an optimizer of `groups` parameter groups: a checkpoint
+    written with one group (before biases and norms had their own, framework/tasks/decay.py) gives
+    each group its entry, and one written with several loads into one (their first)."""
+    fitted = dict(state)
+    for key in PER_GROUP:
+        value = state.get(key)
+        if isinstance(value, list) and value and len(value) != groups and (len(value) == 1 or groups == 1):
+            fitted[key] = [value[0]] * groups
+    if isinstance(state.get("_schedulers"), list):
+        fitted["_schedulers"] = [scheduler_for_groups(inner, groups) if isinstance(inner, dict) else inner
+                                 for inner in state["_schedulers"]]
+    return fitted

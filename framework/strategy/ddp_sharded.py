@@ -52,13 +52,17 @@ class DDPShardedStrategy(ParallelStrategy):
 
         model = convert_precision(model, self.precision, self.is_global_zero).to(self.root_device)
         checkpoint_activations(model, self.units, self.loop_settings.activation_checkpointing, self.is_global_zero)
-        # OSS builds one optimizer per shard from a class and its defaults; read both off the
-        # configured optimizer by building it once over a placeholder parameter.
-        probe = optimizer_factory([torch.nn.Parameter(torch.zeros(1))])
-        self._param_names = [name for name, _ in model.named_parameters()]
+        # OSS builds one optimizer per shard from a class, its defaults and the parameter groups; read
+        # them off the configured optimizer built once over the model (no state before a step): its
+        # groups (weight decay and none: framework/tasks/decay.py) are OSS's
+        probe = optimizer_factory(model.parameters())
         accepted = inspect.signature(type(probe).__init__).parameters
         defaults = {k: v for k, v in probe.defaults.items() if k in accepted}
-        optimizer = OSS(model.parameters(), optim=type(probe), **defaults)
+        groups = [{k: v for k, v in group.items() if k == "params" or k in accepted} for group in probe.param_groups]
+        optimizer = OSS(groups, optim=type(probe), **defaults)
+        # the consolidated state numbers parameters group by group, as torch's state_dict does
+        named = {id(p): name for name, p in model.named_parameters()}
+        self._param_names = [named[id(p)] for group in groups for p in group["params"]]
         wrapped = ShardedDataParallel(model, optimizer, reduce_buffer_size=self.reduce_buffer_size,
                                       broadcast_buffers=self.broadcast_buffers)
         return wrapped, optimizer

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from framework.checkpoint_io import dcp_reader as sharded
-from framework.construction.named_state import strict_load
+from framework.construction.named_state import regrouped, strict_load
 from framework.tensors import write_part
 
 
@@ -25,10 +25,15 @@ def load_sharded(strategy, model: torch.nn.Module, optimizer: torch.optim.Optimi
     # laid out as they were written: the live tensors themselves, or copies where the strategy
     # writes another layout (model_parallel's fused layers), placed back after the read
     template = strategy.sharded_state_dict(model, optimizer)
+    if optimizer is not None:  # the groups read as they were saved, refitted to the live ones after
+        saved_groups = sharded.saved_subtree(state_dir, ("optimizer", "param_groups"))
+        if saved_groups is not None:
+            template["optimizer"]["param_groups"] = saved_groups
     sharded.load_into(template, state_dir)
     state = _into_live(live, template)
     set_model_state(strategy, model, state["model"], options)
     if optimizer is not None:
+        state["optimizer"] = regrouped(state["optimizer"], strategy.unwrap(model), optimizer)
         set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
 
 

@@ -1,7 +1,7 @@
-"""Which parameters weight decay applies to with `trainer.decay_biases_and_norms=false`:
-transformers' Trainer's rule (and so trl's, and nanoGPT's in effect): every parameter but biases
-and normalisation weights, which are left out (a second parameter group with weight_decay 0). The
-default, true, decays them all, as a plain `torch.optim.AdamW(model.parameters())` does.
+"""Which parameters weight decay applies to: transformers' Trainer's rule (and so trl's, and
+nanoGPT's in effect): every parameter but biases and normalisation weights, which are left out (a
+second parameter group with weight_decay 0). `trainer.decay_biases_and_norms=true` decays them all,
+as a plain `torch.optim.AdamW(model.parameters())` does.
 
 Left out: a parameter of a normalisation layer (torch's LayerNorm, RMSNorm, GroupNorm, batch and
 instance norms), or one whose full name, lower-cased, holds `bias`, `layernorm`, `rmsnorm`, a `norm`

@@ -1,4 +1,4 @@
-"""Weight decay with trainer.decay_biases_and_norms=false: biases and normalisation weights left out
+"""Weight decay (trainer.decay_biases_and_norms=false, the default): biases and normalisation weights left out
 by transformers' Trainer's rule, for the built-in GPT and a Hugging Face Llama; a checkpoint saved
 with one parameter group resumes into two and back (framework/construction/named_state.py)."""
 from __future__ import annotations

@@ -39,7 +39,7 @@ ANSWERS = ["It turns an object into a JSON string.", "It gives the current worki
            "os.path.join(a, b) or pathlib's / operator."]
 COMMON = ["model=hf_causal_lm", "model.config=null", "data.shuffle=false", f"data.block_size={BLOCK}",
           f"optimizer.lr={LR}", "optimizer.betas=[0.9,0.999]", f"optimizer.weight_decay={DECAY}",
-          "trainer.decay_biases_and_norms=false", "scheduler=constant", "trainer.clip_grad_norm=1.0",
+          "scheduler=constant", "trainer.clip_grad_norm=1.0",
           f"trainer.max_steps={STEPS}", "trainer.log_every=1", f"trainer.val_every={STEPS}", "trainer.val_batches=1",
           "trainer.progress_bar=false", "trainer.plot=false", "trainer.val_at_start=false", "seed=0"]
 LAYOUTS = {"one_process": [f"data.batch_size={ROWS}"],

@@ -59,10 +59,14 @@ def full_optimizer_state(module, zero, optimizer) -> dict:
 
 def _named_groups(params: dict, zero, optimizer, names: list[str]) -> list[dict]:
     """The torch optimizer's groups (settings and parameter names) as a plain optimizer over the
-    module would have them: ZeRO 1/2 keep each group's module parameters (bit16_groups) beside the
-    flat partitions the torch optimizer holds; ZeRO-3's sub-groups are saved as one group of every
-    parameter with the first group's settings (a load refits groups: named_state.regrouped)."""
+    module would have them: ZeRO keeps each group's module parameters beside the flat partitions the
+    torch optimizer holds (bit16_groups at stages 1-2, at 3 fp16_groups: sub-groups, each of one
+    group). Every group's settings are saved: a resume restores each group's learning rate."""
     members = getattr(zero, "bit16_groups", None)
+    if members is None and hasattr(zero, "fp16_groups") and hasattr(zero, "sub_group_to_group_id"):
+        members = [[] for _ in optimizer.param_groups]  # ZeRO-3: sub-groups, each of one group
+        for sub_group, member in enumerate(zero.fp16_groups):
+            members[zero.sub_group_to_group_id[sub_group]].extend(member)
     by_id = {}
     for name, param in params.items():  # a tied parameter under its first name, as in the state
         by_id.setdefault(id(param), name)
