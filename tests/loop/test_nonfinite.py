@@ -141,7 +141,7 @@ def test_two_processes_stop_together_where_they_meet_and_a_sweep_goes_on(tmp_pat
     summary = _summary(tmp_path / "outputs" / "ddp")
     assert summary["diverged"]["stopped_at"] % 4 == 0 and summary["diverged"]["stopped_at"] < 40
     assert all(_finite(c) for c in checkpoints(tmp_path / "outputs" / "ddp"))
-    sweep = run_command(["train", "-m", *BASE, "trainer.max_steps=6", "optimizer.lr=3e-3,1e4", "hydra.sweep.dir=sweep"],
+    sweep = run_command(["train", "-m", *BASE, "trainer.max_steps=6", "optimizer.lr=3e-3,1e6", "hydra.sweep.dir=sweep"],
                         tmp_path)  # one-process jobs: through the command's own entry in this process
     assert sweep.returncode == 0, sweep.stderr[-2000:]
     rows = {r["job"]: r for r in csv.DictReader(open(tmp_path / "sweep" / "sweep_summary.csv"))}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import subprocess
 import sys
 import textwrap
@@ -67,6 +68,8 @@ def test_every_builtin_recipe_runs_a_few_steps(name, tmp_path):
         trained = [r["step"] for r in csv.DictReader(f) if any(k.startswith("train/") and v for k, v in r.items())]
     assert trained == ["1", "2"]
     assert (tmp_path / "outputs" / "ci" / "recipe.yaml").is_file()
+    if name == "hf_dpo_chat":  # GPT-2's dropout 0.1 off (task.disable_dropout): the first step is ln 2
+        assert abs(float(losses(tmp_path / "outputs" / "ci")[0][1]) - math.log(2)) < 1e-6
 
 
 @pytest.mark.slow
