@@ -119,11 +119,11 @@ class Tokenizer:
         outlives a save that only added a decoder setting."""
         if self._tokenizer is None:
             return BYTES
-        behaviour = tokenizer_behaviour(tokenizer_file(self.spec))
         if not self.special.tokenizer_settings:  # a bare tokenizer.json: its digest as before the settings files
-            return behaviour
-        identity = {"behaviour": behaviour, "special": self.special.identity(),
-                    "post_processor": json.loads(self._tokenizer.to_str()).get("post_processor")}
+            return tokenizer_behaviour(tokenizer_file(self.spec))
+        # what a text gets around it: the file's own post-processor, or the flags (in the identity)
+        behaviour = tokenizer_behaviour(tokenizer_file(self.spec), self.special.own_post_processor)
+        identity = {"behaviour": behaviour, "special": self.special.identity()}
         return hashlib.sha256(json.dumps(identity, sort_keys=True).encode("utf-8")).hexdigest()
 
 
@@ -160,15 +160,15 @@ def _loaded_tokenizer(spec: str, stamp) -> Tokenizer:
 ENCODING_PARTS = ("model", "added_tokens", "normalizer", "pre_tokenizer")
 
 
-def tokenizer_behaviour(path: str | Path) -> str:
+def tokenizer_behaviour(path: str | Path, with_post_processor: bool = False) -> str:
     """A digest of what a tokenizer.json does to text: its model (vocabulary, merges, unknown token
-    ...), its added and special tokens, normaliser and pre-tokeniser; a file that is not JSON is
-    compared by its bytes."""
+    ...), its added and special tokens, normaliser and pre-tokeniser (and, `with_post_processor`,
+    what it adds around a text); a file that is not JSON is compared by its bytes."""
     try:
         spec = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return file_sha256(path)
-    parts = {part: spec.get(part) for part in ENCODING_PARTS}
+    parts = {part: spec.get(part) for part in (*ENCODING_PARTS, *(("post_processor",) if with_post_processor else ()))}
     model = dict(parts["model"] or {})
     if isinstance(model.get("merges"), list):  # "a b" (older files) and ["a", "b"] (newer) are one merge
         model["merges"] = [m.split(" ", 1) if isinstance(m, str) else list(m) for m in model["merges"]]
