@@ -155,6 +155,14 @@ def test_bad_settings_files_are_refused_naming_the_file_and_the_token(families, 
     with pytest.raises(ConfigError, match=r"tokenizer_config.json names eos_token='<\|end\|>', a token its "
                                           r"tokenizer.json does not hold"):
         Tokenizer(str(directory))
+    from tests.helpers.in_process import run_command
+
+    text = tmp_path / "text.jsonl"
+    text.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS * 4))
+    refused = run_command(["train", "data=text_files", f"data.files={text}", f"data.tokenizer={directory}",
+                           "trainer.max_steps=1", "hydra.run.dir=run"], tmp_path)
+    assert refused.returncode == 2 and "names eos_token='<|end|>'" in refused.stderr, refused.stderr[-2000:]
+    assert not (tmp_path / "run").exists()
     (directory / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": "{% for m in messages %}"}))
     rows = tmp_path / "chat.jsonl"
     rows.write_text(json.dumps({"messages": CONVERSATION}) + "\n")
