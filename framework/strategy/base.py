@@ -9,14 +9,12 @@ import torch.distributed as dist
 
 from framework.accelerator.base import Accelerator
 from framework.accelerator.cpu import CPUAccelerator
-from framework.checkpoint_io import dcp_reader as sharded
 from framework.checkpoint_io.base import CheckpointIO
 from framework.checkpoint_io.torch import TorchCheckpointIO
 from framework.cluster.base import ClusterEnvironment
 from framework.cluster.local import LocalEnvironment
 from framework.config.loop_settings import LoopSettings
 from framework.construction.compile import compile_model
-from framework.construction.named_state import regrouped
 from framework.construction.prepare import checkpoint_activations, convert_precision, place_model, with_adapter
 from framework.construction.quantized_build import build_quantized
 from framework.construction.units import Units, choose_units
@@ -25,12 +23,15 @@ from framework.precision.fp32 import FP32Precision
 from framework.strategy import collectives
 from framework.strategy.abilities import Abilities
 from framework.strategy.layout import DataParallel, Layout, StateLayout
+from framework.strategy.micro_batch import forward_backward as micro_batch_forward_backward
 from framework.strategy.state_dicts import (
-    copy_structure,
+    full_model_state,
+    full_optimizer_state,
     full_state_options,
-    live_sharded,
-    load_sharded,
+    load_full_optimizer_state,
+    load_sharded_state,
     set_model_state,
+    sharded_state,
 )
 from framework.tensors import map_tensors
 
@@ -217,26 +218,10 @@ class Strategy:
 
     def forward_backward(self, model: torch.nn.Module, task, batch, group: int, scale: float | None,
                          loss_of: Callable[[Any], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Forward and backward of one loop micro-batch (on the device) of a step of `group`. With
-        `scale` (a task whose loss is normalised by the step's scored items: framework/tasks/base.py)
-        its summed loss times scale is backpropagated, else its loss (`loss_of` reads it from what
-        training_step returned) over the group; the model's own losses (a mixture of experts'
-        balancing: `task.model_losses`) are added to it, weighted alike, and logged apart. Returns
-        (the loss the non-finite guard watches, the micro-batch's share of the step's mean loss, for
-        logging). A pipeline runs both passes of
-        every stage in its schedule instead (framework/strategy/mesh/pipeline/run.py)."""
-        with self.forward_context():
-            if scale is None:
-                loss = logged = loss_of(task.training_step(model, batch))
-            else:
-                loss = task.training_sums(model, batch)[0] * scale
-                logged = loss * group  # a micro-batch's share, as a mean over the step (logging)
-            extra, values = task.model_losses(model, summed=scale is not None)
-        if values:
-            loss_of({"loss": logged, **values})  # logged beside the loss, as a training_step's dict is
-        total = loss if extra is None else loss + (extra if scale is None else extra * scale)
-        self.backward(total / group if scale is None and group > 1 else total)  # x / 1: an op for nothing
-        return loss, logged
+        """Forward and backward of one loop micro-batch of a step of `group`: the loss (or with
+        `scale` the summed loss times scale) and the model's own losses backpropagated
+        (framework/strategy/micro_batch.py); (the loss the non-finite guard watches, its logged share)."""
+        return micro_batch_forward_backward(self, model, task, batch, group, scale, loss_of)
 
     def no_backward_sync(self, model: torch.nn.Module, skip: bool) -> ContextManager:
         """While accumulating (`skip=True`), do not synchronise gradients across ranks."""
@@ -276,54 +261,33 @@ class Strategy:
             return flag
         return self.reduce(torch.tensor(float(flag), device=self.root_device), "max").item() > 0
 
-    # ---- checkpoint state ---------------------------------------------------------------
-    # Full (unsharded) state keyed by parameter name, the same for every wrapper (DDP's
-    # "module." prefix, FSDP's DTensors), so a checkpoint moves between strategies. Collective:
-    # every rank calls these; with several processes only rank zero receives the tensors.
-    # torch.distributed.checkpoint is imported where it is used: it costs ~0.6 s, and a
-    # single-process run (the default job) never needs it.
+    # ---- checkpoint state (framework/strategy/state_dicts.py) ---------------------------
+    # Full state keyed by parameter name, the same for every wrapper, so a checkpoint moves between
+    # strategies. Collective: every rank calls these; with several processes only rank zero
+    # receives the tensors.
     def model_state_dict(self, model: torch.nn.Module) -> dict:
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-        return get_model_state_dict(model, options=full_state_options())
+        return full_model_state(model)
 
     def load_model_state_dict(self, model: torch.nn.Module, state: dict) -> None:
         set_model_state(self, model, state, full_state_options(loading=True))
 
     def optimizer_state_dict(self, model, optimizer: torch.optim.Optimizer) -> dict:
-        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-        return get_optimizer_state_dict(model, optimizer, options=full_state_options())
+        return full_optimizer_state(model, optimizer)
 
     def load_optimizer_state_dict(self, model, optimizer: torch.optim.Optimizer, state: dict) -> None:
-        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+        load_full_optimizer_state(model, optimizer, state)
 
-        set_optimizer_state_dict(model, optimizer, copy_structure(state), options=full_state_options(loading=True))
-
-    # ---- sharded checkpoint state (checkpoint_io=dcp) -------------------------------------
     def sharded_state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
         """Collective: {"model": ..., "optimizer": ...} keyed by parameter name as in the full
-        state, but each rank holding only its part, for a DCP write by every rank (no
-        "optimizer" without one)."""
-        if not self.abilities.sharded_state:
-            state = {"model": self.model_state_dict(model)}
-            if optimizer is not None:
-                state["optimizer"] = self.optimizer_state_dict(model, optimizer)
-            return state
-        return live_sharded(model, optimizer)
+        state, but each rank holding only its part, for a DCP write by every rank (checkpoint_io=dcp;
+        no "optimizer" without one)."""
+        return sharded_state(self, model, optimizer)
 
     def load_sharded_state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
                                 state_dir) -> None:
         """Collective: load a DCP directory written by any strategy at any world size (resharded on
         read). `optimizer=None` loads the weights only."""
-        if not self.abilities.sharded_state:
-            full = sharded.read_full(state_dir, ("model", "optimizer") if optimizer is not None else ("model",))
-            self.load_model_state_dict(model, full["model"])
-            if optimizer is not None:
-                self.load_optimizer_state_dict(model, optimizer, regrouped(full["optimizer"], self.unwrap(model),
-                                                                           optimizer))
-            return
-        load_sharded(self, model, optimizer, state_dir)
+        load_sharded_state(self, model, optimizer, state_dir)
 
     def teardown(self) -> None:
         self.checkpoint_io.close()

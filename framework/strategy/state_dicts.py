@@ -1,6 +1,6 @@
-"""The state dicts every strategy starts from: full state keyed by parameter name (the same for
-every wrapper: DDP's "module." prefix, FSDP's DTensors), so a checkpoint moves between strategies,
-and each rank's own parts for DCP. torch.distributed.checkpoint is imported where it is used: it
+"""The state dicts every strategy starts from (Strategy's checkpoint-state methods): full state keyed
+by parameter name (the same for every wrapper: DDP's "module." prefix, FSDP's DTensors), so a
+checkpoint moves between strategies, and each rank's own parts for DCP. torch.distributed.checkpoint is imported where it is used: it
 costs ~0.6 s, and a single-process run (the default job) never needs it."""
 from __future__ import annotations
 
@@ -13,6 +13,50 @@ import torch.distributed as dist
 from framework.checkpoint_io import dcp_reader as sharded
 from framework.construction.named_state import regrouped, strict_load
 from framework.tensors import write_part
+
+
+def full_model_state(model: torch.nn.Module) -> dict:
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=full_state_options())
+
+
+def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer, options=full_state_options())
+
+
+def load_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, copy_structure(state), options=full_state_options(loading=True))
+
+
+def sharded_state(strategy, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
+    """What `strategy` writes to a DCP directory: each rank's own parts, or, for a strategy without
+    sharded state, its full state (rank zero's)."""
+    if not strategy.abilities.sharded_state:
+        state = {"model": strategy.model_state_dict(model)}
+        if optimizer is not None:
+            state["optimizer"] = strategy.optimizer_state_dict(model, optimizer)
+        return state
+    return live_sharded(model, optimizer)
+
+
+def load_sharded_state(strategy, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                       state_dir) -> None:
+    """Collective: a DCP directory loaded by `strategy`: read whole and loaded through its full-state
+    loaders where it has no sharded state, else read into each rank's own tensors (load_sharded).
+    The saved optimizer groups are refitted to the live ones either way (named_state.regrouped)."""
+    if strategy.abilities.sharded_state:
+        load_sharded(strategy, model, optimizer, state_dir)
+        return
+    full = sharded.read_full(state_dir, ("model", "optimizer") if optimizer is not None else ("model",))
+    strategy.load_model_state_dict(model, full["model"])
+    if optimizer is not None:
+        strategy.load_optimizer_state_dict(model, optimizer,
+                                           regrouped(full["optimizer"], strategy.unwrap(model), optimizer))
 
 
 def load_sharded(strategy, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, state_dir) -> None:

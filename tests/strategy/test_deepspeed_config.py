@@ -7,7 +7,7 @@ from framework.config.loop_settings import LoopSettings
 from framework.models.gpt import GPT
 from framework.precision.bf16_mixed import BF16MixedPrecision
 from framework.precision.fp16_mixed import FP16MixedPrecision
-from framework.strategy.deepspeed.base import deep_merge
+from framework.strategy.deepspeed.config import deep_merge
 from framework.strategy.deepspeed.sizes import hidden_size
 from framework.strategy.deepspeed_stage_2_offload import DeepSpeedStage2OffloadStrategy
 from framework.strategy.deepspeed_stage_3 import DeepSpeedStage3Strategy
@@ -67,7 +67,7 @@ def test_zero_sizes_follow_the_model_and_raw_keys_win():
 def test_adam_runs_fused_over_deepspeeds_flat_partitions_unless_the_user_chose():
     import torch
 
-    from framework.strategy.deepspeed.base import use_fused_adam
+    from framework.strategy.deepspeed.fused_adam import use_fused_adam
 
     flat = [torch.nn.Parameter(torch.zeros(8))]
     default = torch.optim.AdamW(flat, lr=0.1)

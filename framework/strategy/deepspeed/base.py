@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -20,7 +19,9 @@ from framework.construction.prepare import checkpoint_activations, with_adapter
 from framework.strategy.abilities import Abilities
 from framework.strategy.deepspeed import state as ds_state
 from framework.strategy.deepspeed.arch_list import readable_arch_list
+from framework.strategy.deepspeed.config import deep_merge, nvme_path_problems, refused_config
 from framework.strategy.deepspeed.cpu_init import initialise_from_cpu
+from framework.strategy.deepspeed.fused_adam import use_fused_adam
 from framework.strategy.deepspeed.grad_buffer import release_gradient_buffer, zeros_on_demand
 from framework.strategy.deepspeed.groups import forget_process_groups
 from framework.strategy.deepspeed.imports import deepspeed_package, muon_left_uncompiled
@@ -31,35 +32,6 @@ from framework.strategy.layout import StateLayout
 from framework.strategy.parallel import ParallelStrategy
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
-# DeepSpeed's config models, by the section of its config each one reads (for error messages)
-CONFIG_SECTIONS = {"DeepSpeedZeroConfig": "zero_optimization", "DeepSpeedBF16Config": "bf16",
-                   "DeepSpeedFP16Config": "fp16", "DeepSpeedActivationCheckpointingConfig": "activation_checkpointing"}
-
-
-def deep_merge(base: dict, extra: dict) -> dict:
-    out = dict(base)
-    for key, value in extra.items():
-        out[key] = deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
-
-def use_fused_adam(optimizer) -> bool:
-    """Switch a torch Adam/AdamW whose `fused` was left unset to its fused kernel, which updates
-    in place (DeepSpeed hands it one flat partition per group, over which the default loop makes
-    partition-sized temporaries). Returns whether it switched."""
-    if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW) or optimizer.defaults.get("fused") is not None:
-        return False
-    if optimizer.defaults.get("foreach") or optimizer.defaults.get("differentiable"):
-        return False
-    for group in optimizer.param_groups:
-        if any(not p.is_floating_point() for p in group["params"]):
-            return False
-    optimizer.defaults["fused"] = True
-    for group in optimizer.param_groups:
-        group["fused"] = True
-    return True
-
-
 class DeepSpeedStrategy(ParallelStrategy):
     """ZeRO data parallelism: stage 1 shards optimizer state, stage 2 also gradients, stage 3
     also parameters. The loop's accumulation stays the loop's: DeepSpeed runs in unmanaged
@@ -172,38 +144,12 @@ class DeepSpeedStrategy(ParallelStrategy):
         (`strategy.config`): a bad value is refused before any process starts. Without raw keys
         the generated config is known to be valid, and deepspeed is not imported. NVMe offload:
         a folder that cannot be written."""
-        problems = self._nvme_path_problems() + [p for p in [build_root_problem()] if p]
+        offloads = (self.offload_optimizer, self.offload_parameters)
+        problems = nvme_path_problems(self.nvme_path, offloads) + [p for p in [build_root_problem()] if p]
         if not self.raw_config:
             return problems
         self._choose_deepspeed_accelerator()
-        deepspeed_package()
-        from deepspeed.runtime.config import DeepSpeedConfig
-        from pydantic import ValidationError
-
-        try:
-            DeepSpeedConfig(self.deepspeed_config())
-        except ValidationError as err:
-            section = CONFIG_SECTIONS.get(err.title, err.title)
-            return problems + [
-                f"strategy.config.{section}.{'.'.join(map(str, e['loc']))}={e.get('input')!r}: DeepSpeed refuses "
-                f"it: {e['msg']}. Fix or remove the key under strategy.config." for e in err.errors()]
-        except (ValueError, AssertionError, KeyError, TypeError) as err:
-            return problems + [f"strategy.config: DeepSpeed refuses the merged config: {err}. Fix or remove the "
-                               "keys under strategy.config."]
-        return problems
-
-    def _nvme_path_problems(self) -> list[str]:
-        """NVMe offload swaps into `nvme_path` (DeepSpeed creates the folder): it must be a writable
-        folder, or creatable under a writable one."""
-        if "nvme" not in (self.offload_optimizer, self.offload_parameters):
-            return []
-        path = Path(self.nvme_path).expanduser()
-        existing = next(p for p in [path, *path.parents] if p.exists())
-        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-            what = "is not a writable folder" if existing == path else f"cannot be created ({existing} is not writable)"
-            return [f"strategy.nvme_path={self.nvme_path}: {what}; set strategy.nvme_path to a folder on a fast local "
-                    "disk (e.g. strategy.nvme_path=/tmp/nvme)."]
-        return []
+        return problems + refused_config(self.deepspeed_config())
 
     # ---- model and optimizer ------------------------------------------------------------
     def build_model(self, factory, adapter=None):
