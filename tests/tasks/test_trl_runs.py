@@ -7,7 +7,8 @@ LR, float32; 5 steps, in one process and under fsdp at 2 processes.
   assistant's text with {% generation %} blocks that leave the end-of-turn token out (not the span
   the framework finds by rendering prefixes);
 - DPO (task=preference on text pairs) against DPOTrainer with a tokenizer that adds a bos (Llama 2's
-  shape) and one whose eos is not a usual name (Llama 3's <|eot_id|>).
+  shape), one whose eos is not a usual name (Llama 3's <|eot_id|>), and a GPT-2 with its dropout 0.1
+  (both turn it off by default).
 """
 from __future__ import annotations
 
@@ -50,15 +51,22 @@ TRAINING = {"use_cpu": True, "report_to": [], "per_device_train_batch_size": ROW
             "bf16": False, "gradient_checkpointing": False, "optim": "adamw_torch", "weight_decay": DECAY, "seed": 0}
 
 
-def _model_with(tokenizer_dir, out):
-    """A tiny Llama saved beside the family's tokenizer files (one directory, as on the Hub)."""
+def _model_with(tokenizer_dir, out, gpt2: bool = False):
+    """A tiny Llama, or with `gpt2` a tiny GPT-2 with its default dropout 0.1 (the shipped hf_dpo_chat
+    recipe's model), saved beside the family's tokenizer files (one directory, as on the Hub)."""
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir))
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
-                                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
-                                      max_position_embeddings=512, bos_token_id=tokenizer.bos_token_id,
-                                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    transformers.LlamaForCausalLM(config).save_pretrained(out)
+    ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
+    if gpt2:
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            vocab_size=len(tokenizer), n_positions=512, n_embd=32, n_layer=2, n_head=2, **ids))
+        assert model.config.resid_pdrop == model.config.attn_pdrop == 0.1
+    else:
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
+            pad_token_id=tokenizer.pad_token_id, **ids))
+    model.save_pretrained(out)
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         if (tokenizer_dir / name).is_file():
             (out / name).write_bytes((tokenizer_dir / name).read_bytes())
@@ -73,6 +81,16 @@ def _jsonl(path, rows):
 def _history(trainer) -> list[dict]:
     trainer.train()
     return [h for h in trainer.state.log_history if "loss" in h]
+
+
+def _ours(prepared, tmp_path, layout, overrides: list[str], keys: list[str]):
+    """Our run on the prepared model and files (one layout of LAYOUTS), its steps equal trl's."""
+    model, files, val, theirs = prepared
+    run = tmp_path / layout
+    run_inprocess([*COMMON, f"model.pretrained={model}", f"data.files={files}", f"data.val_files={val}",
+                   f"data.cache_dir={tmp_path / 'cache'}", *overrides, *LAYOUTS[layout]], run)
+    _assert_steps(run, theirs, keys)
+    return run
 
 
 def _assert_steps(run, theirs, keys):
@@ -106,12 +124,7 @@ def sft(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_sft_gives_trls_sft_trainer_losses(sft, tmp_path, layout):
-    model, files, val, theirs = sft
-    run = tmp_path / layout
-    run_inprocess([*COMMON, f"model.pretrained={model}", "data=chat_files", f"data.files={files}",
-                   f"data.val_files={val}", "data.chat_template=null", "data.packing=false",
-                   f"data.cache_dir={tmp_path / 'cache'}", *LAYOUTS[layout]], run)
-    _assert_steps(run, theirs, ["loss"])
+    run = _ours(sft, tmp_path, layout, ["data=chat_files", "data.chat_template=null", "data.packing=false"], ["loss"])
     assert metric_values(run, "train/loss")[-1] < metric_values(run, "train/loss")[0]
 
 
@@ -121,11 +134,12 @@ def _pairs() -> list[dict]:
             for i, (q, a) in enumerate(zip(QUESTIONS * 3, ANSWERS * 3))][:ROWS * STEPS]
 
 
-@pytest.fixture(scope="module", params=["llama2", "llama3"])
+@pytest.fixture(scope="module", params=["llama2", "llama3", "gpt2"])
 def dpo(request, tmp_path_factory):
-    """llama2: a bos added to every text; llama3: the eos <|eot_id|>, no usual name."""
+    """llama2: a bos added to every text; llama3: the eos <|eot_id|>, no usual name; gpt2: a GPT-2
+    with dropout 0.1, which trl's DPOTrainer turns off (disable_dropout) and task.disable_dropout too."""
     root = tmp_path_factory.mktemp(f"dpo_{request.param}")
-    model = _model_with(make_family(request.param, root / "tokenizer"), root / "model")
+    model = _model_with(make_family(request.param, root / "tokenizer"), root / "model", gpt2=request.param == "gpt2")
     files, val = _jsonl(root / "pairs.jsonl", _pairs()), _jsonl(root / "val.jsonl", _pairs()[:2])
     settings = trl.DPOConfig(output_dir=str(root / "trl"), beta=0.1, loss_type=["sigmoid"], **TRAINING)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(model))
@@ -142,11 +156,6 @@ def dpo(request, tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_dpo_gives_trls_dpo_trainer_losses_with_its_own_tokenisation(dpo, tmp_path, layout):
-    model, files, val, theirs = dpo
-    run = tmp_path / layout
-    run_inprocess([*COMMON, f"model.pretrained={model}", "task=preference", "data=preference_files",
-                   f"data.files={files}", f"data.val_files={val}", f"data.cache_dir={tmp_path / 'cache'}",
-                   *LAYOUTS[layout]], run)
-    _assert_steps(run, theirs, ["loss", "rewards/chosen", "rewards/rejected", "rewards/margins",
-                                "rewards/accuracies"])
+    run = _ours(dpo, tmp_path, layout, ["task=preference", "data=preference_files"],
+                ["loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies"])
     assert metric_values(run, "train/loss")[0] == pytest.approx(math.log(2), abs=1e-6)
