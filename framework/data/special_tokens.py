@@ -129,7 +129,7 @@ def _generation_stops(path: Path, tokenizer) -> list[int]:
     return [i for i in stops if isinstance(i, int) and 0 <= i < tokenizer.get_vocab_size()]
 
 
-def post_processor(tokenizer, special: SpecialTokens):
+def post_processor(special: SpecialTokens):
     """The post-processor transformers puts on the tokenizer (None: keep tokenizer.json's own)."""
     if special.own_post_processor or not special.tokenizer_settings:
         return None

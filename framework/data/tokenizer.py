@@ -38,7 +38,7 @@ class Tokenizer:
             path = tokenizer_file(self.spec)
             self._tokenizer = HFTokenizer.from_file(str(path))
             self.special = read_special_tokens(path.parent, self._tokenizer)
-            processor = post_processor(self._tokenizer, self.special)
+            processor = post_processor(self.special)
             if processor is not None:
                 self._tokenizer.post_processor = processor
 

@@ -179,3 +179,31 @@ def test_a_bare_tokenizer_json_keeps_its_behaviour(tmp_path):
     assert not tokenizer.special.tokenizer_settings and tokenizer.bos_id is None
     assert tokenizer.decode([tokenizer.eos_id]) == "<|endoftext|>"
     assert tokenizer.encode(["import os"], special=True) == tokenizer.encode(["import os"])
+
+
+def test_generation_stops_at_any_of_the_familys_end_tokens(families):
+    """Llama 3's generation_config.json stops at <|end_of_text|> as well as at its eos <|eot_id|>:
+    a model that writes either stops there (framework/generation/decode.py)."""
+    import torch
+
+    from framework.generation.decode import generate
+    from framework.generation.sampling import Sampling
+
+    tokenizer = Tokenizer(str(families["llama3"]))
+
+    class Writes(torch.nn.Module):
+        block_size = 64
+
+        def __init__(self, token: int):
+            super().__init__()
+            self.token, self.bias = token, torch.nn.Parameter(torch.zeros(tokenizer.vocab_size))
+
+        def forward(self, ids, cache=None):
+            return self.bias + torch.nn.functional.one_hot(torch.full(ids.shape, self.token), tokenizer.vocab_size)
+
+    for stop in tokenizer.stop_ids:
+        result = generate(Writes(stop), [5, 6], Sampling(max_new_tokens=8, temperature=0.0),
+                          stop_ids=tokenizer.stop_ids)
+        assert result.ids == [stop] and result.stopped
+    other = generate(Writes(7), [5, 6], Sampling(max_new_tokens=8, temperature=0.0), stop_ids=tokenizer.stop_ids)
+    assert other.ids == [7] * 8 and not other.stopped
