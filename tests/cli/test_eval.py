@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from tests.conftest import metric_values
 from tests.helpers.in_process import run_command
@@ -78,10 +79,51 @@ def test_bad_input_is_refused_naming_the_argument(tmp_path):
         (["eval", str(run), "--tasks", "pymcc", "--include-path", str(tasks)],
          "--tasks pymcc: pymcc is no task of the harness nor of --include-path"),
         (["eval", str(run), "--tasks", "pymc", "--include-path", str(tasks)], "the run saved none"),
+        (["eval", str(run), "--tasks", "pymc", "--limit", "-1"], "argument --limit: '-1' is neither a number"),
+        (["eval", str(run), "--tasks", "pymc", "--limit", "0"], "argument --limit: '0' is neither a number"),
+        (["eval", str(run), "--tasks", "pymc", "--limit", "2.5"], "argument --limit: '2.5' is neither a number"),
+        (["eval", str(run), "--tasks", "pymc", "--num-fewshot", "-1"],
+         "argument --num-fewshot: '-1': --num-fewshot is a whole number, 0 or more"),
+        (["eval", str(run), "--tasks", "pymc", "--batch-size", "0"],
+         "argument --batch-size: '0': --batch-size is a whole number, 1 or more"),
+        (["eval", str(run), "--tasks", "pymc", "--seed", "1,2"], "give one integer for every seed, or four"),
+        (["eval", str(run), "--tasks", "pymc", "--dtype", "int8"], "argument --dtype: invalid choice: 'int8'"),
     ]
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    (gone / "pymc.yaml").write_text((tasks / "pymc.yaml").read_text().replace(str(tasks / "mc.jsonl"),
+                                                                               str(gone / "missing.jsonl")))
+    cases.append((["eval", str(run), "--tasks", "pymc", "--include-path", str(gone)],
+                  f"a task's data file does not exist (pymc ({gone / 'pymc.yaml'}): {gone / 'missing.jsonl'})"))
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "pymc.yaml").write_text((tasks / "pymc.yaml").read_text())
+    (broken / "other.yaml").write_text("task: other\n dataset_path: [json\n")
+    cases.append((["eval", str(run), "--tasks", "pymc", "--include-path", str(broken)],
+                  f"a task file is not valid YAML ({broken / 'other.yaml'} line 2:"))
     for argv, fragment in cases:
         result = run_command(argv, tmp_path)
         assert result.returncode == 2 and fragment in " ".join(result.stderr.split()), (argv, result.stderr)
+        assert "Traceback" not in result.stderr
+    assert not (run / "eval_metrics.json").exists()
+
+
+def test_eval_runs_where_the_run_trained_and_in_the_dtype_it_kept_its_weights():
+    import yaml
+
+    from framework.cli.eval import run_device, run_dtype
+    from tests.conftest import ROOT
+
+    def precision(name):
+        return {"precision": yaml.safe_load((ROOT / "conf/precision" / f"{name}.yaml").read_text())}
+
+    assert {name: run_dtype(precision(name)) for name in ("32", "bf16", "bf16_true", "16", "16_true", "64")} == {
+        "32": "float32", "bf16": "float32", "bf16_true": "bfloat16", "16": "float32", "16_true": "float16",
+        "64": "float64"}  # the mixed ones keep float32 weights
+    assert run_dtype(None) == "float32"
+    cuda = {"accelerator": {"_target_": "framework.accelerator.cuda.CUDAAccelerator"}}
+    assert run_device(cuda) == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert run_device({"accelerator": {"_target_": "framework.accelerator.cpu.CPUAccelerator"}}) == "cpu"
 
 
 def test_without_the_harness_the_extra_to_install_is_named(tmp_path, monkeypatch):
@@ -116,6 +158,15 @@ def test_a_gpt_run_is_scored_and_its_rolling_likelihood_is_framework_tests_loss(
     acc = record["tasks"]["pymc"]["metrics"]["acc"]
     assert 0 <= acc <= 1 and metric_values(run, "eval/pymc/acc") == [acc]  # the run's logger has it too
     assert 0 <= record["tasks"]["pygen"]["metrics"]["exact_match"] <= 1  # greedy generation, cut at the newline
+    assert "on cpu in float32" in result.stdout  # the run's accelerator and precision
+    again = run_command(["eval", str(run), "--tasks", "pymc", "--include-path", str(tasks), "--num-fewshot", "1",
+                         "--limit", "10"], tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert metric_values(run, "eval/pymc/acc") == [acc]  # the first evaluation's cell kept
+    assert len(metric_values(run, "eval/pymc/1-shot/limit-10/acc")) == 1
+    history = [json.loads(line) for line in (run / "eval_history.jsonl").read_text().splitlines()]
+    assert [(h["num_fewshot"], h["limit"], h["step"]) for h in history] == [(None, None, 60), (1, 10.0, 60)]
+    assert history[0]["seed"] == [0, 1234, 1234, 1234]  # lm-eval's own defaults
     tested = run_command(["test", str(run)], tmp_path)
     assert tested.returncode == 0, tested.stderr[-3000:]
     metrics = json.loads((run / "test_metrics.json").read_text())["metrics"]
