@@ -98,7 +98,22 @@ CASES = [
     (TRAIN + ["model._target_=os.system"], "model._target_=os.system is not in the trusted targets"),
     # bad input found on the way to one pipeline (issue 13)
     (TRAIN + ["+trainer.max_stepz=10"], "trainer.max_stepz: no such key, and nothing reads it"),
-    (TRAIN + ["data=digits"], "model (GPT), data (Digits) and task (LanguageModeling) do not fit together"),
+    (TRAIN + ["data=digits"], "data (Digits) gives (features, labels): a float vector and a class per sample, but "
+     "task (LanguageModeling) reads (inputs, targets) blocks of token ids"),
+    (TRAIN + ["model=mlp"], "model (MLP), data (StdlibText) and task (LanguageModeling) do not fit "
+     "together"),
+    # a task given data whose batches it cannot read (issue 78): the data options that fit named
+    (TRAIN + ["task=preference"], "task (Preference) reads preference pairs: the chosen rows, then the rejected rows "
+     "of the same prompts. Choose data=preference_files, or another task."),
+    (TRAIN + ["task=preference", "data=chat_files"], "data (ChatFiles) gives rows of input_ids"),
+    (TRAIN + ["task=gan", "model=gan"], "task (GANTask) reads (points,): unlabelled float vectors (a distribution to "
+     "learn). Choose data=gaussian_ring, or another task."),
+    (TRAIN + ["task=classification", "model=mlp", "data=preference_files"], "Choose data=digits, or another task."),
+    (TRAIN + ["task=language_modeling", "data=gaussian_ring"],
+     "Choose data=chat_files or data=stdlib_text or data=text_files, or another task."),
+    (TRAIN + ["task=gan", "data=gaussian_ring"], "model (GPT), data (GaussianRing) and task (GANTask) do not fit "
+     "together: the task's optimizer_groups (it steps its optimizers itself) fails with: 'GPT' object has no "
+     "attribute 'discriminator'"),
     (TRAIN + ["strategy=fsdp", "+strategy.find_unused_parameters=true"],
      "drop it with ~strategy.find_unused_parameters"),
     (TRAIN + ["strategy=deepspeed_stage_2", "+strategy.config.zero_optimization.stage=7"],

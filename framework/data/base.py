@@ -19,6 +19,10 @@ class DataModule(ABC):
     DataModule never deals with ranks.
     """
 
+    #: what its batches are: one of framework/data/batch_kinds.py's KINDS (None: not said; the task's
+    #: step on an example batch decides before launch)
+    batch_kind: str | None = None
+
     def __init__(self, batch_size: PositiveInt = 32, val_batch_size: PositiveInt | None = None,
                  num_workers: NonNegativeInt = 0, shuffle: bool = True, drop_last: bool = True):
         """batch_size: samples per micro-batch per process; val_batch_size: for validation

@@ -171,6 +171,9 @@ class _RenderChat:
 class ChatFiles(StoredFiles):
     """Local conversations, rendered with a chat template, responses scored."""
 
+    #: what its batches are (framework/data/batch_kinds.py)
+    batch_kind = "tokens"
+
     kind = "chat"
     row_fields = ("chat data needs rows with fields (JSON lines, a JSON array, parquet or CSV), each a conversation; "
                   "plain text is data=text_files.")

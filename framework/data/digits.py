@@ -20,6 +20,9 @@ class Digits(DataModule):
     split the same on every machine: those whose index is a multiple of `val_every_nth` for
     validation, and of the rest those one past a multiple of `test_every_nth` for testing."""
 
+    #: what its batches are (framework/data/batch_kinds.py)
+    batch_kind = "features"
+
     def __init__(self, val_every_nth: PositiveInt = 5, test_every_nth: PositiveInt | None = 5, **loader):
         """val_every_nth: hold out images whose index is a multiple of this for validation (5:
         20%); test_every_nth: hold out, of the others, those whose index is one more than a

@@ -20,6 +20,9 @@ class GaussianRing(DataModule):
     """`modes` Gaussians of standard deviation `std` evenly spaced on a circle of `radius`;
     batches are `(points,)` of shape (B, 2)."""
 
+    #: what its batches are (framework/data/batch_kinds.py)
+    batch_kind = "points"
+
     def __init__(self, modes: PositiveInt = 8, radius: PositiveFloat = 2.0, std: PositiveFloat = 0.05,
                  train_size: PositiveInt = 8192, val_size: PositiveInt = 1024, test_size: PositiveInt = 1024,
                  seed: int = 0, **loader):

@@ -229,6 +229,9 @@ def _line(path: str, fmt: str, position: int) -> str:
 class PreferenceFiles(StoredFiles):
     """Local preference pairs (prompt, chosen, rejected), both responses of a pair in one batch."""
 
+    #: what its batches are (framework/data/batch_kinds.py)
+    batch_kind = "pairs"
+
     kind = "preference"
     row_fields = ("preference pairs need rows with fields (JSON lines, a JSON array, parquet or CSV), each a prompt, "
                   "a chosen and a rejected response.")

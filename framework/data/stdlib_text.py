@@ -50,6 +50,9 @@ class StdlibText(DataModule):
     path (the first val_percent of 100 buckets, then the next test_percent), so the split is the
     same on every run and machine with this Python, and a file is never in two splits."""
 
+    #: what its batches are (framework/data/batch_kinds.py)
+    batch_kind = "token_blocks"
+
     def __init__(self, block_size: PositiveInt = 128, max_bytes: PositiveInt = 2_000_000,
                  val_percent: PositiveInt = 10, test_percent: NonNegativeInt = 10, root: str | None = None,
                  **loader):

@@ -61,6 +61,9 @@ class TextEncoder:
 class TextFiles(StoredFiles):
     """Local text files as token blocks (packing) or padded documents, from a prepared store."""
 
+    #: what its batches are (framework/data/batch_kinds.py)
+    batch_kind = "tokens"
+
     kind = "text"
 
     def __init__(self, files: str | list[str], val_files: str | list[str] | None = None, val_percent: PositiveInt = 5,

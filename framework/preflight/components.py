@@ -10,6 +10,7 @@ from torch.nn.parameter import UninitializedParameter
 from framework.config.build import build
 from framework.construction.activation_checkpointing import checkpoint_units
 from framework.construction.meta_build import meta_device
+from framework.data.batch_kinds import check_batches
 from framework.data.tokenizer import tokenizer_mismatch
 from framework.errors import ConfigError
 from framework.loop.state import RunMode
@@ -46,6 +47,7 @@ def build_components(cfg: DictConfig, plugins: Plugins | None = None,
     if mismatch:
         raise ConfigError(mismatch)
     task = build(cfg.task, "task")
+    check_batches(task, data)
     frozen = task.frozen_source()
     found, parameters = inspect_frozen(frozen, cfg, data, model)
     if found:

@@ -39,6 +39,10 @@ class Task(ABC):
     throughput_unit = "samples"
     #: False: the task steps its optimizers itself (see the class docstring)
     automatic_optimization: bool = True
+    #: the kinds of batch it reads (framework/data/batch_kinds.py's KINDS); a data module giving another
+    #: is refused before launch naming the data options that fit. None: any (its step on an example
+    #: batch decides)
+    takes_batches: tuple[str, ...] | None = None
 
     def optimizer_groups(self, model: torch.nn.Module) -> dict:
         """Manual optimization: {name: parameters}, one optimizer per entry, covering every

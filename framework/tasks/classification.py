@@ -12,6 +12,9 @@ from framework.tasks.metrics import Metrics
 class Classification(Task):
     """Batches are (inputs, integer labels); the model returns logits of shape (B, classes)."""
 
+    #: the batch kinds it reads (framework/data/batch_kinds.py)
+    takes_batches = ("features",)
+
     def __init__(self, label_smoothing: NonNegativeFloat = 0.0, metrics: list | None = None):
         """label_smoothing: the cross-entropy label smoothing for training (0: none); metrics:
         torchmetrics metrics to report besides loss and accuracy, e.g. [MulticlassF1Score]

@@ -157,6 +157,11 @@ def check_fit(model, data, task, batch_size: int = 2, device_type: str = "cpu") 
     task that steps its optimizers itself is not run (its step needs the optimizers); errors of ops
     without a meta kernel are not the user's."""
     if not getattr(task, "automatic_optimization", True):
+        try:  # its step needs the optimizers; what they are built over is asked of the model now
+            task.optimizer_groups(model)
+        except (AttributeError, KeyError, TypeError) as err:
+            raise _misfit(model, data, task, f"the task's optimizer_groups (it steps its optimizers itself) fails "
+                                             f"with: {err}") from err
         return 0
     batch = meta_example_batch(data, batch_size)
     check_context(model, batch)
@@ -176,17 +181,22 @@ def check_fit(model, data, task, batch_size: int = 2, device_type: str = "cpu") 
             task.training_step(model, meta_batch)
     except NotImplementedError:
         return 0
-    except (RuntimeError, ValueError, TypeError, IndexError) as err:
+    except (RuntimeError, ValueError, TypeError, IndexError, AttributeError, KeyError) as err:
         message = str(err).splitlines()[0] if str(err) else type(err).__name__
         if "meta" in message:  # e.g. .item() or an op with no meta kernel: no verdict on the shapes
             return 0
-        names = {group: type(obj).__name__ for group, obj in (("model", model), ("data", data), ("task", task))}
-        raise ConfigError(
-            f"model ({names['model']}), data ({names['data']}) and task ({names['task']}) do not fit together: "
-            f"one training step on an example batch ({_shapes(batch)}) fails with: {message}. Choose options "
-            "of the three groups that match (e.g. model=mlp data=digits task=classification, or the default "
-            "GPT with data=stdlib_text task=language_modeling).") from err
+        raise _misfit(model, data, task, f"one training step on an example batch ({_shapes(batch)}) fails with: "
+                                         f"{message}") from err
     return sum(saved.values())
+
+
+def _misfit(model, data, task, failure: str) -> ConfigError:
+    names = {group: type(obj).__name__ for group, obj in (("model", model), ("data", data), ("task", task))}
+    return ConfigError(
+        f"model ({names['model']}), data ({names['data']}) and task ({names['task']}) do not fit together: "
+        f"{failure}. Choose options of the three groups that match (e.g. model=mlp data=digits "
+        "task=classification, model=gan data=gaussian_ring task=gan, or the default GPT with data=stdlib_text "
+        "task=language_modeling).")
 
 
 def forward_call(module, model, data, task, batch_size: int = 2) -> tuple[tuple, dict] | None:

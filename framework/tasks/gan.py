@@ -15,6 +15,9 @@ class GANTask(Task):
     network. Validation reports both losses and `mode_distance`, the mean distance from a
     generated point to the nearest ring centre (lower: the generator found the modes)."""
 
+    #: the batch kinds it reads (framework/data/batch_kinds.py)
+    takes_batches = ("points",)
+
     automatic_optimization = False
 
     def __init__(self, noise_dim: PositiveInt = 8, modes: PositiveInt = 8, radius: float = 2.0):

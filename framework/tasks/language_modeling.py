@@ -73,6 +73,9 @@ def logits_and_targets(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
 class LanguageModeling(Task):
     """Cross-entropy of the next token over the tokens not marked -100."""
 
+    #: the batch kinds it reads (framework/data/batch_kinds.py)
+    takes_batches = ("token_blocks", "tokens")
+
     throughput_unit = "tokens"
     #: its batches may be split along the sequence (context parallelism: framework/strategy/mesh/context.py):
     #: a dict batch's `shift_labels` are each position's next-token label, shifted before the split

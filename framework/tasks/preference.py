@@ -69,6 +69,9 @@ def evaluating(model):
 class Preference(Task):
     """DPO (sigmoid), IPO or SimPO over chosen/rejected pairs, against a frozen reference."""
 
+    #: the batch kinds it reads (framework/data/batch_kinds.py)
+    takes_batches = ("pairs",)
+
     throughput_unit = "tokens"
     frozen_model = True  # the reference (none with simpo)
 
