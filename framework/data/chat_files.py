@@ -269,7 +269,8 @@ class ChatFiles(StoredFiles):
         return self._renderer()
 
     def missing_message(self) -> str:
-        return (f"data: {{count}} row(s) hold neither {self.fields.names()} (the first: {{where}}); set "
+        names = self.fields.names().replace("{", "{{").replace("}", "}}")  # a template: {count} and {where} filled in
+        return (f"data: {{count}} row(s) hold neither {names} (the first: {{where}}); set "
                 "data.messages_field, or data.prompt_field and data.response_field, to the fields that hold the "
                 "conversation, or fix those rows.")
 

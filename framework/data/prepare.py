@@ -32,7 +32,7 @@ import numpy as np
 
 from framework.console import human_bytes
 from framework.data.once import folder_lock
-from framework.data.sources import Unit, plan_units, read_rows
+from framework.data.sources import Unit, plan_units, read_rows, row_place
 from framework.data.splits import FILE_ROLES, SPLITS, SplitRule
 from framework.data.store import FLAGGED_KINDS, MANIFEST, VERSION, fingerprint, read_manifest
 from framework.errors import ConfigError, StorageError
@@ -348,7 +348,7 @@ def _prepare_into(spec: StoreSpec, out: Path, say: Callable[[str], None]) -> Non
     missing = sum(r.missing for r in results)
     if missing:
         path, position = next(r.first_missing for r in results if r.first_missing)
-        where = f"{path}, {'byte' if spec.format in ('jsonl', 'text') else 'row'} {position}"
+        where = f"{path}, {row_place(path, spec.format, position)}"
         raise ConfigError(spec.missing.format(count=f"{missing:,}", where=where))
     _hold_out_one_if_empty(spec, results, out)
     splits, summary = {}, {}

@@ -148,6 +148,23 @@ def _line_number(path: str, offset: int, within: int) -> int:
     return before + within + 1
 
 
+def row_place(path: str, fmt: str, position: int) -> str:
+    """Where a row read_rows yielded at `position` is, as a person finds it: the 1-based line of a
+    JSON-lines or plain-text file (its byte offset counted in, decompressed), else the 1-based row
+    (a JSON array's element, a parquet row, a CSV row after the header)."""
+    if fmt not in ("jsonl", "text"):
+        return f"row {position + 1}{' after the header' if fmt == 'csv' else ''}"
+    lines, remaining = 1, position
+    with open_binary(path) as raw:
+        while remaining > 0:
+            chunk = raw.read(min(remaining, 1 << 20))
+            if not chunk:
+                break
+            lines += chunk.count(b"\n")
+            remaining -= len(chunk)
+    return f"line {lines}"
+
+
 def _ranged_lines(path: str, unit: Unit) -> Iterator[bytes]:
     with open_binary(path) as raw:
         if unit.start:

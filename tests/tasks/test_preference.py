@@ -146,6 +146,26 @@ def test_a_file_that_is_not_all_pairs_is_refused_naming_the_file_and_line(tmp_pa
     assert fragment in problems[0], problems
 
 
+@pytest.mark.parametrize("data,bad", [
+    ("preference_files", {"prompt": "Q", "rejected": "b"}),
+    ("chat_files", {"note": "no conversation"}),
+])
+def test_a_bad_row_past_the_rows_checked_before_launch_is_named_by_its_line(tmp_path, data, bad):
+    """Rows past those checked before launch are read when the data is prepared: a bad one at line
+    30,000 still stops the run with exit 2 naming file and line (not a byte offset)."""
+    from tests.helpers.in_process import run_command
+
+    good = GOOD if data == "preference_files" else {"prompt": "Q: 2+2? A:", "response": " 4"}
+    rows = [good] * 40_000
+    rows[29_999] = bad
+    files = _write(tmp_path / "rows.jsonl", rows)
+    task = ["task=preference"] if data == "preference_files" else []
+    result = run_command(["train", *task, f"data={data}", f"data.files={files}", f"data.cache_dir={tmp_path / 'cache'}",
+                          "trainer.max_steps=1", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert f"(the first: {files}, line 30000)" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_pairs_read_as_trl_reads_them(tmp_path):
     """Text pairs get the end-of-text token (where the tokenizer has one: bytes has none, the
     prompt + response split is where their ids part); messages with an implicit prompt split at
