@@ -5,9 +5,11 @@ bound (`framework.config.types`) or a required argument left out is reported wit
 """
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import pkgutil
+import textwrap
 import typing
 from fnmatch import fnmatch
 from importlib.util import find_spec
@@ -95,6 +97,7 @@ def parameters(target) -> tuple[dict[str, inspect.Parameter], dict[str, Any], bo
         return params, _hints(target), any(p.kind is p.VAR_KEYWORD for p in params.values())
     params: dict[str, inspect.Parameter] = {}
     hints: dict[str, Any] = {}
+    fixed: set[str] = set()  # what a subclass passes its base itself: not the user's to give
     for klass in target.__mro__:
         init = klass.__dict__.get("__init__")
         if init is None:
@@ -106,13 +109,27 @@ def parameters(target) -> tuple[dict[str, inspect.Parameter], dict[str, Any], bo
             return None
         own = own_sig.parameters
         for name, p in list(own.items())[1:]:
-            if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
+            if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and name not in fixed:
                 params.setdefault(name, p)
         for name, hint in _hints(init).items():
             hints.setdefault(name, hint)
+        fixed |= _passed_to_base(init) - set(own)
         if not any(p.kind is p.VAR_KEYWORD for p in own.values()):
             return params, hints, False
     return params, hints, True
+
+
+def _passed_to_base(init) -> set[str]:
+    """The keyword arguments `init` passes to `super().__init__(...)` by name (read from its source;
+    none where there is no source)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(init)))
+    except (OSError, TypeError, SyntaxError):
+        return set()
+    return {keyword.arg for node in ast.walk(tree) if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute) and node.func.attr == "__init__"
+            and isinstance(node.func.value, ast.Call) and isinstance(node.func.value.func, ast.Name)
+            and node.func.value.func.id == "super" for keyword in node.keywords if keyword.arg}
 
 
 def _type_problem(value, hint) -> str | None:
