@@ -77,8 +77,13 @@ class DataModule(ABC):
         """The training split (map-style)."""
 
     @abstractmethod
-    def val_dataset(self) -> Dataset:
-        """The validation split (map-style)."""
+    def val_dataset(self) -> Dataset | None:
+        """The validation split (map-style); None: the data has none (data.val_percent=0), and the
+        run trains without validating."""
+
+    def validates(self) -> bool:
+        """Whether the data has a validation split (said before launch, without reading it)."""
+        return getattr(self, "has_val_split", True)
 
     def test_dataset(self) -> Dataset | None:
         """The test split (map-style), held out from training and validation; None: the data has

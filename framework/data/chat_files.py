@@ -178,7 +178,7 @@ class ChatFiles(StoredFiles):
     row_fields = ("chat data needs rows with fields (JSON lines, a JSON array, parquet or CSV), each a conversation; "
                   "plain text is data=text_files.")
 
-    def __init__(self, files: str | list[str], val_files: str | list[str] | None = None, val_percent: PositiveInt = 5,
+    def __init__(self, files: str | list[str], val_files: str | list[str] | None = None, val_percent: NonNegativeInt = 5,
                  test_files: str | list[str] | None = None, test_percent: NonNegativeInt = 0,
                  format: str | None = None, messages_field: str = "messages", prompt_field: str = "prompt",
                  response_field: str = "response", system_field: str = "system", system_prompt: str | None = None,

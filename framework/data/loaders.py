@@ -52,6 +52,8 @@ def build_loader(datamodule: DataModule, strategy, split: str, seed: int, limit_
     its weights collectively in each)."""
     train = split == "train" if training is None else training
     dataset = split_dataset(datamodule, split)
+    if dataset is None:  # no such split (data.val_percent=0: no validation)
+        return None
     streamed = getattr(dataset, "streamed", False)  # read forward, shuffled within (framework/data/stream.py)
     if streamed and train:
         dataset.seeded(seed)

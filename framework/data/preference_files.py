@@ -236,7 +236,7 @@ class PreferenceFiles(StoredFiles):
     row_fields = ("preference pairs need rows with fields (JSON lines, a JSON array, parquet or CSV), each a prompt, "
                   "a chosen and a rejected response.")
 
-    def __init__(self, files: str | list[str], val_files: str | list[str] | None = None, val_percent: PositiveInt = 5,
+    def __init__(self, files: str | list[str], val_files: str | list[str] | None = None, val_percent: NonNegativeInt = 5,
                  test_files: str | list[str] | None = None, test_percent: NonNegativeInt = 0,
                  format: str | None = None, prompt_field: str = "prompt", chosen_field: str = "chosen",
                  rejected_field: str = "rejected", chat_template: str | None = None, tokenizer: str = BYTES,

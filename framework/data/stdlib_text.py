@@ -54,15 +54,16 @@ class StdlibText(DataModule):
     batch_kind = "token_blocks"
 
     def __init__(self, block_size: PositiveInt = 128, max_bytes: PositiveInt = 2_000_000,
-                 val_percent: PositiveInt = 10, test_percent: NonNegativeInt = 10, root: str | None = None,
+                 val_percent: NonNegativeInt = 10, test_percent: NonNegativeInt = 10, root: str | None = None,
                  **loader):
         """block_size: tokens per sample (the model's context); max_bytes: read at most this many
         bytes of source (every split together); val_percent: share of files held out for
-        validation; test_percent: share of files held out for testing (0: no test split);
-        root: a folder of .py files to use instead of the stdlib."""
+        validation (0: no validation split, the run trains without validating); test_percent:
+        share of files held out for testing (0: no test split); root: a folder of .py files to use
+        instead of the stdlib."""
         super().__init__(**loader)
-        if not 0 < val_percent < 100:
-            raise ConfigError(f"data.val_percent={val_percent}: must be between 1 and 99.")
+        if not 0 <= val_percent < 100:
+            raise ConfigError(f"data.val_percent={val_percent}: must be between 0 (no validation split) and 99.")
         if val_percent + test_percent >= 100:
             raise ConfigError(f"data.test_percent={test_percent}: with data.val_percent={val_percent} nothing is left "
                               "to train on; keep their sum below 100.")
@@ -76,6 +77,10 @@ class StdlibText(DataModule):
     def has_test_split(self) -> bool:
         return self.test_percent > 0
 
+    @property
+    def has_val_split(self) -> bool:
+        return self.val_percent > 0
+
     @cached_property
     def _splits(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         train, val, test, total = bytearray(), bytearray(), bytearray(), 0
@@ -88,9 +93,10 @@ class StdlibText(DataModule):
             split = val if bucket < self.val_percent else test if bucket < self.val_percent + self.test_percent \
                 else train
             split.extend(data)
-        if not train or not val or (self.test_percent and not test):
+        if not train or (self.val_percent and not val) or (self.test_percent and not test):
             found = "no file" if total == 0 else f"{total:,} bytes"
-            splits = "a train, a val and a test split" if self.test_percent else "both a train and a val split"
+            splits = " and ".join(["a train split", *(["a val split"] * bool(self.val_percent)),
+                                   *(["a test split"] * bool(self.test_percent))])
             raise ConfigError(f"data: {self.root}/**/*.py (data.root) gave {found} within data.max_bytes="
                               f"{self.max_bytes}: too little to fill {splits}; raise data.max_bytes or point "
                               "data.root at a folder with more .py files.")
@@ -107,8 +113,8 @@ class StdlibText(DataModule):
         tokens = torch.zeros(size, self.block_size, dtype=torch.long)
         return tokens, tokens
 
-    def val_dataset(self) -> Dataset:
-        return TokenBlocks(self._splits[1], self.block_size)
+    def val_dataset(self) -> Dataset | None:
+        return TokenBlocks(self._splits[1], self.block_size) if self.has_val_split else None
 
     def test_split_hint(self, trained: bool) -> str:
         if trained:

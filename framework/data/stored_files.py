@@ -89,15 +89,15 @@ class StoredFiles(DataModule):
     #: what a row must hold where plain text cannot be one (chat data, pairs): data.format=text is refused saying it
     row_fields: str | None = None
 
-    def __init__(self, files: str | list[str], val_files: str | list[str] | None = None, val_percent: PositiveInt = 5,
+    def __init__(self, files: str | list[str], val_files: str | list[str] | None = None, val_percent: NonNegativeInt = 5,
                  test_files: str | list[str] | None = None, test_percent: NonNegativeInt = 0,
                  format: str | None = None, tokenizer: str = BYTES, block_size: PositiveInt = 128,
                  packing: bool = True, cache_dir: str | None = None, num_proc: PositiveInt | None = None,
                  token_dtype: str = "auto", allow_changed: bool = False, **loader):
         """The settings every stored kind shares (data=text_files documents each)."""
         super().__init__(**loader)
-        if not 0 < val_percent < 100:
-            raise ConfigError(f"data.val_percent={val_percent}: must be between 1 and 99.")
+        if not 0 <= val_percent < 100:
+            raise ConfigError(f"data.val_percent={val_percent}: must be between 0 (no validation split) and 99.")
         if not test_files and val_percent + test_percent >= 100:
             raise ConfigError(f"data.test_percent={test_percent}: with data.val_percent={val_percent} no row is left to "
                               "train on; keep their sum below 100, or give data.test_files.")
@@ -242,7 +242,7 @@ class StoredFiles(DataModule):
         return self._opened
 
     def _open_splits(self) -> tuple:
-        splits = {"train": self._dataset("train"), "val": self._dataset("val"),
+        splits = {"train": self._dataset("train"), "val": self._dataset("val") if self.has_val_split else None,
                   "test": self._dataset("test") if self.has_test_split else None}
         for name, dataset in splits.items():
             if dataset is not None and not self.streaming and len(dataset) == 0:
@@ -253,6 +253,11 @@ class StoredFiles(DataModule):
                                   f"data.block_size={self.block_size} tokens; add text, lower data.block_size, or split "
                                   "plain text finer (data.text_unit=paragraph or line).")
         return splits["train"], splits["val"], splits["test"]
+
+    @property
+    def has_val_split(self) -> bool:
+        """False with data.val_percent=0 and no val_files: the run trains without validating."""
+        return bool(self.val_files) or self.val_percent > 0
 
     @property
     def has_test_split(self) -> bool:

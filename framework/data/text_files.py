@@ -66,7 +66,7 @@ class TextFiles(StoredFiles):
 
     kind = "text"
 
-    def __init__(self, files: str | list[str], val_files: str | list[str] | None = None, val_percent: PositiveInt = 5,
+    def __init__(self, files: str | list[str], val_files: str | list[str] | None = None, val_percent: NonNegativeInt = 5,
                  test_files: str | list[str] | None = None, test_percent: NonNegativeInt = 0, format: str | None = None,
                  text_field: str = "text", text_unit: str = "document", separator: str | None = None,
                  tokenizer: str = BYTES, block_size: PositiveInt = 128, packing: bool = True, add_eos: bool = True,
@@ -75,7 +75,8 @@ class TextFiles(StoredFiles):
         """files: glob patterns or folders of the training files (and of the validation and test
         documents too, unless val_files / test_files are given); val_files: patterns of separate
         validation files; val_percent: share of documents held out for validation when val_files is
-        null (by a hash of each document's text; at least one document); test_files: patterns of
+        null (by a hash of each document's text; at least one document; 0: no validation split, the
+        run trains without validating); test_files: patterns of
         separate test files; test_percent: share held out for testing when test_files is null (the
         next buckets of the same hash; 0 and no test_files: no test split); format: text, jsonl
         (JSON lines), json (an array of rows, or JSON lines), parquet or csv (null: from the suffix;

@@ -364,6 +364,8 @@ class FitLoop:
 
     # ---- validation ---------------------------------------------------------------------------
     def validate(self) -> dict[str, float]:
+        if self.val_loader is None:  # the data has no validation split (data.val_percent=0)
+            return {}
         started = time.perf_counter()
         self.act_on_nonfinite(self.guard.settle(self.strategy))  # never score (or select checkpoints by) NaN weights
         metrics = score(self.strategy, self.task, self.model, self.val_loader, "val")

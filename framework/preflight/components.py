@@ -60,6 +60,8 @@ def build_components(cfg: DictConfig, plugins: Plugins | None = None,
                           "(what it predicts for each sample: framework/tasks/base.py), or use a built-in task.")
     batch_size = int(cfg.data.get("batch_size", 2) or 2)
     whole, logged = _fitted(cfg, model, data, task, batch_size, device_type(plugins))
+    if not data.validates():  # data.val_percent=0: nothing is validated, so no val/ metric is ever logged
+        logged = set()
     if plugins is not None and cfg.trainer.get("compile"):
         check_compilable(model, data, task, plugins.strategy, bool(cfg.trainer.get("activation_checkpointing")))
     if plugins is None or not cfg.trainer.get("activation_checkpointing"):

@@ -16,7 +16,7 @@ def monitor_problems(cfg: DictConfig, logged: set[str] | None) -> tuple[list[str
     selection is quietly off and the objective null. A name the user chose is refused; the shipped
     default (val/loss) under a task that logs no loss is a warning, so a task of one's own runs
     with the shipped config."""
-    if not logged:
+    if logged is None:  # not known here
         return [], []
     named = {f"callbacks.{name}.monitor": node.get("monitor") for name, node in (cfg.get("callbacks") or {}).items()
              if isinstance(node, DictConfig) and "monitor" in node}
@@ -31,12 +31,17 @@ def monitor_problems(cfg: DictConfig, logged: set[str] | None) -> tuple[list[str
     for key, value in named.items():
         if not (isinstance(value, str) and value.startswith(("val/", "test/"))) or value in logged:
             continue
-        message = (f"{key}={value!r} is never logged: {'the run' if testing else 'a validation'} logs "
-                   f"{', '.join(sorted(logged))}."
-                   f"{did_you_mean(value, logged)} Set {key} to one of them.")
+        if not logged:  # the data has no validation split
+            message = (f"{key}={value!r} is never logged: the data has no validation split (data.val_percent=0), "
+                       f"so the run never validates. Set {key}=null, or hold out a split (data.val_percent above 0, "
+                       "or data.val_files).")
+        else:
+            message = (f"{key}={value!r} is never logged: {'the run' if testing else 'a validation'} logs "
+                       f"{', '.join(sorted(logged))}."
+                       f"{did_you_mean(value, logged)} Set {key} to one of them.")
         if value == SHIPPED_MONITOR:
             warnings.append(message.replace(" is never logged:", " (the shipped default) is never logged by this "
-                                            "task, so it selects nothing:"))
+                                            f"{'task' if logged else 'run'}, so it selects nothing:"))
         else:
             refusals.append(message)
     return refusals, warnings
