@@ -16,6 +16,7 @@ DeepSpeed's partitioned init) and every rank keeps only its shards:
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import inspect
 import json
@@ -89,10 +90,19 @@ def hf_config(config: dict | None = None, config_dir: str | None = None, pretrai
     if sources:
         directory = local_directory(config_dir or pretrained, sources[0])
         loaded = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
+        named_type = fields.pop("model_type", None)
+        if named_type is not None and named_type != loaded.model_type:
+            raise ConfigError(f"{sources[0]}={config_dir or pretrained}: its config.json is a {loaded.model_type}, but "
+                              f"model.config.model_type={named_type!r} (model/config={named_type}'s fields, or the "
+                              "recipe's). The directory's config.json is the architecture: set model.config=null, or "
+                              f"choose model/config={loaded.model_type} to override some of its fields.")
         check_fields(type(loaded), fields)
         fields = as_declared(type(loaded), fields)
+        own = copy.deepcopy(loaded) if pretrained else None
         for key, value in fields.items():
             setattr(loaded, key, value)
+        if own is not None:
+            check_weights_fit(own, loaded, fields, pretrained)
         check_heads(loaded)
         check_experts(loaded)
         return loaded
@@ -115,6 +125,30 @@ def hf_config(config: dict | None = None, config_dir: str | None = None, pretrai
     check_heads(cfg)
     check_experts(cfg)
     return cfg
+
+
+def _weight_shapes(config) -> dict[str, tuple]:
+    """Each weight's name and shape for `config`'s model, built on the meta device (nothing allocated)."""
+    with torch.device("meta"):
+        model = _transformers().AutoModelForCausalLM.from_config(config)
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
+
+
+def check_weights_fit(own, merged, fields: dict, pretrained: str) -> None:
+    """model.config's fields on a pretrained directory may change how the model behaves (dropout,
+    attention), never its weights' shapes: a recipe's sizes for a model built from scratch (or the
+    family group's defaults) would silently replace the directory's own architecture. Refused,
+    naming the fields, both values and the fix."""
+    changed = {key: value for key, value in fields.items() if getattr(own, key, None) != value}
+    if not changed or _weight_shapes(own) == _weight_shapes(merged):
+        return
+    said = ", ".join(f"model.config.{key}={value!r} (its config.json: {getattr(own, key, None)!r})"
+                     for key, value in changed.items())
+    raise ConfigError(f"model.pretrained={pretrained}: model.config replaces fields of the directory's config.json "
+                      f"({said}), which changes the shapes of its weights, so they would not be its model. Its "
+                      "config.json is the architecture: set model.config=null (a "
+                      "recipe's or the family group's sizes are for a model built from scratch), or keep in "
+                      "model.config only fields that leave the weights as they are (dropout, attention).")
 
 
 def check_fields(config_class, fields: dict) -> None:

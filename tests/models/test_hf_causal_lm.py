@@ -96,6 +96,26 @@ def test_a_config_directory_is_that_architecture_with_overrides(tmp_path):
         causal_lm(config_dir=str(tmp_path / "nocfg"))
 
 
+def test_a_pretrained_directory_is_never_resized_by_model_config(tmp_path):
+    """model.pretrained=DIR with a recipe's (or the family group's) sizes left in model.config: refused
+    naming each field and the directory's value, as the recipe is run; fields that leave the
+    weights' shapes alone (dropout) still override; another architecture's fields are refused."""
+    from framework.models.hf_causal_lm import hf_config
+    from tests.helpers.in_process import run_command
+
+    causal_lm(config={**GPT2, "n_layer": 1}).save_pretrained(tmp_path / "base")
+    base = str(tmp_path / "base")
+    result = run_command(["run", "hf_dpo_chat", f"model.pretrained={base}"], tmp_path)
+    assert result.returncode == 2 and not (tmp_path / "outputs").exists(), result.stderr[-2000:]
+    said = " ".join(result.stderr.split())
+    assert f"model.pretrained={base}: model.config replaces fields of the directory's config.json (" in said
+    assert "model.config.n_layer=4 (its config.json: 1)" in said and "set model.config=null" in said
+    with pytest.raises(ConfigError, match=r"its config.json is a gpt2, but model.config.model_type='llama'"):
+        hf_config({"model_type": "llama", "hidden_size": 64}, pretrained=base)
+    kept = hf_config({"model_type": "gpt2", "resid_pdrop": 0.0, "n_layer": 1}, pretrained=base)
+    assert kept.resid_pdrop == 0.0 and kept.n_layer == 1 and kept.n_embd == 32
+
+
 def test_save_for_hub_writes_what_from_pretrained_loads(tmp_path):
     from transformers import AutoModelForCausalLM
 
