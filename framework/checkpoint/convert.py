@@ -60,6 +60,18 @@ def export_weights(checkpoint: Path, out: Path, to: str = "torch", state: dict |
     return out
 
 
+def write_weights_checkpoint(state: dict, out: Path, meta: dict) -> Path:
+    """`state` as a checkpoint directory of this framework holding weights alone (model.pt and its
+    meta.json, `meta` added): what `ckpt_path`, `task.teacher`, `task.reference` and the commands
+    after training read; a run started from it begins a fresh optimizer."""
+    out.mkdir(parents=True, exist_ok=False)
+    TorchCheckpointIO().save({k: v.contiguous() for k, v in state.items()}, out / "model.pt")
+    written = {"format_version": FORMAT_VERSION, "step": 0, "epoch": 0, "world_size": 1, "versions": versions(),
+               **meta, "weights_only": True, "files": {"model.pt": (out / "model.pt").stat().st_size}}
+    (out / META).write_text(json.dumps(written, indent=2))
+    return out
+
+
 def import_deepspeed(ds_dir: Path, out: Path, tag: str | None = None) -> Path:
     """A DeepSpeed native checkpoint (any ZeRO stage, any world size) -> a checkpoint directory of
     this framework holding its exact fp32 weights (DeepSpeed's zero_to_fp32; optimizer state is
@@ -75,11 +87,5 @@ def import_deepspeed(ds_dir: Path, out: Path, tag: str | None = None) -> Path:
         state = get_fp32_state_dict_from_zero_checkpoint(str(ds_dir), tag=tag)
     except (FileNotFoundError, ValueError, KeyError) as err:
         raise CheckpointError(f"{ds_dir} is not a readable DeepSpeed checkpoint ({err}).") from err
-    io = TorchCheckpointIO()
-    out.mkdir(parents=True, exist_ok=False)
-    io.save({k: v.contiguous() for k, v in state.items()}, out / "model.pt")
-    meta = {"format_version": FORMAT_VERSION, "step": 0, "epoch": 0, "world_size": 1, "strategy": "imported",
-            "source": {"deepspeed_checkpoint": str(ds_dir), "tag": tag}, "versions": versions(),
-            "weights_only": True, "files": {"model.pt": (out / "model.pt").stat().st_size}}
-    (out / META).write_text(json.dumps(meta, indent=2))
-    return out
+    return write_weights_checkpoint(state, out, {"strategy": "imported",
+                                                 "source": {"deepspeed_checkpoint": str(ds_dir), "tag": tag}})

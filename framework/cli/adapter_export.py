@@ -9,6 +9,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from framework.adapter.lora import base_name, fan_in_fan_out, peft_package
+from framework.checkpoint.convert import read_model_state, write_weights_checkpoint
 from framework.checkpoint.format import read_meta
 from framework.cli.hub_tokenizer import export_tokenizer, run_tokenizer
 from framework.config.build import build
@@ -75,4 +76,27 @@ def write_peft_directory(checkpoint: Path, out: Path) -> Path:
     peft_model.save_pretrained(str(out))
     tokenizer, template = run_tokenizer(config)
     export_tokenizer(tokenizer, out, chat_template=template)
+    return out
+
+
+def write_merged_run(checkpoint: Path, out: Path) -> Path:
+    """An adapter run's model with its adapters merged, as a run directory of this framework
+    (config.yaml: the run's, without the adapter; checkpoints/step_N: the merged weights alone),
+    which task.teacher, task.reference, ckpt_path and every command after training take as a plain
+    model. A run without adapters is written the same way (its weights as they are)."""
+    meta = read_meta(checkpoint)
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"--to run: {out} exists and is not empty; give a new directory.")
+    config = dict(meta.get("config") or {})
+    if adapter_config(meta):
+        _, state = merged_state(checkpoint)
+    else:
+        _, state = read_model_state(checkpoint)
+    config["adapter"] = None
+    step = int(meta.get("step") or 0)
+    out.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(OmegaConf.create(config), out / "config.yaml")
+    write_weights_checkpoint(state, out / "checkpoints" / f"step_{step:06d}",
+                             {"step": step, "epoch": meta.get("epoch", 0), "config": config,
+                              "source": {"merged_from": str(checkpoint)}})
     return out

@@ -9,7 +9,7 @@ from pathlib import Path
 from framework.checkpoint.convert import export_weights, import_deepspeed, read_model_state
 from framework.checkpoint.format import read_meta
 from framework.checkpoint.load import find_checkpoint
-from framework.cli.adapter_export import adapter_config, merged_state, write_peft_directory
+from framework.cli.adapter_export import adapter_config, merged_state, write_merged_run, write_peft_directory
 from framework.cli.hub_tokenizer import end_marker_ids, export_tokenizer, run_tokenizer, write_generation_ids
 from framework.errors import ConfigError, ExitCode, UserError, report
 from framework.generation.load import quantizing_precision
@@ -22,11 +22,13 @@ def parser() -> argparse.ArgumentParser:
     convert.add_argument("checkpoint", help="a checkpoint directory, or a run directory (its best checkpoint; with "
                          "--from deepspeed: a DeepSpeed checkpoint directory)")
     convert.add_argument("out", help="the file (export), or the directory (--to hf, import) to write")
-    convert.add_argument("--to", choices=["torch", "safetensors", "hf", "peft"], default="torch",
+    convert.add_argument("--to", choices=["torch", "safetensors", "hf", "peft", "run"], default="torch",
                          help="export format: a state_dict file (torch, safetensors), hf: a directory that "
                               "transformers' from_pretrained loads (Hugging Face models), peft: an adapter run's "
-                              "adapters as a directory peft.PeftModel.from_pretrained loads onto the base model; "
-                              "an adapter run's torch, safetensors and hf exports have the adapters merged in")
+                              "adapters as a directory peft.PeftModel.from_pretrained loads onto the base model, "
+                              "run: a run directory of this framework holding the plain model (any model: a "
+                              "teacher, a reference, a ckpt_path); an adapter run's torch, safetensors, hf and run "
+                              "exports have the adapters merged in")
     convert.add_argument("--from", dest="source", choices=["framework", "deepspeed"], default="framework",
                          help="what CHECKPOINT is")
     convert.add_argument("--tag", default=None, help="with --from deepspeed: the tag (default: 'latest')")
@@ -71,6 +73,8 @@ def main(argv: list[str]) -> int:
             out = export_hub_directory(checkpoint, Path(args.out))
         elif args.to == "peft":
             out = write_peft_directory(checkpoint, Path(args.out))
+        elif args.to == "run":
+            out = write_merged_run(checkpoint, Path(args.out))
         elif adapter_config(read_meta(checkpoint)):  # the adapters merged into the weights
             _, state = merged_state(checkpoint)
             out = export_weights(checkpoint, Path(args.out), to=args.to, state=state)

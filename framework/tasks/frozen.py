@@ -139,8 +139,8 @@ def frozen_node(source: FrozenSource, cfg, run: DictConfig | None = None):
         return cfg.model
     if run.get("adapter"):
         raise ConfigError(f"the run trained {run.adapter._target_.rsplit('.', 1)[-1]} adapters, and its checkpoints "
-                          f"hold them alone; merge them into a model first (framework convert {path} merged --to hf) "
-                          "and give that directory.")
+                          f"hold them alone; merge them into a plain model first (framework convert {path} merged "
+                          "--to run) and give that directory.")
     return run.model
 
 
