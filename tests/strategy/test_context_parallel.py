@@ -98,8 +98,23 @@ def test_a_batch_is_split_after_its_labels_are_shifted():
     assert local_positions(8, 2, 1).tolist() == [2, 3, 4, 5]
     assert shares[0]["shift_labels"][0].tolist() == [1, 2, 7, -100] and shares[1]["shift_labels"][0].tolist() == [3, 4, 5, 6]
     assert shares[0]["input_ids"][1].tolist() == [8, 9, 14, 15]
-    with pytest.raises(ConfigError, match="does not divide a batch of 6 positions"):
-        split_batch((torch.zeros(1, 6, dtype=torch.long), torch.zeros(1, 6, dtype=torch.long)), 2, 0)
+
+
+def test_a_padded_batch_of_uneven_length_is_padded_on_to_whole_chunks():
+    """Rows padded to a batch's longest (6 here, not a multiple of 2 x 2 chunks) are padded on to 8
+    after every real token: the shares hold every real token once, with its own next token, the
+    positions count on, the padding scores nothing and its keys are masked."""
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10], [11, 12, 13, 0, 0, 0]])
+    batch = {"input_ids": ids, "attention_mask": (ids > 0).long(), "labels": torch.where(ids > 0, ids, -100)}
+    shares = [split_batch(batch, 2, rank) for rank in range(2)]
+    assert [share["input_ids"][0].tolist() for share, _ in shares] == [[5, 6, 0, 0], [7, 8, 9, 10]]
+    assert [share["shift_labels"][0].tolist() for share, _ in shares] == [[6, 7, -100, -100], [8, 9, 10, -100]]
+    assert shares[0][0]["position_ids"][0].tolist() == [0, 1, 6, 7]
+    assert shares[0][1].length == 8 and shares[0][1].real_keys.long().tolist()[1] == [1, 1, 1, 0, 0, 0, 0, 0]
+    from framework.tasks.language_modeling import LanguageModeling
+
+    task = LanguageModeling()
+    assert sum(task.scored_count(share) for share, _ in shares) == task.scored_count(batch) == 7
 
 
 def test_the_shares_scored_tokens_add_up_to_the_batchs():
@@ -257,8 +272,20 @@ CHAT = ["data=chat_files", "model.n_layer=2", "model.n_embd=32", "model.n_head=2
 @pytest.mark.parametrize("packing", [True, False], ids=["packed_rows", "padded_rows"])
 def test_chat_rows_packed_or_padded_train_under_context_parallelism_as_in_one_process(tmp_path, packing):
     """Packed rows (position_ids restarting per conversation: the mask from the whole row's
-    documents) and padded rows (attention_mask: padded keys masked), only the responses scored."""
+    documents) and padded rows (attention_mask: padded keys masked), only the responses scored.
+    The padded rows are short conversations of many lengths, so a batch's longest row is mostly not
+    a multiple of 2 x 2 chunks: the split pads it on (never a refusal mid-run)."""
     rows = [*CHAT, f"data.packing={packing}"]
+    if not packing:
+        import json
+
+        words = "the a list of names in python module returns value".split()
+        conversations = [{"prompt": " ".join(words[: 1 + i % 7]) + "?" * (i % 3),
+                          "response": " ".join(words[i % 5:]) + "." * (i % 4)} for i in range(96)]
+        lengths = {len(c["prompt"]) + len(c["response"]) for c in conversations}
+        assert len({n % 4 for n in lengths}) == 4  # every remainder: uneven batches come
+        (tmp_path / "chat.jsonl").write_text("".join(json.dumps(c) + "\n" for c in conversations))
+        rows += [f"data.files={tmp_path / 'chat.jsonl'}", f"data.cache_dir={tmp_path / 'cache'}"]
     one = trained_run(rows)
     run_inprocess([*rows, "strategy=fsdp", "devices=2", "strategy.context_parallel_size=2"], tmp_path)
     for key in ("train/loss", "train/grad_norm", "val/loss", "train/tokens"):

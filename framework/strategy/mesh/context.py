@@ -23,8 +23,8 @@ from dataclasses import replace
 
 import torch
 
-from framework.errors import ConfigError, indivisible, refuse
-from framework.sequences import document_ids, next_token_targets
+from framework.errors import ConfigError, indivisible
+from framework.sequences import IGNORE_INDEX, document_ids, next_token_targets
 from framework.strategy.mesh.applier import Applier
 from framework.strategy.mesh.context_attention import ContextAttention, SequenceShard
 
@@ -136,15 +136,32 @@ def split_batch(batch, size: int, rank: int, group=None) -> tuple[dict, Sequence
     else:
         ids, targets = batch
         positions = mask = None
-    length = ids.shape[1]
-    refuse(indivisible(f"strategy.context_parallel_size={size} (x 2: a head and a tail chunk a rank)", 2 * size, length,
-                       f"a batch of {length} positions", f"choose a data.block_size that is a multiple of {2 * size}."))
-    documents = None if positions is None else document_ids(positions)  # packed rows
+    length = -(-ids.shape[1] // (2 * size)) * 2 * size  # a padded batch's longest row, padded on to 2 x size chunks
     if positions is None:
-        positions = torch.arange(length, device=ids.device).expand(ids.shape[0], length)
+        positions = torch.arange(ids.shape[1], device=ids.device).expand(ids.shape[0], ids.shape[1])
+    if length != ids.shape[1]:  # after every real token: causal attention never reads them, and they score nothing
+        ids, targets, positions, mask = (_pad(ids, length, 0), _pad(targets, length, IGNORE_INDEX),
+                                         _pad(positions, length, None), _pad(mask, length, 0))
+    documents = document_ids(positions) if "position_ids" in batch_keys(batch) else None  # packed rows
     shard = SequenceShard(group, size, rank, length, documents, mask.bool() if mask is not None else None)
     return {"input_ids": shard.split(ids), "position_ids": shard.split(positions),
             "shift_labels": shard.split(targets)}, shard
+
+
+def batch_keys(batch) -> tuple:
+    return tuple(batch) if isinstance(batch, Mapping) else ()
+
+
+def _pad(tensor: torch.Tensor | None, length: int, value: int | None) -> torch.Tensor | None:
+    """`tensor` (B, T) padded on the right to `length` with `value` (None: positions, counting on)."""
+    if tensor is None:
+        return None
+    extra = length - tensor.shape[1]
+    if value is None:
+        tail = tensor[:, -1:] + torch.arange(1, extra + 1, device=tensor.device)
+    else:
+        tail = torch.full((tensor.shape[0], extra), value, dtype=tensor.dtype, device=tensor.device)
+    return torch.cat([tensor, tail], dim=1)
 
 
 def _intercept(module: torch.nn.Module, current) -> None:
