@@ -5,7 +5,9 @@ its 2C chunks along the sequence (a head and a tail: framework/strategy/mesh/con
 so a layer's activations on a rank are 1/C of the sequence's. The batch is split after the labels
 are shifted (each position keeps its own next token, also the last of a chunk), its positions are
 the global ones (position embeddings and RoPE see where a token really is), and attention sees the
-whole sequence through an all-gather of keys and values. The loss of a rank is the sum over its
+whole sequence through an all-gather of keys and values. A padded batch whose longest row is not a
+multiple of 2C positions is padded on after every real token (labels -100, keys masked, positions
+counting on): causal attention never reads them and they score nothing. The loss of a rank is the sum over its
 positions; the loop's scale (framework/loop/fit_loop.py) divides by the step's scored tokens, and
 FSDP, which shards over the data-parallel x context ranks, averages the gradients over both, so a
 rank's sum is weighted by the context size once more (`loss_weight`).
