@@ -14,15 +14,18 @@ import threading
 from framework.errors import ExitCode
 
 
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="framework lighthouse", description=__doc__.splitlines()[0])
+    p.add_argument("--port", type=int, default=29510, help="the port to listen on (0: a free one); default 29510")
+    p.add_argument("--min-replicas", type=int, default=1, help="groups a quorum needs (fault_tolerance.min_replicas)")
+    p.add_argument("--join-timeout-ms", type=int, default=1000,
+                   help="how long to wait for more groups once min-replicas have joined")
+    p.add_argument("--heartbeat-timeout-ms", type=int, default=5000, help="silence after which a group counts as gone")
+    return p
+
+
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="framework lighthouse", description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=int, default=29510, help="the port to listen on (0: a free one); default 29510")
-    parser.add_argument("--min-replicas", type=int, default=1, help="groups a quorum needs (fault_tolerance.min_replicas)")
-    parser.add_argument("--join-timeout-ms", type=int, default=1000,
-                        help="how long to wait for more groups once min-replicas have joined")
-    parser.add_argument("--heartbeat-timeout-ms", type=int, default=5000,
-                        help="silence after which a group counts as gone")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     os.environ.setdefault("RUST_LOG", "warn")  # torchft's server says every quorum at INFO
     try:
         from torchft.coordination import LighthouseServer
