@@ -8,6 +8,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from framework.accelerator.planned import planned
+from framework.cluster.planned import planned_cluster
 from framework.config.compatibility import judge
 from framework.config.loop_settings import loop_settings
 from framework.config.plan_facts import Plan, processes_per_node
@@ -92,6 +93,7 @@ def prepare(cfg: DictConfig, strict: bool = True, mode: RunMode = RunMode(), dev
         if prepared.plugins is not None and elsewhere:
             plugins = prepared.plugins
             plugins.accelerator = plugins.strategy.accelerator = planned(plugins.accelerator, device_memory)
+            plugins.cluster = planned_cluster(plugins.cluster)  # its scheduler's launcher starts the processes there
         prepared.model, prepared.activation_bytes, prepared.logged, prepared.second_model = attempt(
             lambda: build_components(resolved, prepared.plugins, mode, prepared.warnings)) or (None, 0, None, ("", 0))
     if prepared.plugins is not None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import os
 import re
 import subprocess
 import sys
@@ -204,6 +205,21 @@ def test_plan_for_a_gpu_machine_from_one_without():
     fits = framework_cmd("plan", "--device", "cuda", "--device-memory", "80GiB", *model, "data.batch_size=1",
                          "trainer.activation_checkpointing=true")
     assert fits.returncode == 0 and "compatibility: ok" in fits.stdout, fits.stdout + fits.stderr
+
+
+def test_a_login_node_plans_a_job_of_several_nodes_its_scheduler_launches():
+    """Outside any job, num_nodes=2 with cluster=slurm is a launch this process cannot make; planned
+    for the job (--device), the scheduler's launcher (srun) starts the processes there: no refusal.
+    The local environment still cannot span nodes."""
+    job = ["devices=8", "num_nodes=2", "strategy=fsdp", "model.n_layer=1", "model.n_embd=32", "model.n_head=2"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    here = framework_cmd("plan", "cluster=slurm", "accelerator=cpu", *job, env=env)
+    assert here.returncode == 2 and "num_nodes=2 with cluster=slurm: the framework starts processes" in here.stdout
+    there = framework_cmd("plan", "--device", "cuda", "--device-memory", "80GiB", "cluster=slurm", *job, env=env)
+    assert there.returncode == 0 and "compatibility: ok" in there.stdout, there.stdout + there.stderr
+    assert "16 process(es) = devices 8 x num_nodes 2" in there.stdout
+    local = framework_cmd("plan", "--device", "cuda", "--device-memory", "80GiB", "cluster=local", *job, env=env)
+    assert local.returncode == 2 and "num_nodes=2 with cluster=local" in local.stdout
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="plans for a CUDA machine from one without")
