@@ -2,9 +2,12 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# The CPU build of torch, installed before the package so its version range is already met
-# (a bare `torch` requirement on an empty machine pulls a multi-GB CUDA build).
+# torch, installed before the package so its version range is already met, from the index pip is
+# configured with (pip.conf, PIP_INDEX_URL): which build that is depends on the index (PyPI's Linux
+# wheel is the multi-GB CUDA build). TORCH_PIP_ARGS adds pip arguments for that one install, e.g.
+# `--index-url <PyTorch's CPU wheel index>` for the CPU build.
 TORCH_VERSION ?= 2.13.0
+TORCH_PIP_ARGS ?=
 ARGS ?=
 PYTEST_ARGS ?=
 
@@ -21,7 +24,7 @@ define install_venv
 endef
 
 $(BIN)/.installed: pyproject.toml
-	$(call install_venv,$(VENV),torch==$(TORCH_VERSION),".[dev]")
+	$(call install_venv,$(VENV),$(TORCH_PIP_ARGS) torch==$(TORCH_VERSION),".[dev]")
 
 setup: $(BIN)/.installed
 

@@ -49,6 +49,14 @@ def test_at_least_six_recipes_cover_the_plugin_space():
         assert needed in chosen, needed
 
 
+def test_the_getting_started_table_lists_every_builtin_recipe():
+    import re
+
+    page = (ROOT / "docs" / "getting-started.md").read_text()
+    table = page.split("| recipe | what |", 1)[1].split("\n\n", 1)[0]
+    assert set(re.findall(r"^\| `(\w+)` \|", table, re.M)) == set(builtin_recipes())
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(builtin_recipes()))
 def test_every_builtin_recipe_runs_a_few_steps(name, tmp_path):
