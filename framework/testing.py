@@ -220,8 +220,8 @@ def _reference_steps(steps: int) -> torch.nn.Module:
 
 
 def check_strategy(strategy: Callable[..., Any], steps: int = 3, **kwargs) -> None:
-    """The loop's whole surface on the CPU, in one process: setup, batches, forward/backward,
-    clipping, optimizer steps (the weights equal plain PyTorch's after `steps` AdamW steps), the
+    """The loop's whole surface on the CPU, in one process: setup, a frozen second model placed in
+    eval mode, batches, forward/backward, clipping, optimizer steps (the weights equal plain PyTorch's after `steps` AdamW steps), the
     collectives at world size 1, and a full state dict that loads into a fresh instance."""
 
     def make():
@@ -237,6 +237,10 @@ def check_strategy(strategy: Callable[..., Any], steps: int = 3, **kwargs) -> No
         second = None
         try:
             model, optimizer = first.setup(_tiny_model(), lambda params: torch.optim.AdamW(params, lr=1e-2))
+            frozen = first.place_frozen(lambda: torch.nn.Sequential(_tiny_model(seed=2), torch.nn.Dropout(0.5)))
+            _require(not any(m.training for m in first.unwrap(frozen).modules()),
+                     "place_frozen gives the second model (a reference, a teacher) in eval mode: its dropout off")
+            _require(not any(p.requires_grad for p in frozen.parameters()), "place_frozen's model trains nothing")
             for step in range(steps):
                 x, y = first.batch_to_device(_batch(step))
                 with first.no_backward_sync(model, skip=False), first.forward_context():
