@@ -137,6 +137,8 @@ GOOD = {"prompt": "Q: 2+2? A:", "chosen": " 4", "rejected": " 5"}
     ({"prompt": "Q", "chosen": "", "rejected": "b"}, "has an empty 'chosen'"),
     ({"prompt": "Q", "chosen": "a", "rejected": [{"role": "assistant", "content": "b"}]}, "not of one kind"),
     ({"chosen": "a", "rejected": "b"}, "has no 'prompt' (text responses need one"),
+    ({"prompt": "", "chosen": "a", "rejected": "b"}, "has an empty 'prompt'"),
+    ({"prompt": "  ", "chosen": "a", "rejected": "b"}, "'prompt' is not text"),
 ])
 def test_a_file_that_is_not_all_pairs_is_refused_naming_the_file_and_line(tmp_path, bad, fragment):
     files = _write(tmp_path / "pairs.jsonl", [GOOD, GOOD, bad, GOOD])
@@ -164,6 +166,26 @@ def test_a_bad_row_past_the_rows_checked_before_launch_is_named_by_its_line(tmp_
                           "trainer.max_steps=1", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
     assert result.returncode == 2, result.stderr[-2000:]
     assert f"(the first: {files}, line 30000)" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama2", "llama3", "qwen2.5"])
+def test_both_text_responses_end_with_the_eos_once(tmp_path, family):
+    """trl ends each text response with the eos (not the chosen alone, never twice): on tokenizers
+    of families that have one, the chosen and the rejected both end with it, one already ending
+    with the eos text gets no second."""
+    from framework.data.tokenizer import loaded_tokenizer
+    from tests.helpers.families import make_family
+
+    directory = make_family(family, tmp_path / family)
+    tokenizer = loaded_tokenizer(str(directory))
+    eos, eos_text = tokenizer.eos_id, tokenizer.special.texts["eos"]
+    rows = [GOOD, {"prompt": "Q: 1+1? A:", "chosen": " 2" + eos_text, "rejected": " 3"}]
+    data = PreferenceFiles(files=_write(tmp_path / "pairs.jsonl", rows), block_size=64, tokenizer=str(directory),
+                           cache_dir=str(tmp_path / "cache"))
+    for row in rows:
+        _, chosen, rejected = data.encoder().tokenise(row)
+        assert chosen[-1] == eos and rejected[-1] == eos, (family, row)
+        assert chosen.count(eos) == rejected.count(eos) == 1, (family, row)
 
 
 def test_pairs_read_as_trl_reads_them(tmp_path):
