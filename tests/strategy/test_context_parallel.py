@@ -54,6 +54,26 @@ def test_context_ranks_are_taken_first_and_share_their_groups_batch():
         ModelParallelStrategy(context_parallel_size=2, tensor_parallel_size=4).parallel_dims(4)
 
 
+@pytest.mark.parametrize("devices,nodes,kwargs", [
+    (4, 2, {"context_parallel_size": 2}),  # tensor 'auto' takes what a node's devices leave: 2
+    (4, 2, {"context_parallel_size": 4}),
+    (8, 2, {"context_parallel_size": 2, "tensor_parallel_size": 2}),
+    (2, 4, {"context_parallel_size": 2}),
+])
+def test_a_context_group_stays_within_a_node(devices, nodes, kwargs):
+    """Several nodes: every context group (and every tensor group) is ranks of one node, so the
+    attention's all-gather never crosses the slower link between nodes."""
+    strategy = ModelParallelStrategy(**kwargs)
+    strategy.devices = devices
+    dims = strategy.parallel_dims(devices * nodes)
+    groups: dict[tuple, set[int]] = {}
+    for rank in range(dims.world_size):
+        at = dims.coordinates(rank)
+        groups.setdefault(tuple(v for k, v in at.items() if k != "context"), set()).add(rank // devices)
+    assert dims.context == kwargs["context_parallel_size"] and all(len(nodes_of) == 1 for nodes_of in groups.values())
+    assert dims.context * dims.tensor <= devices
+
+
 @pytest.mark.parametrize("strategy,loop,fragment", [
     (lambda: FSDPStrategy(context_parallel_size=2), {"sequence_length": 30},
      "(x 2: a head and a tail chunk a rank) does not divide data.block_size=30; choose a block_size that is a multiple of 4"),
