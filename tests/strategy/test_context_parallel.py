@@ -162,7 +162,13 @@ torch.manual_seed(0)
 B, H, T, D = 2, 4, 24, 8
 q, k, v = (torch.randn(B, H, T, D, dtype=torch.float64, requires_grad=True) for _ in range(3))
 worst = 0.0
-for packed in (False, True):
+gathers = []
+real_gather = dist.all_gather
+dist.all_gather = lambda *a, **k: gathers.append(1) or real_gather(*a, **k)
+mask_free = ca.SequenceShard._mask_free
+for packed, masked in ((False, False), (False, True), (True, True)):
+    # plain causal rows take the CPU's mask-free path, or (forced) the masked path other devices take
+    ca.SequenceShard._mask_free = mask_free if not masked or packed else (lambda self, q, dropout_p: False)
     pos = torch.arange(T).expand(B, T).clone()
     docs = None
     if packed:
@@ -176,8 +182,10 @@ for packed in (False, True):
     grads = torch.autograd.grad((ref * w).sum(), (q, k, v))
     shard = ca.SequenceShard(None, size, rank, T, docs)
     mine = [shard.split(t.detach(), 2).requires_grad_() for t in (q, k, v)]
+    gathers.clear()
     with ca.ContextAttention(lambda: shard):
         out = F.scaled_dot_product_attention(*mine, is_causal=True)
+    assert len(gathers) == 1, gathers  # the keys and values in one all-gather per attention call
     local = torch.autograd.grad((out * shard.split(w, 2)).sum(), mine)
     for got, want in zip((out, *local), (ref, *grads)):
         worst = max(worst, (got - shard.split(want, 2)).abs().max().item())
