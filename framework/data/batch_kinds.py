@@ -13,6 +13,7 @@ import importlib
 import yaml
 
 from framework.errors import ConfigError
+from framework.paths import conf_dir
 
 KINDS = {
     "token_blocks": "(inputs, targets) blocks of token ids, the targets shifted by one",
@@ -25,8 +26,6 @@ KINDS = {
 
 def data_options_giving(kinds: tuple[str, ...]) -> list[str]:
     """The shipped data options (conf/data/*.yaml) whose batches are one of `kinds`."""
-    from framework.paths import conf_dir
-
     found = []
     for path in sorted((conf_dir() / "data").glob("*.yaml")):
         target = str((yaml.safe_load(path.read_text()) or {}).get("_target_", ""))

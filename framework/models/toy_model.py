@@ -18,6 +18,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import torch
+
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
           "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
@@ -51,7 +53,6 @@ def write_tokenizer(out: Path, vocab_size: int = 512) -> dict[str, int]:
 
 def write_model(out: Path, vocab_size: int, ids: dict[str, int], seed: int = 0) -> None:
     """config.json, generation_config.json and the weights of a tiny Qwen2 from `seed`."""
-    import torch
     import transformers
 
     torch.manual_seed(seed)

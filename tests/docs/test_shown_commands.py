@@ -35,10 +35,12 @@ def shown_framework_lines() -> list[tuple[str, str]]:
     for page in PAGES:
         if not page.is_file():
             continue
-        in_code = False
+        in_block = in_code = False
         for number, line in enumerate(page.read_text().splitlines(), 1):
             if line.lstrip().startswith("```"):
-                in_code = not in_code
+                # a command block: bash, sh, console, or none named (```text blocks show output)
+                in_block = not in_block
+                in_code = in_block and line.strip().strip("`") in ("", "bash", "sh", "shell", "console")
                 continue
             match = re.match(r"^\s*(?:\$ )?framework\s+(.*)$", line) if in_code else None
             if match:
