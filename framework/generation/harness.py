@@ -25,7 +25,7 @@ import torch
 from framework.generation.decode import context_length, generate
 from framework.generation.load import Loaded
 from framework.generation.sampling import Sampling
-from framework.tasks.language_modeling import output_logits
+from framework.tasks.token_logps import logps_of, output_logits
 
 NEWLINE = 10  # the byte a text is predicted from where the tokenizer has no end-of-text token
 
@@ -74,12 +74,12 @@ def harness_model(loaded: Loaded, batch_size: int = 8, device: str = "cpu"):
                 mask = torch.zeros_like(ids)
                 for r, (row, _) in enumerate(rows):
                     ids[r, :len(row)], mask[r, :len(row)] = torch.tensor(row), 1
-                logits = output_logits(self._forward(ids, mask)).float().log_softmax(-1)
+                logits = output_logits(self._forward(ids, mask))
                 for r, i in enumerate(chunk):
                     length, n = len(rows[r][0]), rows[r][1]
                     scores = logits[r, length - n:length]
                     wanted = torch.tensor(list(requests[i][2]), device=self._device)
-                    picked = scores.gather(-1, wanted.unsqueeze(-1)).squeeze(-1)
+                    picked = logps_of(scores, wanted)  # framework/tasks/token_logps.py, as the tasks score
                     results[i] = (float(picked.sum()), bool((scores.argmax(-1) == wanted).all()))
             return results
 

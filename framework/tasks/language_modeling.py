@@ -23,20 +23,8 @@ from framework.config.types import PositiveInt
 from framework.errors import ConfigError
 from framework.sequences import IGNORE_INDEX, next_token_targets
 from framework.tasks.base import Task
-from framework.tasks.chunked_loss import chunked_head, scoring
 from framework.tasks.metrics import Metrics
-
-
-def output_logits(output) -> torch.Tensor:
-    """The logits of a model's output: a tensor, output["logits"] or output.logits."""
-    if isinstance(output, torch.Tensor):
-        return output
-    logits = output.get("logits") if isinstance(output, Mapping) else getattr(output, "logits", None)
-    if logits is None:
-        raise ConfigError(f"task: the model returned a {type(output).__name__} without logits; a language model "
-                          "must return logits (B, T, vocab) as a tensor, a dict with 'logits' or an object with "
-                          ".logits.")
-    return logits
+from framework.tasks.token_logps import output_logits, token_logps
 
 
 def model_inputs_and_targets(batch) -> tuple[dict, torch.Tensor]:
@@ -95,32 +83,21 @@ class LanguageModeling(Task):
         self.loss_chunk_tokens = loss_chunk_tokens
 
     def token_losses(self, model, batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(each position's loss (N,), its target (N,)): through the chunked head where
-        task.loss_chunk_tokens is set, else from the whole logits."""
-        if self.loss_chunk_tokens is None:
-            logits, targets = logits_and_targets(model, batch)
-            return F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="none"), targets
+        """(each position's loss (N,), its target (N,)): the negative of its token log-probability
+        (framework/tasks/token_logps.py), through the chunked head where task.loss_chunk_tokens is
+        set, else from the whole logits."""
         inputs, targets = model_inputs_and_targets(batch)
-        with scoring(chunked_head(model, self.loss_chunk_tokens), targets):
-            losses = output_logits(model(**inputs))
-        return losses.reshape(-1), targets.reshape(-1)
+        return -token_logps(model, inputs, targets, self.loss_chunk_tokens).reshape(-1), targets.reshape(-1)
 
     def training_step(self, model, batch) -> torch.Tensor:
-        if self.loss_chunk_tokens is not None:
-            losses, targets = self.token_losses(model, batch)
-            return losses.sum() / (targets != IGNORE_INDEX).sum().clamp(min=1)
-        logits, targets = logits_and_targets(model, batch)
-        return F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX)
+        losses, targets = self.token_losses(model, batch)
+        return losses.sum() / (targets != IGNORE_INDEX).sum().clamp(min=1)
 
     def training_sums(self, model, batch) -> tuple[torch.Tensor, torch.Tensor]:
         """The loss summed over the batch's scored tokens, and their number (the loop divides by the
         step's scored tokens on every rank: framework/tasks/base.py)."""
-        if self.loss_chunk_tokens is not None:
-            losses, targets = self.token_losses(model, batch)
-            return losses.sum(), (targets != IGNORE_INDEX).sum()
-        logits, targets = logits_and_targets(model, batch)
-        return F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum"), \
-            (targets != IGNORE_INDEX).sum()
+        losses, targets = self.token_losses(model, batch)
+        return losses.sum(), (targets != IGNORE_INDEX).sum()
 
     def scored_count(self, batch) -> int:
         """Tokens the loss scores in `batch`: every next token whose label is not -100."""
@@ -148,10 +125,10 @@ class LanguageModeling(Task):
                                ignore_index=IGNORE_INDEX, reduction="sum")
 
     def validation_step(self, model, batch) -> dict[str, torch.Tensor]:
-        if self.loss_chunk_tokens is not None:
+        if self.loss_chunk_tokens is not None or not self.metrics:
             losses, targets = self.token_losses(model, batch)
             return {"loss_sum": losses.sum().double(), "tokens": (targets != IGNORE_INDEX).sum().double()}
-        logits, targets = logits_and_targets(model, batch)
+        logits, targets = logits_and_targets(model, batch)  # the metrics read the logits themselves
         loss_sum = F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")
         sums = {"loss_sum": loss_sum.double(), "tokens": (targets != IGNORE_INDEX).sum().double()}
         if self.metrics:

@@ -30,12 +30,12 @@ import torch
 from torch.nn import functional as F
 
 from framework.adapter.lora import adapters_off
-from framework.config.types import NonNegativeFloat, PositiveFloat
+from framework.config.types import NonNegativeFloat, PositiveFloat, PositiveInt
 from framework.errors import ConfigError
-from framework.sequences import IGNORE_INDEX
+from framework.sequences import IGNORE_INDEX, next_token_targets
 from framework.tasks.base import Task
 from framework.tasks.frozen import FrozenSource
-from framework.tasks.language_modeling import output_logits
+from framework.tasks.token_logps import token_logps
 
 LOSSES = ("sigmoid", "ipo", "simpo")
 #: what a step logs and a validation reports, summed over pairs (each a mean of them in the end)
@@ -43,15 +43,13 @@ PAIR_VALUES = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewa
                "logps/rejected")
 
 
-def sequence_logps(model, batch: Mapping) -> tuple[torch.Tensor, torch.Tensor]:
+def sequence_logps(model, batch: Mapping, chunk_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(each sequence's summed log-probability of its scored tokens (N,), their number (N,)): the
-    labels shifted by one (position t predicts token t + 1), in float32."""
+    labels shifted by one (position t predicts token t + 1), in float32; the token log-probabilities
+    of framework/tasks/token_logps.py (`chunk_tokens`: a chunk of positions at a time)."""
     inputs = {k: v for k, v in batch.items() if k != "labels"}
-    logits = output_logits(model(**inputs))[:, :-1].float()
-    labels = batch["labels"][:, 1:]
-    scored = labels != IGNORE_INDEX
-    picked = torch.gather(logits.log_softmax(-1), 2, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-    return (picked * scored).sum(-1), scored.sum(-1)
+    targets = next_token_targets(batch["labels"])
+    return token_logps(model, inputs, targets, chunk_tokens).sum(-1), (targets != IGNORE_INDEX).sum(-1)
 
 
 @contextmanager
@@ -77,7 +75,8 @@ class Preference(Task):
 
     def __init__(self, loss: Literal["sigmoid", "ipo", "simpo"] = "sigmoid", beta: PositiveFloat = 0.1,
                  label_smoothing: NonNegativeFloat = 0.0, simpo_gamma: NonNegativeFloat = 0.5,
-                 reference: str | None = None, disable_dropout: bool = True):
+                 reference: str | None = None, disable_dropout: bool = True,
+                 loss_chunk_tokens: PositiveInt | None = None):
         """loss: sigmoid (DPO), ipo or simpo (trl's names); beta: how far the policy may move from
         the reference (DPO's β; IPO's regularisation τ; SimPO's reward scale); label_smoothing: the
         share of pairs taken as mislabelled (conservative DPO, sigmoid and simpo), below 0.5;
@@ -87,7 +86,10 @@ class Preference(Task):
         Hugging Face model directory). simpo uses no reference; disable_dropout: every dropout
         layer of the policy at p=0 (trl's DPOConfig.disable_dropout, its default): the first step's
         loss is then ln 2 with zero rewards, as the log-probability ratios mean; false keeps the
-        model's dropout in the policy (the reference computes without it all the same)."""
+        model's dropout in the policy (the reference computes without it all the same);
+        loss_chunk_tokens: the policy's and the reference's token log-probabilities this many
+        positions at a time through their output heads, never the whole logits (as the language
+        model's task.loss_chunk_tokens; null: the whole logits)."""
         if loss not in LOSSES:
             raise ConfigError(f"task.loss={loss!r}: choose one of {', '.join(LOSSES)} (trl's names: sigmoid is DPO).")
         if not beta > 0:
@@ -106,6 +108,7 @@ class Preference(Task):
             float(simpo_gamma)
         self.reference_path = reference
         self.disable_dropout = bool(disable_dropout)
+        self.loss_chunk_tokens = loss_chunk_tokens
         self.reference: torch.nn.Module | None = None  # placed by the trainer (use_frozen)
         self.adapters_off = False
 
@@ -124,12 +127,12 @@ class Preference(Task):
                               "use_frozen(reference) first.")
         with torch.no_grad(), adapters_off(model) if self.adapters_off else nullcontext(), \
                 evaluating(model) if self.adapters_off else nullcontext():
-            return sequence_logps(model if self.adapters_off else self.reference, batch)[0]
+            return sequence_logps(model if self.adapters_off else self.reference, batch, self.loss_chunk_tokens)[0]
 
     # ---- the loss ---------------------------------------------------------------------------------
     def pair_losses(self, model, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """(each pair's loss (B,), the values trl logs, each per pair (B,))."""
-        logps, counts = sequence_logps(model, batch)
+        logps, counts = sequence_logps(model, batch, self.loss_chunk_tokens)
         chosen, rejected = logps.chunk(2)
         n_chosen, n_rejected = (c.clamp(min=1) for c in counts.chunk(2))
         eps = self.label_smoothing

@@ -166,3 +166,51 @@ def test_a_sharded_run_trains_the_plain_runs_numbers(strategy):
                                rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(torch.tensor(metric_values(chunked, "val/loss")),
                                torch.tensor(metric_values(shared(strategy), "val/loss")), rtol=1e-5, atol=1e-5)
+
+
+def test_preference_log_probabilities_chunked_are_the_whole_logits_ones():
+    """task=preference with task.loss_chunk_tokens: the policy's sequence log-probabilities, the DPO
+    loss and its gradients are the whole logits' (one token log-probability path for both tasks)."""
+    from framework.tasks.preference import Preference, sequence_logps
+
+    torch.manual_seed(0)
+    model = GPT(vocab_size=97, n_layer=2, n_embd=32, n_head=2, block_size=32)
+    ids = torch.randint(0, 97, (4, 24))
+    labels = ids.clone()
+    labels[:, :8] = -100  # the prompt
+    labels[1, 20:] = -100  # padding
+    batch = {"input_ids": ids, "labels": labels}
+    whole, counts = sequence_logps(model, batch)
+    for chunk in (1, 7, 100):
+        torch.testing.assert_close(sequence_logps(model, batch, chunk)[0], whole, rtol=1e-6, atol=1e-5)
+    assert counts.tolist() == [16, 12, 16, 16]
+    reference = GPT(vocab_size=97, n_layer=2, n_embd=32, n_head=2, block_size=32).eval()
+    grads = []
+    for chunk in (None, 5):
+        task = Preference(loss_chunk_tokens=chunk)
+        task.use_frozen(reference)
+        model.zero_grad()
+        loss = task.training_step(model, batch)["loss"]
+        loss.backward()
+        grads.append((loss.detach(), _gradients(model)))
+    torch.testing.assert_close(grads[1][0], grads[0][0], rtol=1e-6, atol=1e-6)
+    for name, grad in grads[0][1].items():
+        torch.testing.assert_close(grads[1][1][name], grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_model_that_transforms_its_logits_after_the_head_is_refused_for_chunking():
+    """Gemma 2 soft-caps its logits after the head: the chunked head would skip it."""
+    from framework.errors import ConfigError
+    from framework.models.hf_causal_lm import causal_lm
+    from framework.tasks.token_logps import token_logps
+
+    pytest.importorskip("transformers")
+    model = causal_lm(config={"model_type": "gemma2", "hidden_size": 32, "intermediate_size": 64,
+                              "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+                              "head_dim": 16, "vocab_size": 64, "max_position_embeddings": 32},
+                      attn_implementation="eager")
+    ids = torch.randint(0, 64, (1, 8))
+    token_logps(model, {"input_ids": ids}, ids)  # the whole logits: fine
+    with pytest.raises(ConfigError, match=r"gemma2 transforms its logits after the output head "
+                                          r"\(final_logit_softcapping=30.0\)"):
+        token_logps(model, {"input_ids": ids}, ids, chunk_tokens=4)
