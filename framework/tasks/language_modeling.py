@@ -24,7 +24,7 @@ from framework.errors import ConfigError
 from framework.sequences import IGNORE_INDEX, next_token_targets
 from framework.tasks.base import Task
 from framework.tasks.metrics import Metrics
-from framework.tasks.token_logps import output_logits, token_logps
+from framework.tasks.token_logps import output_logits, summed_nll, summed_nll_of, token_logps
 
 
 def model_inputs_and_targets(batch) -> tuple[dict, torch.Tensor]:
@@ -39,6 +39,13 @@ def model_inputs_and_targets(batch) -> tuple[dict, torch.Tensor]:
         return {k: v for k, v in batch.items() if k != "labels"}, next_token_targets(labels)
     tokens, targets = batch
     return {"input_ids": tokens}, targets
+
+
+def call_inputs_and_targets(batch) -> tuple[dict | tuple, torch.Tensor]:
+    """As model_inputs_and_targets, with a (tokens, targets) batch's tokens as the model's one
+    positional argument (how the model is called for such a batch: its own name for it)."""
+    inputs, targets = model_inputs_and_targets(batch)
+    return (inputs if isinstance(batch, Mapping) else (batch[0],)), targets
 
 
 def logits_and_targets(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,18 +93,21 @@ class LanguageModeling(Task):
         """(each position's loss (N,), its target (N,)): the negative of its token log-probability
         (framework/tasks/token_logps.py), through the chunked head where task.loss_chunk_tokens is
         set, else from the whole logits."""
-        inputs, targets = model_inputs_and_targets(batch)
+        inputs, targets = call_inputs_and_targets(batch)
         return -token_logps(model, inputs, targets, self.loss_chunk_tokens).reshape(-1), targets.reshape(-1)
 
     def training_step(self, model, batch) -> torch.Tensor:
-        losses, targets = self.token_losses(model, batch)
-        return losses.sum() / (targets != IGNORE_INDEX).sum().clamp(min=1)
+        total, count = self.training_sums(model, batch)
+        return total / count.clamp(min=1)
 
     def training_sums(self, model, batch) -> tuple[torch.Tensor, torch.Tensor]:
         """The loss summed over the batch's scored tokens, and their number (the loop divides by the
         step's scored tokens on every rank: framework/tasks/base.py)."""
-        losses, targets = self.token_losses(model, batch)
-        return losses.sum(), (targets != IGNORE_INDEX).sum()
+        if self.loss_chunk_tokens is None:  # the whole logits' cross-entropy, summed in its own order
+            logits, targets = logits_and_targets(model, batch)
+            return summed_nll_of(logits, targets), (targets != IGNORE_INDEX).sum()
+        inputs, targets = call_inputs_and_targets(batch)
+        return summed_nll(model, inputs, targets, self.loss_chunk_tokens), (targets != IGNORE_INDEX).sum()
 
     def scored_count(self, batch) -> int:
         """Tokens the loss scores in `batch`: every next token whose label is not -100."""
@@ -126,8 +136,8 @@ class LanguageModeling(Task):
 
     def validation_step(self, model, batch) -> dict[str, torch.Tensor]:
         if self.loss_chunk_tokens is not None or not self.metrics:
-            losses, targets = self.token_losses(model, batch)
-            return {"loss_sum": losses.sum().double(), "tokens": (targets != IGNORE_INDEX).sum().double()}
+            total, count = self.training_sums(model, batch)
+            return {"loss_sum": total.double(), "tokens": count.double()}
         logits, targets = logits_and_targets(model, batch)  # the metrics read the logits themselves
         loss_sum = F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")
         sums = {"loss_sum": loss_sum.double(), "tokens": (targets != IGNORE_INDEX).sum().double()}

@@ -64,13 +64,35 @@ def check_chunkable(model: torch.nn.Module) -> None:
                               "the model's; set task.loss_chunk_tokens=null.")
 
 
-def token_logps(model: torch.nn.Module, inputs: Mapping, targets: torch.Tensor,
-                chunk_tokens: int | None = None) -> torch.Tensor:
+def _forward(model: torch.nn.Module, inputs):
+    """The model on `inputs`: keywords (a dict batch's), or positional (a (tokens, targets) batch's
+    tokens: a model of one's own may name its argument as it likes)."""
+    return model(**inputs) if isinstance(inputs, Mapping) else model(*inputs)
+
+
+def token_logps(model: torch.nn.Module, inputs, targets: torch.Tensor, chunk_tokens: int | None = None) -> torch.Tensor:
     """Each position's log-probability of its target (B, T; 0 where the target is -100) for the
-    model's forward on `inputs`; `chunk_tokens`: through the chunked head, never the whole logits."""
+    model's forward on `inputs` (keywords, or a tuple of positional arguments); `chunk_tokens`:
+    through the chunked head, never the whole logits."""
     if chunk_tokens is None:
-        return logps_of(output_logits(model(**inputs)), targets)
+        return logps_of(output_logits(_forward(model, inputs)), targets)
     check_chunkable(model)
     with scoring(chunked_head(model, chunk_tokens), targets):
-        losses = output_logits(model(**inputs))
+        losses = output_logits(_forward(model, inputs))
     return -losses.reshape(targets.shape)
+
+
+def summed_nll(model: torch.nn.Module, inputs, targets: torch.Tensor, chunk_tokens: int | None = None) -> torch.Tensor:
+    """The negative log-likelihood summed over the scored positions: F.cross_entropy's own sum over
+    the whole logits (its summation order, so a step's loss is the same however the batch is cut),
+    or the chunks' per-token losses summed."""
+    if chunk_tokens is not None:
+        return -token_logps(model, inputs, targets, chunk_tokens).sum()
+    return summed_nll_of(output_logits(_forward(model, inputs)), targets)
+
+
+def summed_nll_of(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The negative log-likelihood of `targets` under `logits` (..., vocab), summed over the scored
+    positions in F.cross_entropy's own order (float32)."""
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                           ignore_index=IGNORE_INDEX, reduction="sum")
