@@ -38,7 +38,7 @@ from framework.models.build import build_model
 from framework.plugins import build_plugins
 from framework.tasks.base import without_dropout
 from framework.tasks.decay import decay_groups
-from framework.tasks.frozen import build_frozen
+from framework.tasks.frozen import build_frozen, handed_over
 from framework.tasks.manual import ManualOptimization, optimizer_set_factory
 from framework.tensors import weights_digest
 
@@ -143,11 +143,9 @@ def _model_and_optimizer(cfg, strategy, task, pretrained: bool = True):
     if weights:  # named by a model built without weights (a sharded build): each rank copies its part
         with announce_if_slow(f"loading pretrained weights ({Path(weights[0]).parent})", talk):
             strategy.load_model_state_dict(model, initial_weights(strategy.unwrap(model), weights))
-    if frozen is not None and frozen.adapters_stand_in(adapter):
-        task.use_frozen(None)  # the trained model with its adapters off: no second model
-    elif frozen is not None:
+    if frozen is not None:  # the second model, handed over once (framework/tasks/second_model.py)
         with announce_if_slow(f"building the frozen model of {frozen.key}", talk):
-            task.use_frozen(build_frozen(frozen, cfg, strategy, built_from))
+            task.use_frozen(handed_over(frozen, adapter, lambda: build_frozen(frozen, cfg, strategy, built_from)))
     return model, optimizer
 
 

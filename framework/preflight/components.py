@@ -18,7 +18,7 @@ from framework.models.build import build_model
 from framework.paths import check_creatable_dir
 from framework.plugins import Plugins
 from framework.tasks.fit_check import check_compilable, check_fit, validation_metric_names
-from framework.tasks.frozen import inspect_frozen
+from framework.tasks.frozen import handed_over, inspect_frozen
 
 
 def build_components(cfg: DictConfig, plugins: Plugins | None = None,
@@ -54,7 +54,7 @@ def build_components(cfg: DictConfig, plugins: Plugins | None = None,
         raise ConfigError("\n".join(found))
     second = (frozen.key, parameters) if frozen is not None else ("", 0)
     if frozen is not None:  # the shapes tried with the model itself in the frozen one's place
-        task.use_frozen(None if frozen.adapters_stand_in(cfg.get("adapter")) else model)
+        task.use_frozen(handed_over(frozen, cfg.get("adapter"), lambda: model))
     if mode.name == "predict" and not task.can_predict:
         raise ConfigError(f"framework predict: the task ({type(task).__name__}) defines no predict_step; give it one "
                           "(what it predicts for each sample: framework/tasks/base.py), or use a built-in task.")

@@ -8,7 +8,7 @@ import torch
 
 from framework.models import moe_stats
 from framework.models.stage_routing import StageRouting
-from framework.tasks.frozen import FrozenSource
+from framework.tasks.second_model import Frozen, FrozenSource
 
 
 class Task(ABC):
@@ -121,14 +121,17 @@ class Task(ABC):
 
     def frozen_source(self) -> FrozenSource | None:
         """Where a frozen model the task computes with beside the trained one comes from (a
-        preference task's reference, a distillation's teacher: framework/tasks/frozen.py); None (this
-        default): the task needs none. The trainer builds it with the strategy and hands it to
-        `use_frozen` before the first step."""
+        preference task's reference, a distillation's teacher); None (this default): the task needs
+        none. The protocol: framework/tasks/second_model.py."""
         return None
 
-    def use_frozen(self, model: torch.nn.Module | None) -> None:
-        """The frozen model `frozen_source` asked for, placed by the strategy; None: the trained
-        model with its adapters off stands for it (an adapter run with the initial weights as source)."""
+    #: the second model frozen_source asked for, once the framework handed it over (use_frozen)
+    frozen: Frozen | None = None
+
+    def use_frozen(self, frozen: Frozen) -> None:
+        """The second model, handed over once before the first step: compute with it through
+        `self.frozen.computing(model)` (the placed model, or the trained one with its adapters off)."""
+        self.frozen = frozen
 
     def after_optimizer_step(self, model: torch.nn.Module, stepped: bool) -> None:
         """After each step's optimizer step (`stepped`: False where the step was left out): a mixture

@@ -31,8 +31,8 @@ from torch.nn import functional as F
 from framework.config.types import NonNegativeFloat, PositiveFloat
 from framework.errors import ConfigError
 from framework.sequences import IGNORE_INDEX
-from framework.tasks.frozen import FrozenSource
 from framework.tasks.language_modeling import LanguageModeling, model_inputs_and_targets, output_logits
+from framework.tasks.second_model import FrozenSource, missing
 
 DIVERGENCES = ("forward_kl", "reverse_kl")
 
@@ -78,25 +78,19 @@ class Distillation(LanguageModeling):
             raise ConfigError(f"task.kd_ratio={kd_ratio}: must be between 0 and 1 (the divergence's share of the loss).")
         self.teacher_path, self.divergence = teacher, divergence
         self.temperature, self.kd_ratio = float(temperature), float(kd_ratio)
-        self.teacher: torch.nn.Module | None = None  # placed by the trainer (use_frozen)
 
     def frozen_source(self) -> FrozenSource:
-        return FrozenSource("task.teacher", self.teacher_path, adapters_off=False)
-
-    def use_frozen(self, model) -> None:
-        self.teacher = model
+        return FrozenSource("task.teacher", self.teacher_path, adapters_may_stand_in=False)
 
     def _sums(self, model, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(the labels' cross-entropy summed over the scored tokens, the divergence summed over them,
         their number)."""
-        if self.teacher is None:
-            raise ConfigError("task=distillation: no teacher was placed (the trainer hands it over before the first "
-                              "step: framework/tasks/frozen.py); a Distillation used outside the trainer needs "
-                              "use_frozen(teacher) first.")
+        if self.frozen is None:
+            raise missing("task.teacher", "distillation")
         inputs, targets = model_inputs_and_targets(batch)
         logits = output_logits(model(**inputs))
-        with torch.no_grad():
-            taught = output_logits(self.teacher(**inputs))
+        with self.frozen.computing(model) as teacher:
+            taught = output_logits(teacher(**inputs))
         scored = (targets != IGNORE_INDEX).reshape(-1)  # a mask, not an index: shapes stay static
         student, teacher = logits.reshape(-1, logits.shape[-1]), taught.reshape(-1, taught.shape[-1])
         cross_entropy = F.cross_entropy(student.float(), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum")

@@ -14,7 +14,6 @@ Its vocabulary and tokenizer must be the trained model's and the data's (checked
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -27,32 +26,9 @@ from framework.construction.meta_build import meta_device
 from framework.data.tokenizer import loaded_tokenizer
 from framework.errors import ConfigError
 from framework.models.build import build_model
+from framework.tasks.second_model import Frozen, FrozenSource
 
-HUB_CONFIG = "config.json"
 HUB_MODEL = "framework.models.hf_causal_lm.causal_lm"  # a Hugging Face directory's model, beside a model of another kind
-
-
-@dataclass(frozen=True)
-class FrozenSource:
-    """Where a task's frozen model comes from: `key` names it in messages (task.reference); `path`
-    None: the trained model's initial weights, else a run, checkpoint or Hugging Face directory;
-    `adapters_off`: with an adapter, the trained model with its adapters off stands for it."""
-
-    key: str
-    path: str | None = None
-    adapters_off: bool = True
-
-    def adapters_stand_in(self, adapter) -> bool:
-        """Whether the trained model with its adapters off is this model (no second one is built):
-        the initial weights asked for, an adapter run, and the task allowing it."""
-        return self.kind == "initial" and self.adapters_off and bool(adapter)
-
-    @property
-    def kind(self) -> str:
-        """initial, run (a run or checkpoint directory) or hub (a Hugging Face model directory)."""
-        if self.path is None:
-            return "initial"
-        return "hub" if (Path(self.path).expanduser() / HUB_CONFIG).is_file() else "run"
 
 
 def inspect_frozen(source: FrozenSource | None, cfg, data, model) -> tuple[list[str], int]:
@@ -67,7 +43,7 @@ def inspect_frozen(source: FrozenSource | None, cfg, data, model) -> tuple[list[
     adapter = cfg.get("adapter")
     if source.kind == "initial":
         kept = list((adapter or {}).get("modules_to_save") or [])
-        if adapter and source.adapters_off and kept:
+        if adapter and source.adapters_may_stand_in and kept:
             return [f"{source.key}=null with adapter.modules_to_save={kept}: the reference would be the trained model "
                     "with its adapters off, but those modules train whole and do not go back; give the reference as a "
                     f"directory ({source.key}=<a run or Hugging Face directory>), or adapter.modules_to_save=[]."], 0
@@ -142,6 +118,12 @@ def frozen_node(source: FrozenSource, cfg, run: DictConfig | None = None):
                           f"hold them alone; merge them into a plain model first (framework convert {path} merged "
                           "--to run) and give that directory.")
     return run.model
+
+
+def handed_over(source: FrozenSource, adapter, build) -> Frozen:
+    """What the task is given: the trained model with its adapters off where they stand in (nothing
+    built), else the model `build()` places."""
+    return Frozen(source.key, None if source.adapters_stand_in(adapter) else build())
 
 
 def build_frozen(source: FrozenSource, cfg, strategy, built_from: dict):

@@ -23,18 +23,16 @@ and `framework test` report the same over held-out pairs.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from contextlib import contextmanager, nullcontext
 from typing import Literal
 
 import torch
 from torch.nn import functional as F
 
-from framework.adapter.lora import adapters_off
 from framework.config.types import NonNegativeFloat, PositiveFloat, PositiveInt
 from framework.errors import ConfigError
 from framework.sequences import IGNORE_INDEX, next_token_targets
 from framework.tasks.base import Task
-from framework.tasks.frozen import FrozenSource
+from framework.tasks.second_model import FrozenSource, missing
 from framework.tasks.token_logps import token_logps
 
 LOSSES = ("sigmoid", "ipo", "simpo")
@@ -50,18 +48,6 @@ def sequence_logps(model, batch: Mapping, chunk_tokens: int | None = None) -> tu
     inputs = {k: v for k, v in batch.items() if k != "labels"}
     targets = next_token_targets(batch["labels"])
     return token_logps(model, inputs, targets, chunk_tokens).sum(-1), (targets != IGNORE_INDEX).sum(-1)
-
-
-@contextmanager
-def evaluating(model):
-    """`model` in eval mode inside (no dropout: the policy standing in for its reference with its
-    adapters off), its own mode after."""
-    was = model.training
-    model.eval()
-    try:
-        yield model
-    finally:
-        model.train(was)
 
 
 class Preference(Task):
@@ -109,25 +95,17 @@ class Preference(Task):
         self.reference_path = reference
         self.disable_dropout = bool(disable_dropout)
         self.loss_chunk_tokens = loss_chunk_tokens
-        self.reference: torch.nn.Module | None = None  # placed by the trainer (use_frozen)
-        self.adapters_off = False
 
     # ---- the reference ----------------------------------------------------------------------------
     def frozen_source(self) -> FrozenSource | None:
         return None if self.loss == "simpo" else FrozenSource("task.reference", self.reference_path)
 
-    def use_frozen(self, model) -> None:
-        self.reference, self.adapters_off = model, model is None
-
     def reference_logps(self, model, batch) -> torch.Tensor:
-        """The reference's sequence log-probabilities (no gradient)."""
-        if self.reference is None and not self.adapters_off:
-            raise ConfigError("task=preference: no reference model was placed (the trainer hands it over before the "
-                              "first step: framework/tasks/frozen.py); a Preference used outside the trainer needs "
-                              "use_frozen(reference) first.")
-        with torch.no_grad(), adapters_off(model) if self.adapters_off else nullcontext(), \
-                evaluating(model) if self.adapters_off else nullcontext():
-            return sequence_logps(model if self.adapters_off else self.reference, batch, self.loss_chunk_tokens)[0]
+        """The reference's sequence log-probabilities (no gradient: framework/tasks/second_model.py)."""
+        if self.frozen is None:
+            raise missing("task.reference", "preference")
+        with self.frozen.computing(model) as reference:
+            return sequence_logps(reference, batch, self.loss_chunk_tokens)[0]
 
     # ---- the loss ---------------------------------------------------------------------------------
     def pair_losses(self, model, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

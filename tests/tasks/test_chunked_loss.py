@@ -172,6 +172,7 @@ def test_preference_log_probabilities_chunked_are_the_whole_logits_ones():
     """task=preference with task.loss_chunk_tokens: the policy's sequence log-probabilities, the DPO
     loss and its gradients are the whole logits' (one token log-probability path for both tasks)."""
     from framework.tasks.preference import Preference, sequence_logps
+    from framework.tasks.second_model import Frozen
 
     torch.manual_seed(0)
     model = GPT(vocab_size=97, n_layer=2, n_embd=32, n_head=2, block_size=32)
@@ -188,7 +189,7 @@ def test_preference_log_probabilities_chunked_are_the_whole_logits_ones():
     grads = []
     for chunk in (None, 5):
         task = Preference(loss_chunk_tokens=chunk)
-        task.use_frozen(reference)
+        task.use_frozen(Frozen("task.reference", reference))
         model.zero_grad()
         loss = task.training_step(model, batch)["loss"]
         loss.backward()

@@ -13,6 +13,7 @@ from torch.nn import functional as F
 
 from framework.errors import ConfigError
 from framework.tasks.distillation import Distillation
+from framework.tasks.second_model import Frozen
 from tests.conftest import metric_values
 from tests.helpers.run_cache import trained_run
 
@@ -34,7 +35,7 @@ def test_the_loss_is_the_formula_by_hand(divergence):
     tokens = torch.tensor([[1, 2, 3, 4], [5, 6, 0, 1]])
     targets = torch.tensor([[2, 3, 4, -100], [6, -100, 1, 2]])  # two tokens not scored
     task = Distillation(teacher="t", divergence=divergence, temperature=2.0, kd_ratio=0.3)
-    task.use_frozen(teacher)
+    task.use_frozen(Frozen("task.teacher", teacher))
     loss = task.training_step(student, (tokens, targets))
     terms = []
     for b in range(2):

@@ -18,6 +18,7 @@ from framework.config.resolvers import example_data
 from framework.data.preference_files import PairCollate, PreferenceFiles
 from framework.errors import ConfigError
 from framework.tasks.preference import Preference, sequence_logps
+from framework.tasks.second_model import Frozen
 from tests.conftest import checkpoint_at, load_model_state, metric_values, run_inprocess
 from tests.helpers.run_cache import trained_run
 
@@ -76,7 +77,7 @@ def test_each_loss_and_the_logged_values_are_their_formulas(loss, smoothing):
     beta, gamma = 0.3, 0.7
     task = Preference(loss=loss, beta=beta, label_smoothing=smoothing, simpo_gamma=gamma)
     if loss != "simpo":
-        task.use_frozen(reference)
+        task.use_frozen(Frozen("task.reference", reference))
     out = task.training_step(policy, batch)
     pi, n = _by_hand(policy, pairs)
     rho, _ = _by_hand(reference, pairs)
@@ -440,7 +441,7 @@ def test_the_reference_with_the_adapters_off_computes_in_eval_mode():
     model = LoRA(target_modules=["qkv"]).apply(BuiltinGPT(vocab_size=VOCAB, block_size=16, n_layer=1, n_head=2,
                                                            n_embd=16, dropout=0.5))
     task = Preference(disable_dropout=False)
-    task.use_frozen(None)
+    task.use_frozen(Frozen("task.reference"))  # the trained model with its adapters off
     batch = {"input_ids": torch.randint(0, VOCAB, (2, 8)), "labels": torch.randint(0, VOCAB, (2, 8))}
     model.train()
     first, second = task.reference_logps(model, batch), task.reference_logps(model, batch)
