@@ -232,10 +232,6 @@ def _predict(cfg, config: dict, plugins, output_dir: Path, mode: RunMode) -> Fit
     """One row per sample of `mode.split` with what the task predicts, written by each rank to
     output_dir/<PREDICTION_PARTS>-rank<r>.jsonl (the launching process merges them in order)."""
     strategy = plugins.strategy
-    if not strategy.data_parallel.whole_rows:
-        raise ConfigError("framework predict with strategy.context_parallel_size > 1: each rank would see a share of "
-                          "every row and write a part of its prediction; predict with strategy."
-                          "context_parallel_size=1 (the checkpoint loads at any layout).")
     task, model, loader, _ = _trained(cfg, plugins, mode.split)
     path = output_dir / f"{PREDICTION_PARTS}-rank{strategy.global_rank}.jsonl"
     rows = 0

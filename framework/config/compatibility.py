@@ -13,6 +13,7 @@ from framework.config import plan_facts
 from framework.config.plan_facts import (
     Plan,
     _acc,
+    _context_size,
     _flag,
     _groups,
     _max_processes,
@@ -38,6 +39,12 @@ class Rule:
 
 
 RULES: list[Rule] = [
+    Rule(
+        lambda p: p.mode == "predict" and _context_size(p) > 1,
+        lambda p: f"framework predict with strategy.context_parallel_size={_context_size(p)}: each rank would see a "
+        "share of every row and write a part of its prediction; predict with strategy.context_parallel_size=1 (the "
+        "checkpoint loads at any layout).",
+    ),
     Rule(
         lambda p: p.loop.on_nonfinite == "skip" and not p.strategy.abilities.step_skipping,
         lambda p: f"trainer.on_nonfinite=skip with strategy={_strat(p)}: its engine clips and steps in one call, "

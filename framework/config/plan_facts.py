@@ -30,6 +30,7 @@ class Plan:
     num_nodes: int
     loop: LoopSettings = field(default_factory=LoopSettings)
     fault_tolerance: object = None  # the option's object (framework/fault_tolerance); None: none
+    mode: str = "fit"  # what the run does: fit, test (framework test) or predict (framework predict)
 
     @property
     def world_size(self) -> int:
@@ -40,6 +41,11 @@ class Plan:
     def names(self) -> dict:
         return {g: getattr(getattr(self, g), "name", type(getattr(self, g)).__name__)
                 for g in PLUGIN_GROUPS}
+
+
+def _context_size(p: Plan) -> int:
+    """The ranks that split every sequence (strategy.context_parallel_size; 1 without)."""
+    return int(getattr(getattr(p.strategy, "dims_settings", None), "context", 1) or 1)
 
 
 def _groups(p: Plan) -> bool:

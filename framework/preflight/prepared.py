@@ -100,7 +100,7 @@ def prepare(cfg: DictConfig, strict: bool = True, mode: RunMode = RunMode(), dev
         plugins = prepared.plugins
         prepared.devices = attempt(lambda: plugins.fault_tolerance.resolve_devices(plugins.accelerator, resolved.devices))
     if prepared.devices is not None:
-        plan = compatibility_plan(prepared.plugins, resolved, prepared.devices)
+        plan = compatibility_plan(prepared.plugins, resolved, prepared.devices, mode.name)
         prepared.refusals, judged = judge(plan)
         prepared.warnings.extend(judged)
         problems.extend(prepared.refusals)
@@ -136,7 +136,8 @@ def _user_error_inside(err: BaseException) -> UserError | None:
     return None
 
 
-def compatibility_plan(plugins: Plugins, resolved: DictConfig, devices: int) -> Plan:
-    """What the compatibility table judges: the built plugins, the world and the loop settings."""
+def compatibility_plan(plugins: Plugins, resolved: DictConfig, devices: int, mode: str = "fit") -> Plan:
+    """What the compatibility table judges: the built plugins, the world, the loop settings and
+    what the run does (fit, test, predict)."""
     return Plan(plugins.accelerator, plugins.strategy, plugins.precision, plugins.checkpoint_io, plugins.cluster,
-                devices, resolved.num_nodes, loop_settings(resolved), plugins.fault_tolerance)
+                devices, resolved.num_nodes, loop_settings(resolved), plugins.fault_tolerance, mode)

@@ -91,6 +91,22 @@ def test_what_context_parallelism_refuses_before_launch(strategy, loop, fragment
     assert len(found) == 1 and fragment in found[0] and "context_parallel_size" in found[0], found
 
 
+def test_predict_under_context_parallelism_is_a_row_of_the_table():
+    """Refused before launch by the compatibility table (each rank would write a part of every row's
+    prediction), not after the processes started; fit and test are not."""
+    from framework.loop.state import RunMode
+    from framework.preflight import prepare
+    from tests.conftest import TINY_GPT, compose_cfg
+
+    cfg = compose_cfg([*TINY_GPT, "strategy=fsdp", "devices=2", "strategy.context_parallel_size=2"])
+    refused = {mode: [r for r in prepare(cfg, strict=False, mode=RunMode(mode)).refusals if "framework predict" in r]
+               for mode in ("fit", "test", "predict")}
+    assert not refused["fit"] and not refused["test"]
+    assert refused["predict"] == ["framework predict with strategy.context_parallel_size=2: each rank would see a "
+                                  "share of every row and write a part of its prediction; predict with "
+                                  "strategy.context_parallel_size=1 (the checkpoint loads at any layout)."]
+
+
 def test_eager_attention_and_attentionless_models_are_refused():
     from framework.models.mlp import MLP
 
