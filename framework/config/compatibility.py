@@ -13,7 +13,9 @@ from framework.config import plan_facts
 from framework.config.plan_facts import (
     Plan,
     _acc,
+    _context_pipeline,
     _context_size,
+    _expert_size,
     _flag,
     _groups,
     _max_processes,
@@ -38,7 +40,39 @@ class Rule:
     level: str = "refuse"  # or "warn"
 
 
+def _cp(p: Plan) -> str:
+    return f"strategy.context_parallel_size={_context_size(p)}"
+
+
 RULES: list[Rule] = [
+    # context parallelism (framework/strategy/mesh/context.py): each a combination it does not serve
+    Rule(
+        lambda p: _context_size(p) > 1 and _flag(p, "pipeline", None) is not None,
+        lambda p: f"{_cp(p)} with pipeline stages (strategy={_strat(p)}, pipeline_parallel_size resolved to "
+        f"{_context_pipeline(p)}): a stage passes its activations alone to the next, and the split positions would "
+        "have to travel with them; not supported yet: use context parallelism with fsdp, hsdp or tensor parallelism.",
+    ),
+    Rule(
+        lambda p: _context_size(p) > 1 and _flag(p, "pipeline", None) is None and _expert_size(p) > 1,
+        lambda p: f"{_cp(p)} with strategy.expert_parallel_size={_expert_size(p)}: the experts' token groups are the "
+        "shard ranks', not yet the shard x context ranks; set one of them to 1.",
+    ),
+    Rule(
+        lambda p: _context_size(p) > 1 and p.loop.compile,
+        lambda p: f"{_cp(p)} with trainer.compile=true: the attention's interception (a TorchFunctionMode) is not "
+        "traced by torch.compile here; set trainer.compile=false.",
+    ),
+    Rule(
+        lambda p: _context_size(p) > 1 and not p.loop.sequence_split,
+        lambda p: f"{_cp(p)} with task {p.loop.task}: only a language model's batches (token sequences whose labels "
+        "can be shifted before the split) are split along the sequence; set strategy.context_parallel_size=1.",
+    ),
+    Rule(
+        lambda p: _context_size(p) > 1 and p.loop.sequence_split and bool(p.loop.sequence_length)
+        and p.loop.sequence_length % (2 * _context_size(p)) != 0,
+        lambda p: f"{_cp(p)} (x 2: a head and a tail chunk a rank) does not divide data.block_size="
+        f"{p.loop.sequence_length}; choose a block_size that is a multiple of {2 * _context_size(p)}.",
+    ),
     Rule(
         lambda p: p.mode == "predict" and _context_size(p) > 1,
         lambda p: f"framework predict with strategy.context_parallel_size={_context_size(p)}: each rank would see a "

@@ -43,9 +43,22 @@ class Plan:
                 for g in PLUGIN_GROUPS}
 
 
+def _expert_size(p: Plan) -> int:
+    """The ranks that spread a mixture of experts' experts (strategy.expert_parallel_size; 1 without)."""
+    return int(getattr(getattr(p.strategy, "dims_settings", None), "expert", 1) or 1)
+
+
 def _context_size(p: Plan) -> int:
     """The ranks that split every sequence (strategy.context_parallel_size; 1 without)."""
     return int(getattr(getattr(p.strategy, "dims_settings", None), "context", 1) or 1)
+
+
+def _context_pipeline(p: Plan) -> str:
+    """The stages the layout resolves to under context parallelism, for the message."""
+    try:
+        return str(p.strategy.parallel_dims(p.world_size).pipeline)
+    except Exception:  # sizes the strategy itself refuses: its own message says why
+        return "?"
 
 
 def _groups(p: Plan) -> bool:

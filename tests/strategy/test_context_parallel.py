@@ -86,9 +86,20 @@ def test_a_context_group_stays_within_a_node(devices, nodes, kwargs):
     (lambda: PipelineStrategy(context_parallel_size=4), {}, "pipeline_parallel_size resolved to 1"),
 ])
 def test_what_context_parallelism_refuses_before_launch(strategy, loop, fragment):
+    """Rows of the compatibility table (framework/config/compatibility.py), one each."""
+    from framework.accelerator.cpu import CPUAccelerator
+    from framework.checkpoint_io.torch import TorchCheckpointIO
+    from framework.cluster.local import LocalEnvironment
+    from framework.config.compatibility import judge
+    from framework.config.plan_facts import Plan
+    from framework.precision.fp32 import FP32Precision
+
     planned = _planned(strategy(), 4, **loop)
-    found = planned.problems(GPT(block_size=32, n_layer=1, n_embd=16, n_head=2))
-    assert len(found) == 1 and fragment in found[0] and "context_parallel_size" in found[0], found
+    found = [r for r in judge(Plan(CPUAccelerator(), planned, FP32Precision(), TorchCheckpointIO(), LocalEnvironment(),
+                                   4, 1, planned.loop_settings))[0] if "context_parallel_size" in r]
+    assert len(found) == 1 and fragment in found[0], found
+    left = planned.problems(GPT(block_size=32, n_layer=1, n_embd=16, n_head=2))
+    assert not [r for r in left if "context_parallel_size" in r]  # the table's alone, not the applier's too
 
 
 def test_predict_under_context_parallelism_is_a_row_of_the_table():

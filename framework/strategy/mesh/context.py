@@ -13,7 +13,8 @@ FSDP, which shards over the data-parallel x context ranks, averages the gradient
 rank's sum is weighted by the context size once more (`loss_weight`).
 
 What it composes with: fsdp, hsdp and tensor parallelism (on the mesh: replicate, shard, context,
-tensor). Refused with the reason: pipeline stages (a stage passes one tensor to the next: the
+tensor). Refused with the reason, by rows of the compatibility table (framework/config/compatibility.py),
+and for the model here: pipeline stages (a stage passes one tensor to the next: the
 positions and the split would have to travel with it), expert parallelism (its token groups are
 the shard ranks'), torch.compile (the attention's interception is not traced), `framework
 predict` (a row's loss would be split over the ranks), tasks that are not a language model's.
@@ -25,7 +26,7 @@ from dataclasses import replace
 
 import torch
 
-from framework.errors import ConfigError, indivisible
+from framework.errors import ConfigError
 from framework.sequences import IGNORE_INDEX, document_ids, next_token_targets
 from framework.strategy.mesh.applier import Applier
 from framework.strategy.mesh.context_attention import ContextAttention, SequenceShard
@@ -60,26 +61,9 @@ class ContextApplier(Applier):
 
     # ---- before launch ---------------------------------------------------------------------------
     def problems(self, model):
-        key, dims, loop = f"strategy.context_parallel_size={self.size}", self.dims, self.strategy.loop_settings
-        if self.strategy.pipeline is not None:  # a pipeline's layout, whatever its stage count resolved to
-            return [f"{key} with pipeline stages (strategy={self.strategy.name}, pipeline_parallel_size resolved to "
-                    f"{dims.pipeline}): a stage passes its "
-                    "activations alone to the next, and the split positions would have to travel with them; not "
-                    "supported yet: use context parallelism with fsdp, hsdp or tensor parallelism."]
-        if dims.expert > 1:
-            return [f"{key} with strategy.expert_parallel_size={dims.expert}: the experts' token groups are the shard "
-                    "ranks', not yet the shard x context ranks; set one of them to 1."]
-        if loop.compile:
-            return [f"{key} with trainer.compile=true: the attention's interception (a TorchFunctionMode) is not "
-                    "traced by torch.compile here; set trainer.compile=false."]
-        if not loop.sequence_split:
-            return [f"{key} with task {loop.task}: only a language model's batches (token sequences whose labels can be "
-                    "shifted before the split) are split along the sequence; set strategy.context_parallel_size=1."]
-        chunks = 2 * self.size  # each rank holds a head and a tail chunk of every sequence
-        uneven = indivisible(f"{key} (x 2: a head and a tail chunk a rank)", chunks, loop.sequence_length,
-                             f"data.block_size={loop.sequence_length}",
-                             f"choose a block_size that is a multiple of {chunks}.") if loop.sequence_length else []
-        return uneven or (self._model_problems(model, key) if model is not None else [])
+        """What the model cannot do under it (the combinations of settings it refuses are rows of
+        framework/config/compatibility.py)."""
+        return self._model_problems(model, f"strategy.context_parallel_size={self.size}") if model is not None else []
 
     @staticmethod
     def _model_problems(model: torch.nn.Module, key: str) -> list[str]:
