@@ -17,6 +17,11 @@ Checkpoints: `state_by_hand`, `merge_model_state`, `merge_optimizer_state`, `loa
 `optimizer_state_to_load`.
 What the layout can do (`abilities`, framework/strategy/abilities.py; the compatibility table reads
 the strategy's): every one of its appliers' abilities combined.
+
+How the strategy combines a hook over a layout's appliers is declared once, in COMBINED below, and
+the rule "one" is enforced when a layout's appliers are chosen (`checked`): two appliers
+of one layout that both implement such a hook (two schedules, two ways to merge a checkpoint) are a
+ConfigError naming both, never a silent first-wins decided by ORDER.
 """
 from __future__ import annotations
 
@@ -24,8 +29,41 @@ from contextlib import AbstractContextManager
 
 import torch
 
+from framework.errors import ConfigError
 from framework.strategy.abilities import Abilities
 from framework.strategy.layout import Layout
+
+#: each hook, and how the mesh strategy combines it over the layout's appliers, in ORDER:
+#: each (every applier's, in order), fold (each transforms what the one before returned), first (the
+#: first applier that has any: its answer), any (true if one says so), union / concat (all answers
+#: together), product (multiplied), one (at most one applier of a layout implements it: enforced)
+COMBINED = {
+    "norm_by_hand": "any", "state_by_hand": "any", "mesh_dims": "union", "abilities": "union",
+    "problems": "first", "lines": "concat", "layout": "fold", "units": "fold",
+    "build": "fold", "apply": "each", "roots": "one", "ignored_parameters": "union", "materialise": "one",
+    "finish": "each",
+    "batch": "fold", "loss_weight": "product", "forward_backward": "one", "no_sync": "each", "before_clip": "each",
+    "counted": "one", "norm_group": "one", "before_step": "each", "after_zero_grad": "each",
+    "merge_model_state": "one", "merge_optimizer_state": "one", "load_model_state": "one",
+    "optimizer_state_to_load": "fold",
+}
+
+
+def implementers(appliers, hook: str) -> list:
+    """The appliers that implement `hook` themselves (not the base class's default)."""
+    return [a for a in appliers if getattr(type(a), hook) is not getattr(Applier, hook)]
+
+
+def checked(appliers: list) -> list:
+    """`appliers`, refused where two implement a hook that only one may (COMBINED's "one")."""
+    for hook, rule in COMBINED.items():
+        claiming = implementers(appliers, hook)
+        if rule == "one" and len(claiming) > 1:
+            names = " and ".join(type(a).__name__ for a in claiming)
+            raise ConfigError(f"a mesh layout's appliers {names} both implement `{hook}`, which one applier alone may "
+                              "(framework/strategy/mesh/applier.py, COMBINED): these dimensions do not combine; set "
+                              "one of them to 1.")
+    return appliers
 
 
 class Applier:

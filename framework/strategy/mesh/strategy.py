@@ -23,7 +23,7 @@ from framework.strategy.abilities import Abilities
 from framework.strategy.base import DataParallel, Layout
 from framework.strategy.layout import StateLayout
 from framework.strategy.mesh import state
-from framework.strategy.mesh.applier import Applier
+from framework.strategy.mesh.applier import Applier, checked
 from framework.strategy.mesh.context import ContextApplier
 from framework.strategy.mesh.dims import DimsSettings, ParallelDims
 from framework.strategy.mesh.experts import ExpertApplier, RoutingApplier
@@ -103,7 +103,7 @@ class MeshStrategy(ParallelStrategy):
                 dims = self.parallel_dims(world_size)
             except ConfigError:
                 return [kind(self, None) for kind in ORDER if kind.wanted(self, None)]
-            self._appliers[world_size] = [kind(self, dims) for kind in ORDER if kind.wanted(self, dims)]
+            self._appliers[world_size] = checked([kind(self, dims) for kind in ORDER if kind.wanted(self, dims)])
         return self._appliers[world_size]
 
     def planned_appliers(self) -> list[Applier]:
