@@ -37,3 +37,17 @@ def test_the_built_in_appliers_never_claim_the_same_sole_hook():
     owned = {hook: [type(a).__name__ for a in implementers(every, hook)] for hook, rule in COMBINED.items()
              if rule == "one"}
     assert all(len(names) <= 1 for names in owned.values()), owned
+
+
+def test_every_ability_flag_says_whether_it_is_a_permission_or_a_requirement():
+    """A layout's abilities combine its parts' by each flag's declared kind, not by its default."""
+    from dataclasses import fields
+
+    from framework.strategy.abilities import Abilities
+
+    flags = [f for f in fields(Abilities) if isinstance(f.default, bool)]
+    assert flags and all(f.metadata.get("kind") in ("permission", "requirement") for f in flags)
+    plain, engine, stages = Abilities(), Abilities(compile=False), Abilities(pipeline_stages=True)
+    both = plain.combined([engine, stages])
+    assert both.compile is False and both.pipeline_stages is True  # taken away by one; imposed by one
+    assert plain.combined([plain]) == plain
