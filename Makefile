@@ -3,9 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # torch, installed before the package so its version range is already met, from the index pip is
-# configured with (pip.conf, PIP_INDEX_URL): which build that is depends on the index (PyPI's Linux
-# wheel is the multi-GB CUDA build). TORCH_PIP_ARGS adds pip arguments for that one install, e.g.
-# `--index-url <PyTorch's CPU wheel index>` for the CPU build.
+# configured with (pip.conf, PIP_INDEX_URL): which build that is depends on the index (the default
+# index's Linux wheel is the multi-GB CUDA build). TORCH_PIP_ARGS: pip arguments for that one install
+# (the user's own, for an index of their choosing).
 TORCH_VERSION ?= 2.13.0
 TORCH_PIP_ARGS ?=
 ARGS ?=
