@@ -221,8 +221,9 @@ def _reference_steps(steps: int) -> torch.nn.Module:
 
 def check_strategy(strategy: Callable[..., Any], steps: int = 3, **kwargs) -> None:
     """The loop's whole surface on the CPU, in one process: setup, a frozen second model placed in
-    eval mode, batches, forward/backward, clipping, optimizer steps (the weights equal plain PyTorch's after `steps` AdamW steps), the
-    collectives at world size 1, and a full state dict that loads into a fresh instance."""
+    eval mode, batches, forward/backward, clipping, optimizer steps (the weights equal plain
+    PyTorch's after `steps` AdamW steps), the collectives at world size 1, and a full state dict
+    that loads into a fresh instance."""
 
     def make():
         return strategy(accelerator=CPUAccelerator(), **kwargs)

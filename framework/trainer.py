@@ -214,9 +214,6 @@ def _trained(cfg, plugins, split: str):
         prepare_once(datamodule, strategy)
         limit = cfg.trainer.test_batches if split == "test" else cfg.trainer.val_batches if split == "val" else None
         loader = build_loader(datamodule, strategy, split, seed=cfg.seed, limit_batches=limit, training=False)
-    if loader is None:
-        raise ConfigError(f"the data has no {split} split (data.val_percent=0 holds none out); choose another split, "
-                          "or hold one out.")
     return task, model, loader, meta
 
 

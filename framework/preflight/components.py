@@ -104,7 +104,10 @@ def device_type(plugins: Plugins | None) -> str:
 
 def test_split_problems(cfg: DictConfig, data, mode: RunMode) -> list[str]:
     """Testing (`framework test`, trainer.test_at_end, predictions of the test split) needs data
-    with a test split."""
+    with a test split; predictions of the validation split, one (data.val_percent=0 holds none)."""
+    if mode.name == "predict" and mode.split == "val" and not data.validates():
+        return ["framework predict --split val: the data has no validation split (data.val_percent=0 holds none "
+                "out); predict another split (--split test or train), or hold one out."]
     if mode.name == "test":
         asked = "framework test"
     elif mode.name == "predict" and mode.split == "test":

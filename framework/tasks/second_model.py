@@ -70,10 +70,6 @@ class Frozen:
     def __init__(self, key: str, module: torch.nn.Module | None = None):
         self.key, self.module = key, module
 
-    @property
-    def adapters_stand_in(self) -> bool:
-        return self.module is None
-
     @contextmanager
     def computing(self, trained: torch.nn.Module):
         """The module to run for the second model's outputs (no gradients): the placed one, or

@@ -32,7 +32,8 @@ def test_a_run_without_a_validation_split_trains_and_never_validates(tmp_path):
         "no validation split (data.val_percent=0)" in refused.stderr and not (tmp_path / "refused").exists()
 
     predicted = run_command(["predict", str(run), "-o", str(tmp_path / "p.jsonl"), "--split", "val"], tmp_path)
-    assert predicted.returncode == 2 and "the data has no val split" in predicted.stderr, predicted.stderr[-2000:]
+    assert predicted.returncode == 2 and "framework predict --split val: the data has no validation split" \
+        in predicted.stderr, predicted.stderr[-2000:]
     assert run_command(["train", *TINY, *data[:-2], "data.val_percent=-1"], tmp_path).returncode == 2
 
 
