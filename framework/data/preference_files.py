@@ -28,7 +28,7 @@ from framework.config.resolvers import BYTES
 from framework.config.types import NonNegativeInt, PositiveInt
 from framework.data.chat_template import ChatTemplate
 from framework.data.prepare import MISSING, Encoded
-from framework.data.sources import RowError, read_rows
+from framework.data.sources import RowError, read_rows, row_place
 from framework.data.store import open_split
 from framework.data.stored_files import StoredFiles
 from framework.data.tokenizer import loaded_tokenizer
@@ -38,7 +38,6 @@ from framework.sequences import IGNORE_INDEX
 PROMPT, CHOSEN, REJECTED = 0, 1, 2  # a stored token's flag: which part of its pair it is
 CHECKED_ROWS = 20_000  # rows of each file checked before launch (the rest when the data is prepared)
 TOKENISED_ROWS = 20  # of them, tokenised before launch too
-NEWLINE = b"\n"
 
 
 def _messages(value) -> bool:
@@ -217,15 +216,6 @@ class PairCollate:
         return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
-def _line(path: str, fmt: str, position: int) -> str:
-    """Where a row is, as a user finds it: a line of JSON lines, else its row."""
-    if fmt != "jsonl":
-        return f"row {position + 1}"
-    with open(path, "rb") as f:
-        before = f.read(position)
-    return f"line {before.count(NEWLINE) + 1}"
-
-
 class PreferenceFiles(StoredFiles):
     """Local preference pairs (prompt, chosen, rejected), both responses of a pair in one batch."""
 
@@ -280,7 +270,7 @@ class PreferenceFiles(StoredFiles):
             for position, row in read_rows(path, self.format):
                 problem = self.fields.problem(row)
                 if problem is not None:
-                    return [f"{key}: {path}, {_line(path, self.format, position)}: the pair {problem}; fix or remove "
+                    return [f"{key}: {path}, {row_place(path, self.format, position)}: the pair {problem}; fix or remove "
                             "the row (data.prompt_field, data.chosen_field and data.rejected_field name the fields)."]
                 if checked < TOKENISED_ROWS:
                     encoder.tokenise(row)
