@@ -30,7 +30,7 @@ from framework.config.plan_facts import (
     _xla_only_plugins,
 )
 from framework.console import warn
-from framework.errors import ConfigError
+from framework.errors import ConfigError, indivisible
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,15 @@ class Rule:
 
 def _cp(p: Plan) -> str:
     return f"strategy.context_parallel_size={_context_size(p)}"
+
+
+def _cp_uneven(p: Plan) -> list[str]:
+    """Context parallelism's rows of data.block_size positions: 2 x C chunks each (a head and a tail a rank)."""
+    length, chunks = p.loop.sequence_length, 2 * _context_size(p)
+    if chunks == 2 or not p.loop.sequence_split or not length:
+        return []
+    return indivisible(f"{_cp(p)} (x 2: a head and a tail chunk a rank)", chunks, length, f"data.block_size={length}",
+                       f"choose a block_size that is a multiple of {chunks}.")
 
 
 RULES: list[Rule] = [
@@ -68,10 +77,8 @@ RULES: list[Rule] = [
         "can be shifted before the split) are split along the sequence; set strategy.context_parallel_size=1.",
     ),
     Rule(
-        lambda p: _context_size(p) > 1 and p.loop.sequence_split and bool(p.loop.sequence_length)
-        and p.loop.sequence_length % (2 * _context_size(p)) != 0,
-        lambda p: f"{_cp(p)} (x 2: a head and a tail chunk a rank) does not divide data.block_size="
-        f"{p.loop.sequence_length}; choose a block_size that is a multiple of {2 * _context_size(p)}.",
+        lambda p: bool(_cp_uneven(p)),
+        lambda p: _cp_uneven(p)[0],
     ),
     Rule(
         lambda p: p.mode == "predict" and _context_size(p) > 1,

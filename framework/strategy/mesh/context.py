@@ -7,8 +7,8 @@ are shifted (each position keeps its own next token, also the last of a chunk), 
 the global ones (position embeddings and RoPE see where a token really is), and attention sees the
 whole sequence through an all-gather of keys and values. A padded batch whose longest row is not a
 multiple of 2C positions is padded on after every real token (labels -100, keys masked, positions
-counting on): causal attention never reads them and they score nothing. The loss of a rank is the sum over its
-positions; the loop's scale (framework/loop/fit_loop.py) divides by the step's scored tokens, and
+counting on): causal attention never reads them and they score nothing. The loss of a rank is the
+sum over its positions; the loop's scale (framework/loop/fit_loop.py) divides by the step's scored tokens, and
 FSDP, which shards over the data-parallel x context ranks, averages the gradients over both, so a
 rank's sum is weighted by the context size once more (`loss_weight`).
 
@@ -128,14 +128,10 @@ def split_batch(batch, size: int, rank: int, group=None) -> tuple[dict, Sequence
     if length != ids.shape[1]:  # after every real token: causal attention never reads them, and they score nothing
         ids, targets, positions, mask = (_pad(ids, length, 0), _pad(targets, length, IGNORE_INDEX),
                                          _pad(positions, length, None), _pad(mask, length, 0))
-    documents = document_ids(positions) if "position_ids" in batch_keys(batch) else None  # packed rows
+    documents = document_ids(positions) if isinstance(batch, Mapping) and "position_ids" in batch else None
     shard = SequenceShard(group, size, rank, length, documents, mask.bool() if mask is not None else None)
     return {"input_ids": shard.split(ids), "position_ids": shard.split(positions),
             "shift_labels": shard.split(targets)}, shard
-
-
-def batch_keys(batch) -> tuple:
-    return tuple(batch) if isinstance(batch, Mapping) else ()
 
 
 def _pad(tensor: torch.Tensor | None, length: int, value: int | None) -> torch.Tensor | None:
