@@ -76,7 +76,7 @@ def _count(least: int, what: str):
         except ValueError:
             value = least - 1
         if value < least:
-            raise argparse.ArgumentTypeError(f"{text!r}: {what} is a whole number, {least} or more")
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of {least} or more ({what})")
         return value
     return parse
 
@@ -101,9 +101,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks", required=True, help="comma-separated task names (the harness's, or --include-path's)")
     p.add_argument("--include-path", help="a directory of the harness's YAML task files (local data: nothing fetched)")
     p.add_argument("--limit", type=_limit, default=None, help="at most N examples per task (between 0 and 1: a share)")
-    p.add_argument("--num-fewshot", type=_count(0, "--num-fewshot"), default=None,
+    p.add_argument("--num-fewshot", type=_count(0, "examples in each prompt"), default=None,
                    help="examples in each prompt (default: the task's)")
-    p.add_argument("--batch-size", type=_count(1, "--batch-size"), default=8)
+    p.add_argument("--batch-size", type=_count(1, "requests a forward scores"), default=8)
     p.add_argument("--device", default=None, help="where the model runs (default: the run's accelerator where it is "
                                                    "here, else cpu)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None,

@@ -83,9 +83,9 @@ def test_bad_input_is_refused_naming_the_argument(tmp_path):
         (["eval", str(run), "--tasks", "pymc", "--limit", "0"], "argument --limit: '0' is neither a number"),
         (["eval", str(run), "--tasks", "pymc", "--limit", "2.5"], "argument --limit: '2.5' is neither a number"),
         (["eval", str(run), "--tasks", "pymc", "--num-fewshot", "-1"],
-         "argument --num-fewshot: '-1': --num-fewshot is a whole number, 0 or more"),
+         "argument --num-fewshot: '-1' is not a whole number of 0 or more (examples in each prompt)"),
         (["eval", str(run), "--tasks", "pymc", "--batch-size", "0"],
-         "argument --batch-size: '0': --batch-size is a whole number, 1 or more"),
+         "argument --batch-size: '0' is not a whole number of 1 or more (requests a forward scores)"),
         (["eval", str(run), "--tasks", "pymc", "--seed", "1,2"], "give one integer for every seed, or four"),
         (["eval", str(run), "--tasks", "pymc", "--dtype", "int8"], "argument --dtype: invalid choice: 'int8'"),
     ]
@@ -199,15 +199,15 @@ def test_a_hugging_face_run_scores_as_lm_evals_own_command_line_on_its_export(tm
                            "trainer.progress_bar=false", "trainer.plot=false", "callbacks=[checkpoint]",
                            f"hydra.run.dir={run}"], tmp_path)
     assert trained.returncode == 0, trained.stderr[-3000:]
-    ours = run_command(["eval", str(run), "--tasks", "pymc", "--include-path", str(tasks), "--batch-size", "4"],
-                       tmp_path)
+    ours = run_command(["eval", str(run), "--tasks", "pymc", "--include-path", str(tasks), "--batch-size", "4",
+                        "--num-fewshot", "2"], tmp_path)  # 2-shot: the few-shot examples drawn with lm-eval's seeds
     assert ours.returncode == 0, ours.stderr[-3000:]
     assert "exported" in ours.stdout
     exported = run_command(["convert", str(run), str(tmp_path / "export"), "--to", "hf"], tmp_path)
     assert exported.returncode == 0, exported.stderr
     theirs = subprocess.run([sys.executable, "-m", "lm_eval", "run", "--model", "hf", "--model_args",
                              f"pretrained={tmp_path / 'export'},dtype=float32", "--tasks", "pymc", "--include_path",
-                             str(tasks), "--batch_size", "4", "--device", "cpu", "--output_path",
+                             str(tasks), "--batch_size", "4", "--num_fewshot", "2", "--device", "cpu", "--output_path",
                              str(tmp_path / "lm_eval_out")], capture_output=True, text=True, timeout=600,
                             env={**os.environ, **OFFLINE}, cwd=tmp_path)
     assert theirs.returncode == 0, theirs.stderr[-3000:]
@@ -216,7 +216,7 @@ def test_a_hugging_face_run_scores_as_lm_evals_own_command_line_on_its_export(tm
     our_acc = json.loads((run / "eval_metrics.json").read_text())["tasks"]["pymc"]["metrics"]["acc"]
     assert our_acc == their_acc
     direct = run_command(["eval", str(tmp_path / "export"), "--tasks", "pymc", "--include-path", str(tasks),
-                          "--batch-size", "4"], tmp_path)  # the Hugging Face directory itself
+                          "--batch-size", "4", "--num-fewshot", "2"], tmp_path)  # the Hugging Face directory itself
     assert direct.returncode == 0, direct.stderr[-3000:]
     assert json.loads((tmp_path / "export" / "eval_metrics.json").read_text())["tasks"]["pymc"]["metrics"]["acc"] \
         == their_acc
