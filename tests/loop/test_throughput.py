@@ -33,9 +33,14 @@ def test_the_throughput_meter_agrees_with_a_wall_clock(tmp_path, monkeypatch):
                    "trainer.val_at_start=false", "trainer.val_batches=20", "callbacks=[]"], tmp_path)
     rows = [r for r in csv.DictReader(open(tmp_path / "metrics.csv")) if r.get("train/tokens_per_s")]
     assert len(rows) == 4 == len(marks)
+    ratios, wall, metered = [], 0.0, 0.0
     for i in range(1, 4):  # each window: from the end of the previous log to this one, less validation
         start, end = marks[i - 1][1], marks[i][0]
         validating = sum(b - a for a, b in pauses if start <= a and b <= end)
         tokens = float(rows[i]["train/tokens"]) - float(rows[i - 1]["train/tokens"])
         wall_rate = tokens / (end - start - validating)
-        assert abs(float(rows[i]["train/tokens_per_s"]) / wall_rate - 1) < 0.15, (i, rows[i], wall_rate)
+        ratios.append(float(rows[i]["train/tokens_per_s"]) / wall_rate)
+        wall, metered = wall + tokens / wall_rate, metered + tokens / float(rows[i]["train/tokens_per_s"])
+    # the three windows together within 15% (a busy machine's hiccup in one window of a few hundred ms
+    # moved it 17% once), each within 30%: validation counted as training would be off by half
+    assert abs(wall / metered - 1) < 0.15 and all(abs(r - 1) < 0.3 for r in ratios), ratios
