@@ -88,7 +88,8 @@ def _hints(fn) -> dict[str, Any]:
 
 def parameters(target) -> tuple[dict[str, inspect.Parameter], dict[str, Any], bool] | None:
     """(parameters, type hints, takes arbitrary keywords) of a callable. For a class whose
-    __init__ passes **kwargs up to its base, the base's parameters count too (cooperative init)."""
+    __init__ passes **kwargs up to its base, the base's parameters count too (cooperative init), and
+    a class's `keyword_parameters()` ({name: inspect.Parameter}) names keys its **kwargs takes itself."""
     sig = _signature(target)
     if sig is None:
         return None
@@ -113,6 +114,10 @@ def parameters(target) -> tuple[dict[str, inspect.Parameter], dict[str, Any], bo
                 params.setdefault(name, p)
         for name, hint in _hints(init).items():
             hints.setdefault(name, hint)
+        if "keyword_parameters" in klass.__dict__:  # keys its **kwargs takes itself (framework/strategy/mesh/strategy.py)
+            for name, p in klass.keyword_parameters().items():
+                params.setdefault(name, p)
+                hints.setdefault(name, p.annotation)
         fixed |= _passed_to_base(init) - set(own)
         if not any(p.kind is p.VAR_KEYWORD for p in own.values()):
             return params, hints, False

@@ -1,245 +1,231 @@
 """The one parallel-dims spec: how a run's ranks are laid out on a device mesh.
 
 Every layout of the FSDP2 family is a point of this spec: fsdp is (shard=N), hsdp (replicate x
-shard), model_parallel (shard x tensor), pipeline (pipeline x shard x tensor). The sizes are
-resolved once from the option's settings ('auto' included) with the ranks' divisibility rules, and
-the device mesh is built from the result. Every divisibility rule takes one form (framework/errors.py `indivisible`):
-those of the ranks are checked here; those that need the model or the batch (experts per layer,
-heads and features, microbatches, a sequence's positions) where the applier that has them does,
-through it. The mesh's dimensions, outermost
-first: pipeline, replicate, shard, tensor (a rank's neighbours on the innermost dimension are the
-closest: one node's devices for the tensor-parallel group). `expert` ranks are borrowed from the
-shard dimension (torchtitan's way): consecutive shard ranks of one stage group and one tensor place
-spread a mixture of experts' experts among them (framework/strategy/mesh/experts.py), on a mesh of
-their own. `context` ranks split every sequence of their group's batch between them
+shard), model_parallel (shard x tensor), pipeline (pipeline x shard x tensor). Each dimension is
+declared once, as a `Dimension` (framework/strategy/mesh/dimension.py) listed in DIMENSIONS: its
+resolve step, its place on the mesh, what its ranks do with the data and the states, its key and
+how the mesh line names it; ParallelDims, DimsSettings, the resolver, the device mesh, each rank's
+share of the data and FSDP2's mesh follow from the list. The sizes are resolved once from the
+option's settings ('auto' included) with the ranks' divisibility rules, in DIMENSIONS' order, each
+dimension taking its share of the ranks the ones before it left. Every divisibility rule takes one
+form (framework/errors.py `indivisible`): those of the ranks are checked here; those that need the
+model or the batch (experts per layer, heads and features, microbatches, a sequence's positions)
+where the applier that has them does, through it. The mesh's dimensions, outermost first:
+pipeline, replicate, shard, context, tensor (the tensor-parallel group the closest ranks). `expert`
+ranks are borrowed from the shard dimension (torchtitan's way: framework/strategy/mesh/experts.py),
+on a mesh of their own. `context` ranks split every sequence of their group's batch between them
 (framework/strategy/mesh/context.py); they read the same batches, and FSDP shards over shard x
 context.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Literal, Union
 
 from torch.distributed.device_mesh import init_device_mesh
 
-from framework.errors import ConfigError, indivisible, refuse
+from framework.errors import ConfigError
 from framework.strategy.base import DataParallel
+from framework.strategy.mesh.dimension import Dimension, Taking
+from framework.strategy.mesh.resolve_steps import _context, _data, _expert, _pipeline, _shard, _tensor
 
 Size = Union[int, Literal["auto"]]
 
-#: the mesh's dimensions, outermost first
-DIMS = ("pipeline", "replicate", "shard", "context", "tensor")
+
+# ---- the dimensions ------------------------------------------------------------------------------
+CONTEXT = Dimension(
+    "context", _context, data="sequence", mesh_position=3, states="shard", key="context_parallel_size",
+    describe=lambda d: f"{d.context} context-parallel" if d.context > 1 else None,
+    help="ranks that split every sequence between them, each a head and a tail chunk, attention over the whole "
+         "sequence (framework/strategy/mesh/context.py; 1: whole sequences)")
+TENSOR = Dimension(
+    "tensor", _tensor, data="same", mesh_position=4,
+    describe=lambda d: f"{d.tensor} tensor-parallel" if d.tensor > 1 else None)
+PIPELINE = Dimension(
+    "pipeline", _pipeline, data="same", mesh_position=0,
+    describe=lambda d: f"{d.pipeline} pipeline" if d.pipeline > 1 else None)
+REPLICATE = Dimension(  # its step leaves the data-parallel ranks, which SHARD's step splits into replicas of shards
+    "replicate", _data, data="batches", mesh_position=1, states="replicate", setting="data_parallel", default="auto")
+SHARD = Dimension(
+    "shard", _shard, data="batches", mesh_position=2, states="shard", default=None, always_on_mesh=True,
+    describe=lambda d: (f"{d.replicate} replica(s) x {d.shard} shard(s)" if d.replicate > 1
+                        else f"{d.shard} data-parallel"))
+EXPERT = Dimension(
+    "expert", _expert, data="borrowed", mesh_position=None, key="expert_parallel_size", trailing=True,
+    describe=lambda d: f", experts spread over groups of {d.expert}" if d.expert > 1 else None,
+    help="ranks that spread a mixture of experts' experts among them, borrowed from the sharding ranks "
+         "(framework/strategy/mesh/experts.py; 1: every rank every expert)")
+
+#: every dimension, in the order they take their ranks (a new one: one file and one entry here)
+DIMENSIONS: tuple[Dimension, ...] = (CONTEXT, TENSOR, PIPELINE, REPLICATE, SHARD, EXPERT)
 
 
-def _ranks(world_size: int) -> str:
-    return f"the {world_size} ranks (devices x num_nodes)"
+def on_mesh() -> list[Dimension]:
+    """The dimensions of the device mesh, outermost first."""
+    return sorted((d for d in DIMENSIONS if d.mesh_position is not None), key=lambda d: d.mesh_position)
 
 
-@dataclass(frozen=True)
+def keyed() -> list[Dimension]:
+    """The dimensions every preset of the mesh strategy takes a key for (strategy.<key>)."""
+    return [d for d in DIMENSIONS if d.key]
+
+
 class ParallelDims:
-    """Resolved sizes; their product is the world size."""
+    """Resolved sizes, one per dimension (`dims.context`); their product over the mesh's dimensions
+    is the world size."""
 
-    pipeline: int = 1
-    replicate: int = 1
-    shard: int = 1
-    tensor: int = 1
-    expert: int = 1
-    context: int = 1
+    def __init__(self, **sizes: int):
+        names = {d.name for d in DIMENSIONS}
+        unknown = set(sizes) - names
+        if unknown:
+            raise TypeError(f"ParallelDims: no dimension {', '.join(sorted(unknown))} (DIMENSIONS: {', '.join(sorted(names))})")
+        object.__setattr__(self, "sizes", {d.name: int(sizes.get(d.name, 1)) for d in DIMENSIONS})
+
+    def __getattr__(self, name: str) -> int:
+        sizes = self.__dict__.get("sizes", {})
+        if name in sizes:
+            return sizes[name]
+        raise AttributeError(name)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("ParallelDims is frozen")
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, ParallelDims) and other.sizes == self.sizes
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self.sizes.items())))
+
+    def __repr__(self) -> str:
+        return "ParallelDims(" + ", ".join(f"{k}={v}" for k, v in self.sizes.items()) + ")"
+
+    def _product(self, *roles: str) -> int:
+        return math.prod(self.sizes[d.name] for d in DIMENSIONS if d.data in roles)
 
     @property
     def world_size(self) -> int:
-        return self.pipeline * self.replicate * self.shard * self.context * self.tensor
+        return self._product("batches", "sequence", "same")
 
     @property
     def data_parallel(self) -> int:
         """Groups that read different batches: the replicas times the shards of each."""
-        return self.replicate * self.shard
+        return self._product("batches")
 
     def token_ranks(self, group_of):
         """The ranks that read different tokens, where not the whole world: None where they are
-        (no tensor ranks, no stages), "single" where each rank alone, else `group_of()` (the
-        replicate x shard x context ranks' group)."""
-        if self.tensor == 1 and self.pipeline == 1:
+        (no dimension whose ranks compute the same tokens), "single" where each rank alone, else
+        `group_of()` (the group of the dimensions whose ranks read different tokens)."""
+        if self._product("same") == 1:
             return None
-        return "single" if self.replicate * self.shard * self.context == 1 else group_of()
+        return "single" if self._product("batches", "sequence") == 1 else group_of()
 
     def coordinates(self, rank: int) -> dict[str, int]:
-        """`rank`'s place on each dimension (row-major over DIMS)."""
+        """`rank`'s place on each mesh dimension (row-major, outermost first)."""
         place = {}
-        for name in reversed(DIMS):
-            size = getattr(self, name)
-            place[name] = rank % size
+        for dim in reversed(on_mesh()):
+            size = self.sizes[dim.name]
+            place[dim.name] = rank % size
             rank //= size
         return place
 
     def data_share(self, rank: int) -> DataParallel:
-        """`rank`'s share of the data: the ranks of one pipeline, of one context group and of one
-        tensor-parallel group compute the same batches; the first stage's first tensor ranks report
-        (each context rank its part of the scores)."""
-        at = self.coordinates(rank)
-        return DataParallel(self.data_parallel, at["replicate"] * self.shard + at["shard"],
-                            at["pipeline"] == 0 and at["tensor"] == 0, whole_rows=self.context == 1)
+        """`rank`'s share of the data: its index among the groups that read different batches; the
+        ranks that compute the same tokens (a pipeline's, a tensor-parallel group's) and those of
+        one context group read the same batches, and the first of each report (each context rank
+        its part of the scores)."""
+        at, index = self.coordinates(rank), 0
+        for dim in on_mesh():
+            if dim.data == "batches":
+                index = index * self.sizes[dim.name] + at[dim.name]
+        reports = all(at[d.name] == 0 for d in on_mesh() if d.data == "same")
+        return DataParallel(self.data_parallel, index, reports, whole_rows=self._product("sequence") == 1)
 
-    def mesh_dims(self, always: tuple[str, ...] = ("shard",)) -> tuple[tuple[str, ...], tuple[int, ...]]:
-        """The device mesh's dimension names and sizes: those in `always` (shard: FSDP2 shards over
-        it, one rank included; a pipeline's, one stage group included), the others where they are
-        larger than 1."""
-        names = tuple(name for name in DIMS if name in always or getattr(self, name) > 1)
-        return names, tuple(getattr(self, name) for name in names)
+    def mesh_dims(self, always: tuple[str, ...] = ()) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """The device mesh's dimension names and sizes: those always on it (shard: FSDP2 shards over
+        it, one rank included) or in `always` (a pipeline's, one stage group included), the others
+        where they are larger than 1."""
+        names = tuple(d.name for d in on_mesh() if d.always_on_mesh or d.name in always or self.sizes[d.name] > 1)
+        return names, tuple(self.sizes[name] for name in names)
 
-    def build_mesh(self, device_type: str, always: tuple[str, ...] = ("shard",)):
+    def build_mesh(self, device_type: str, always: tuple[str, ...] = ()):
         names, sizes = self.mesh_dims(always)
         return init_device_mesh(device_type, sizes, mesh_dim_names=names)
 
-    def build_expert_mesh(self, device_type: str, tensor_dim: bool = False):
-        """The experts' mesh: (expert_replica, expert[, expert_tensor]) within this rank's pipeline
-        stage group. The expert groups are consecutive ranks of the shard dimension with the same
-        tensor-parallel place (which compute the same tokens: each such slice dispatches on its
-        own). `tensor_dim`: expert_tensor kept at size 1 too (transformers' dispatch asks for it)."""
-        names = ("pipeline", "expert_replica", "expert", "expert_tensor")
-        sizes = (self.pipeline, self.replicate * self.shard // self.expert, self.expert, self.tensor)
-        always = ("expert_replica", "expert", "expert_tensor") if tensor_dim else ("expert_replica", "expert")
-        kept = [i for i, n in enumerate(names) if n in always or sizes[i] > 1]
-        mesh = init_device_mesh(device_type, tuple(sizes[i] for i in kept), mesh_dim_names=tuple(names[i] for i in kept))
-        return mesh[tuple(n for n in names[1:] if n in mesh.mesh_dim_names)] if self.pipeline > 1 else mesh
+    @property
+    def state_shards(self) -> int:
+        """The ranks FSDP2 divides the states over (the dimensions whose `states` is "shard")."""
+        return math.prod(self.sizes[d.name] for d in DIMENSIONS if d.states == "shard")
+
+    def token_dims(self) -> tuple[str, ...]:
+        """The mesh dimensions whose ranks read different tokens (different batches, or parts of one)."""
+        return tuple(d.name for d in on_mesh() if d.data in ("batches", "sequence"))
+
+    def state_dims(self, present: tuple[str, ...], role: str) -> tuple[str, ...]:
+        """The mesh dimensions (of those `present`) FSDP2 puts in `role` ("shard", "replicate")."""
+        return tuple(d.name for d in on_mesh() if d.states == role and d.name in present)
 
     def describe(self) -> str:
-        parts = [f"{self.pipeline} pipeline"] if self.pipeline > 1 else []
-        if self.replicate > 1:
-            parts.append(f"{self.replicate} replica(s) x {self.shard} shard(s)")
-        else:
-            parts.append(f"{self.shard} data-parallel")
-        if self.context > 1:
-            parts.append(f"{self.context} context-parallel")
-        if self.tensor > 1:
-            parts.append(f"{self.tensor} tensor-parallel")
-        experts = f", experts spread over groups of {self.expert}" if self.expert > 1 else ""
-        return " x ".join(parts) + " ranks" + experts
+        """The mesh line: each dimension as its descriptor names it, outermost first."""
+        parts = [text for d in on_mesh() if not d.trailing and (text := d.describe(self))]
+        trailing = "".join(text for d in DIMENSIONS if d.trailing and (text := d.describe(self)))
+        return " x ".join(parts) + " ranks" + trailing
+
+    def unnamed(self, lines: tuple[str, ...]) -> tuple[str, ...]:
+        """A layout's `lines` led by the mesh line where they go beyond data parallelism and no
+        applier's line names the mesh (a dimension without an applier of its own)."""
+        named = self.world_size == self.data_parallel or any(self.describe() in line for line in lines)
+        return lines if named else (f"mesh: {self.describe()}",) + lines
 
 
-@dataclass(frozen=True)
 class DimsSettings:
-    """The sizes as an option's keys give them (each an int or 'auto'), before resolving.
-
-    pipeline: strategy.pipeline_parallel_size ('auto': the ranks the others leave); data_parallel:
-    strategy.data_parallel_size ('auto': the ranks the others leave); tensor:
-    strategy.tensor_parallel_size ('auto': the devices of one node the others allow, 1 when the
-    pipeline is 'auto'); shard: strategy.shard_size (None: the data-parallel ranks all shard, no
-    replicas; 'auto': one node's devices); expert: strategy.expert_parallel_size (ranks of the
-    shard dimension that spread a mixture of experts' experts; 'auto' tensor is then 1); context:
-    strategy.context_parallel_size (ranks that split every sequence; taken before the others are
+    """The sizes as an option's keys give them (each an int or 'auto'), before resolving: one field
+    per dimension's `setting` (pipeline: strategy.pipeline_parallel_size, 'auto': the ranks the
+    others leave; data_parallel: strategy.data_parallel_size, 'auto': the ranks the others leave;
+    tensor: strategy.tensor_parallel_size, 'auto': the devices of one node the others allow, 1 when
+    the pipeline is 'auto'; shard: strategy.shard_size, None: the data-parallel ranks all shard, no
+    replicas, 'auto': one node's devices; expert: strategy.expert_parallel_size, ranks of the shard
+    dimension that spread a mixture of experts' experts, 'auto' tensor is then 1; context:
+    strategy.context_parallel_size, ranks that split every sequence, taken before the others are
     resolved, from the ranks and from each node's devices)."""
 
-    pipeline: Size = 1
-    data_parallel: Size = "auto"
-    tensor: Size = 1
-    shard: Size | None = None
-    expert: int = 1
-    context: int = 1
+    def __init__(self, **given):
+        defaults = {d.setting_name: d.default for d in DIMENSIONS}
+        unknown = set(given) - set(defaults)
+        if unknown:
+            raise TypeError(f"DimsSettings: no setting {', '.join(sorted(unknown))} (DIMENSIONS: {', '.join(defaults)})")
+        object.__setattr__(self, "given", {**defaults, **given})
+
+    def __getattr__(self, name: str):
+        given = self.__dict__.get("given", {})
+        if name in given:
+            return given[name]
+        raise AttributeError(name)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("DimsSettings is frozen: use replace()")
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, DimsSettings) and other.given == self.given
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self.given.items(), key=lambda kv: kv[0])))
+
+    def __repr__(self) -> str:
+        return "DimsSettings(" + ", ".join(f"{k}={v!r}" for k, v in self.given.items()) + ")"
+
+    def replace(self, **changes) -> DimsSettings:
+        return DimsSettings(**{**self.given, **changes})
 
     def resolve(self, world_size: int, devices: int) -> ParallelDims:
         """The sizes for `world_size` ranks of `devices` per node; ConfigError naming the keys. Each
-        dimension takes its share, in `RESOLVED_IN`'s order, of the ranks the ones before it left."""
-        taking = _Taking(world_size, devices)
-        for step in RESOLVED_IN:
+        dimension takes its share, in DIMENSIONS' order, of the ranks the ones before it left."""
+        taking = Taking(world_size, devices)
+        for dim in DIMENSIONS:
+            first = list(taking.taken_first)
             try:
-                step(self, taking)
+                dim.step(self, taking)
             except ConfigError as err:
-                if self.context == 1 or step is _context:
+                if not first:
                     raise
-                raise ConfigError(f"{err} (strategy.context_parallel_size={self.context} takes its share first: "
-                                  f"{world_size} ranks / {self.context})") from None
-        return ParallelDims(**taking.sizes)
-
-
-@dataclass
-class _Taking:
-    """The resolver's state: the ranks no dimension has taken yet, in all and on one node, and the
-    sizes taken so far (`data`: the data-parallel ranks, which shard and replicate then split)."""
-
-    ranks: int
-    devices: int
-    sizes: dict[str, int] = field(default_factory=dict)
-
-    def take(self, name: str, size: int) -> None:
-        self.sizes[name] = size
-
-
-def _context(given: DimsSettings, taking: _Taking) -> None:
-    """Context ranks first: they split every sequence of a group's batch, whatever else the group does."""
-    c = given.context
-    refuse(indivisible(f"strategy.context_parallel_size={c}", c, taking.ranks, _ranks(taking.ranks),
-                       "choose a size that divides them."))
-    taking.take("context", c)
-    taking.ranks, taking.devices = taking.ranks // c, max(taking.devices // c, 1)
-
-
-def _tensor(given: DimsSettings, taking: _Taking) -> None:
-    """'auto': the devices of one node that the ranks over pipeline and data allow, so the layers'
-    frequent collectives stay on the fast link (1 when the pipeline itself is 'auto', every rank a
-    stage, or when experts take the ranks)."""
-    ranks, size = taking.ranks, given.tensor
-    if size == "auto" and (given.expert > 1 or given.pipeline == "auto"):
-        size = 1
-    elif size == "auto" and given.data_parallel != "auto":
-        size = ranks // max(int(given.pipeline) * int(given.data_parallel), 1)
-    elif size == "auto":
-        size = math.gcd(taking.devices, ranks // max(int(given.pipeline), 1)) or 1
-    taking.take("tensor", int(size))
-    label = f"auto ({size})" if given.tensor == "auto" else str(size)
-    refuse(indivisible(f"strategy.tensor_parallel_size={label}", int(size), ranks, _ranks(ranks),
-                       "choose a size that divides them."))
-
-
-def _pipeline(given: DimsSettings, taking: _Taking) -> None:
-    """'auto': the ranks tensor and data parallelism leave."""
-    ranks, tp = taking.ranks, taking.sizes["tensor"]
-    dp = 1 if given.data_parallel == "auto" else int(given.data_parallel)
-    pp = ranks // max(tp * dp, 1) if given.pipeline == "auto" else int(given.pipeline)
-    taking.take("pipeline", pp)
-    label = f"auto ({tp})" if given.tensor == "auto" else str(tp)
-    refuse(indivisible(f"strategy.pipeline_parallel_size={given.pipeline}"
-                       + (f" x strategy.tensor_parallel_size={label}" if tp > 1 else ""), pp * tp, ranks,
-                       _ranks(ranks), "choose a size that divides them (the rest become data-parallel groups)."))
-
-
-def _data(given: DimsSettings, taking: _Taking) -> None:
-    """'auto': the rest; a given size must make the product the ranks."""
-    ranks, pp, tp = taking.ranks, taking.sizes["pipeline"], taking.sizes["tensor"]
-    if given.data_parallel != "auto" and pp * int(given.data_parallel) * tp != ranks:
-        label = f"auto ({tp})" if given.tensor == "auto" else str(tp)
-        raise ConfigError((f"strategy.pipeline_parallel_size={given.pipeline} x " if given.pipeline != 1 else "")
-                          + f"strategy.data_parallel_size={given.data_parallel} x strategy.tensor_parallel_size={label} "
-                          f"is {pp * int(given.data_parallel) * tp} ranks, but the run has {ranks} (devices x "
-                          "num_nodes); make their product the number of ranks, or set one of them to 'auto'.")
-    taking.take("data", ranks // (pp * tp))
-
-
-def _shard(given: DimsSettings, taking: _Taking) -> None:
-    """The data-parallel ranks as replicas of sharded groups (hsdp: strategy.shard_size ranks of one
-    node each), or all one sharded group."""
-    dp, devices = taking.sizes.pop("data"), taking.devices
-    if given.shard is None:
-        taking.take("shard", dp)
-        return
-    shard = devices if given.shard == "auto" else int(given.shard)
-    key = f"strategy.shard_size={f'auto ({shard})' if given.shard == 'auto' else shard}"
-    fix = "a shard group must not span two nodes. Choose a size that divides devices, or shard_size=auto (one node)."
-    refuse(indivisible(key, shard, devices, f"the {devices} ranks of a node (devices)", fix)
-           or indivisible(key, shard, dp, f"the {dp} data-parallel ranks", fix))
-    taking.take("replicate", dp // shard)
-    taking.take("shard", shard)
-
-
-def _expert(given: DimsSettings, taking: _Taking) -> None:
-    """Expert ranks borrowed from the shard dimension, which they must divide."""
-    shard = taking.sizes["shard"]
-    refuse(indivisible(f"strategy.expert_parallel_size={given.expert}", given.expert, shard,
-                       f"the {shard} ranks that shard the model (the data-parallel ranks, or strategy.shard_size "
-                       "under hsdp)", "choose a size that divides them."))
-    taking.take("expert", given.expert)
-
-
-#: the order in which the dimensions take their ranks
-RESOLVED_IN = (_context, _tensor, _pipeline, _data, _shard, _expert)
+                raise ConfigError(f"{err} ({'; '.join(first)})") from None
+        return ParallelDims(**{name: size for name, size in taking.sizes.items() if name in {d.name for d in DIMENSIONS}})

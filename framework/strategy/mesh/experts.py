@@ -21,12 +21,26 @@ from dataclasses import replace
 
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 
 from framework.console import human_bytes
 from framework.construction.routing import ExpertLayer, Routed
 from framework.errors import ConfigError, indivisible
 from framework.strategy.mesh import hf_experts
 from framework.strategy.mesh.applier import Applier
+
+
+def build_expert_mesh(dims, device_type: str, tensor_dim: bool = False):
+    """The experts' mesh: (expert_replica, expert[, expert_tensor]) within this rank's pipeline
+    stage group. The expert groups are consecutive ranks of the shard dimension with the same
+    tensor-parallel place (which compute the same tokens: each such slice dispatches on its
+    own). `tensor_dim`: expert_tensor kept at size 1 too (transformers' dispatch asks for it)."""
+    names = ("pipeline", "expert_replica", "expert", "expert_tensor")
+    sizes = (dims.pipeline, dims.replicate * dims.shard // dims.expert, dims.expert, dims.tensor)
+    always = ("expert_replica", "expert", "expert_tensor") if tensor_dim else ("expert_replica", "expert")
+    kept = [i for i, n in enumerate(names) if n in always or sizes[i] > 1]
+    mesh = init_device_mesh(device_type, tuple(sizes[i] for i in kept), mesh_dim_names=tuple(names[i] for i in kept))
+    return mesh[tuple(n for n in names[1:] if n in mesh.mesh_dim_names)] if dims.pipeline > 1 else mesh
 
 
 class BuiltinExperts:
@@ -225,7 +239,7 @@ class ExpertApplier(Applier):
         s, dims = self.strategy, self.dims
         # the tokens counted over the data-parallel ranks (not the tensor ranks or other stages)
         tokens = s.token_group() or "default"
-        mesh = dims.build_expert_mesh(s.root_device.type, tensor_dim=experts_of(model).tensor_dim)
+        mesh = build_expert_mesh(dims, s.root_device.type, tensor_dim=experts_of(model).tensor_dim)
         self.spread = apply_expert_parallel(model, mesh, tokens, dims.data_parallel)
         self.parameters = expert_parameters(model)
         s._say(f"{s.name}: {describe(model, dims.expert)}")

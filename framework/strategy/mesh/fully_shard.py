@@ -59,22 +59,26 @@ def materialise(model: torch.nn.Module, log: InitLog, device: torch.device) -> N
     replay(log, write)
 
 
-def data_mesh(mesh, replicated: bool):
-    """The mesh FSDP2 shards over: the shard dimension, flattened with the context dimension where
-    there is one (a context group's ranks hold different positions, so they shard the states too,
-    as torchtitan's dp_shard_cp), with the replicate dimension outside it under hybrid sharding."""
-    names = mesh.mesh_dim_names
-    inner = mesh[("shard", "context")]._flatten("shard_context") if "context" in names else mesh["shard"]
-    if not replicated:
-        return inner
-    return DeviceMesh._concatenate([mesh["replicate"], inner])
+def _one(mesh, names: tuple[str, ...]):
+    """`names` of `mesh` as one dimension (flattened, named by them joined, where several)."""
+    return mesh[names]._flatten("_".join(names)) if len(names) > 1 else mesh[names[0]]
 
 
-def token_mesh(mesh):
-    """The ranks that read different tokens, as one dimension: replicate x shard x context, those of
-    them the mesh has (a mixture of experts counts its routing over them)."""
-    names = tuple(n for n in ("replicate", "shard", "context") if n in mesh.mesh_dim_names)
-    return mesh[names]._flatten("_".join(names)) if len(names) > 1 else mesh[names[0]]  # as data_mesh names it
+def data_mesh(mesh, dims):
+    """The mesh FSDP2 shards over: the dimensions whose ranks hold different shards of the states
+    (framework/strategy/mesh/dims.py's `states`: shard, and context, whose ranks hold different
+    positions, as torchtitan's dp_shard_cp) flattened into one, with those that hold copies
+    (replicate: hybrid sharding) outside it."""
+    inner = _one(mesh, dims.state_dims(mesh.mesh_dim_names, "shard"))
+    copies = dims.state_dims(mesh.mesh_dim_names, "replicate")
+    return DeviceMesh._concatenate([_one(mesh, copies), inner]) if copies else inner
+
+
+def token_mesh(mesh, dims):
+    """The ranks that read different tokens, as one dimension: the mesh's dimensions whose ranks
+    read different batches or different parts of one (replicate x shard x context, those the mesh
+    has; a mixture of experts counts its routing over them)."""
+    return _one(mesh, tuple(d for d in mesh.mesh_dim_names if d in dims.token_dims()))
 
 
 class ShardingApplier(Applier):
@@ -94,13 +98,13 @@ class ShardingApplier(Applier):
         d = self.dims
         if d.replicate == 1:
             return []
-        return [f"mesh: {d.replicate} replica(s) x {d.shard} shard(s): the states are sharded over {d.shard * d.context} "
+        return [f"mesh: {d.replicate} replica(s) x {d.shard} shard(s): the states are sharded over {d.state_shards} "
                 f"rank(s) and replicated {d.replicate} time(s)"]
 
     def layout(self, layout, model):
         d = self.dims  # hybrid: the states divided over one shard group (x its context ranks)
         layout = replace(layout, states=StateLayout("fully_sharded", offload=self.strategy.cpu_offload))
-        return replace(layout, state_shards=d.shard * d.context) if d.replicate > 1 else layout
+        return replace(layout, state_shards=d.state_shards) if d.replicate > 1 else layout
 
     def apply(self, model):
         s, d = self.strategy, self.dims
@@ -110,7 +114,7 @@ class ShardingApplier(Applier):
         roots = s.roots(model)
         if not self.stages:
             s._say(f"{s.name}: sharding units: {units.describe()}")
-        kwargs = shard_kwargs(data_mesh(s.mesh, d.replicate > 1), s.precision, s.reshard_after_forward,
+        kwargs = shard_kwargs(data_mesh(s.mesh, d), s.precision, s.reshard_after_forward,
                               s.cpu_offload, s.root_device, s.ignored_parameters())
         apply_fully_shard(roots, units, kwargs)
 

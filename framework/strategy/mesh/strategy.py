@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import math
 from contextlib import ExitStack, contextmanager, nullcontext
-from dataclasses import replace
 
 import torch
 
@@ -25,7 +24,7 @@ from framework.strategy.layout import StateLayout
 from framework.strategy.mesh import state
 from framework.strategy.mesh.applier import Applier, checked
 from framework.strategy.mesh.context import ContextApplier
-from framework.strategy.mesh.dims import DimsSettings, ParallelDims
+from framework.strategy.mesh.dims import DimsSettings, ParallelDims, keyed
 from framework.strategy.mesh.experts import ExpertApplier, RoutingApplier
 from framework.strategy.mesh.fully_shard import ShardingApplier, materialise, token_mesh
 from framework.strategy.mesh.gradients import clip_gradients
@@ -52,8 +51,7 @@ class MeshStrategy(ParallelStrategy):
     def __init__(self, *args, dims: DimsSettings = DimsSettings(), pipeline: PipelineSettings | None = None,
                  tensor: TensorParallelSettings = TensorParallelSettings(), wrap_modules: list[str] | None = None,
                  min_unit_params: PositiveInt = DEFAULT_MIN_UNIT_PARAMS, reshard_after_forward: bool = True,
-                 cpu_offload: bool = False, meta_init: bool = True, timeout_s: float = 1800.0,
-                 expert_parallel_size: PositiveInt = 1, context_parallel_size: PositiveInt = 1, **kwargs):
+                 cpu_offload: bool = False, meta_init: bool = True, timeout_s: float = 1800.0, **kwargs):
         """dims: the sizes as the preset's keys set them; pipeline: the pipeline's settings (None: no
         stages); tensor: the tensor-parallel plan. The keys every preset has: wrap_modules: class
         names of the modules to shard as units (e.g. [Block]); null: the framework chooses (the
@@ -62,24 +60,24 @@ class MeshStrategy(ParallelStrategy):
         after forward (less memory, one more all-gather in backward); cpu_offload: keep sharded
         parameters, gradients and optimizer state in CPU memory; meta_init: build on the meta device
         and materialise shards only (false: every rank builds the whole model first); timeout_s: how
-        long a collective may wait; expert_parallel_size: ranks that spread a mixture of experts'
-        experts among them, borrowed from the sharding ranks (framework/strategy/mesh/experts.py; 1:
-        every rank every expert); context_parallel_size: ranks that split every sequence between
-        them, each a head and a tail chunk, attention over the whole sequence
-        (framework/strategy/mesh/context.py; 1: whole sequences)."""
+        long a collective may wait; and each keyed dimension's size (`keyword_parameters`:
+        expert_parallel_size, context_parallel_size; framework/strategy/mesh/dims.py says what each does)."""
+        sizes = {d.setting_name: kwargs.pop(d.key, d.default) for d in keyed()}
         super().__init__(*args, timeout_s=timeout_s, **kwargs)
-        dims = replace(dims, expert=expert_parallel_size, context=context_parallel_size)
-        self.dims_settings, self.pipeline, self.tensor = dims, pipeline, tensor
-        self.expert_parallel_size, self.context_parallel_size = expert_parallel_size, context_parallel_size
+        self.dims_settings, self.pipeline, self.tensor = dims.replace(**sizes), pipeline, tensor
+        self.__dict__.update({d.key: sizes[d.setting_name] for d in keyed()})  # strategy.<key>, as given
         self.wrap_modules = None if wrap_modules is None else list(wrap_modules)
-        self.min_unit_params = min_unit_params
-        self.reshard_after_forward = reshard_after_forward
-        self.cpu_offload = cpu_offload
-        self.meta_init = meta_init
+        self.min_unit_params, self.reshard_after_forward = min_unit_params, reshard_after_forward
+        self.cpu_offload, self.meta_init = cpu_offload, meta_init
         self._init_log: InitLog | None = None
         self._mesh = None
         self._resolved: dict[tuple[int, int], ParallelDims] = {}
         self._appliers: dict[int, list[Applier]] = {}
+
+    @classmethod
+    def keyword_parameters(cls) -> dict:
+        """The keys `**kwargs` takes besides the base's: one per keyed dimension (framework/config/targets.py)."""
+        return {d.key: d.keyword() for d in keyed()}
 
     # ---- the layout ---------------------------------------------------------------------------
     def parallel_dims(self, world_size: int) -> ParallelDims:
@@ -122,7 +120,7 @@ class MeshStrategy(ParallelStrategy):
     def mesh(self):
         """The device mesh, made on first use in a worker."""
         if self._mesh is None:
-            kept = ("shard",) + tuple(d for a in self.appliers() for d in a.mesh_dims)
+            kept = tuple(d for a in self.appliers() for d in a.mesh_dims)
             self._mesh = self.dims.build_mesh(self.root_device.type, kept)
         return self._mesh
 
@@ -133,7 +131,7 @@ class MeshStrategy(ParallelStrategy):
     def token_group(self):
         """The ranks that read different tokens (a mixture of experts counts its routing over them):
         None where they are the whole world, "single" where this rank alone."""
-        return self.dims.token_ranks(lambda: token_mesh(self.mesh).get_group())
+        return self.dims.token_ranks(lambda: token_mesh(self.mesh, self.dims).get_group())
 
     def setup_environment(self) -> None:
         super().setup_environment()  # DTensor's warning at every 2-D gather (a checkpoint, the norm): not the user's
@@ -162,7 +160,9 @@ class MeshStrategy(ParallelStrategy):
 
     def layout(self, world_size: int, model: torch.nn.Module | None = None) -> Layout:
         appliers = self.appliers(world_size)
-        layout = Layout(world_size, tuple(line for a in appliers for line in a.lines(model)))
+        lines = tuple(line for a in appliers for line in a.lines(model))
+        dims = self._resolved.get((world_size, self.devices))
+        layout = Layout(world_size, dims.unnamed(lines) if dims is not None else lines)
         for applier in appliers:
             layout = applier.layout(layout, model)
         return layout
