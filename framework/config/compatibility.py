@@ -47,7 +47,7 @@ def _cp(p: Plan) -> str:
 def _cp_uneven(p: Plan) -> list[str]:
     """Context parallelism's rows of data.block_size positions: 2 x C chunks each (a head and a tail a rank)."""
     length, chunks = p.loop.sequence_length, 2 * _context_size(p)
-    if chunks == 2 or not p.loop.sequence_split or not length:
+    if chunks == 2 or not p.loop.batch_split.sequence or not length:
         return []
     return indivisible(f"{_cp(p)} (x 2: a head and a tail chunk a rank)", chunks, length, f"data.block_size={length}",
                        f"choose a block_size that is a multiple of {chunks}.")
@@ -72,7 +72,7 @@ RULES: list[Rule] = [
         "traced by torch.compile here; set trainer.compile=false.",
     ),
     Rule(
-        lambda p: _context_size(p) > 1 and not p.loop.sequence_split,
+        lambda p: _context_size(p) > 1 and not p.loop.batch_split.sequence,
         lambda p: f"{_cp(p)} with task {p.loop.task}: only a language model's batches (token sequences whose labels "
         "can be shifted before the split) are split along the sequence; set strategy.context_parallel_size=1.",
     ),

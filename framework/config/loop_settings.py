@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
+from framework.batch_split import WHOLE_ROWS, BatchSplit
 from framework.config.targets import import_target
 
 
@@ -28,7 +29,7 @@ class LoopSettings:
     # a Hugging Face mixture of experts: its routers watched as one pool over every layer (framework/models/hf_routers.py)
     pooled_routing: bool = False
     loss_chunked: bool = False  # task.loss_chunk_tokens: the head and the loss by chunks (framework/tasks/chunked_loss.py)
-    sequence_split: bool = False  # the task's batches may be split along the sequence (context parallelism)
+    batch_split: BatchSplit = WHOLE_ROWS  # how the task's batch may be cut (framework/batch_split.py)
     sequence_length: int | None = None  # data.block_size: the positions of a batch's rows
     frozen_model: bool = False  # the task computes with a second, frozen model (framework/tasks/frozen.py)
 
@@ -48,7 +49,7 @@ def loop_settings(cfg: DictConfig) -> LoopSettings:
                         and getattr(task, "summed_loss", None) is not None,
                         adapter=cfg.adapter._target_.rsplit(".", 1)[-1].lower() if cfg.get("adapter") else None,
                         pooled_routing=hf_routed(cfg), loss_chunked=cfg.task.get("loss_chunk_tokens") is not None,
-                        sequence_split=bool(getattr(task, "sequence_split", False)),
+                        batch_split=getattr(task, "batch_split", WHOLE_ROWS),
                         sequence_length=cfg.data.get("block_size"),
                         frozen_model=bool(getattr(task, "frozen_model", False)))
 

@@ -33,8 +33,9 @@ def _scored_outputs(strategy, model: torch.nn.Module, loader, step: Step):
                 batch = next(batches, None)
                 if batch is None and filler is None:
                     break  # an empty share and nothing to run: only possible with an empty set
+                moved = strategy.batch_to_device(filler if batch is None else batch)
                 with strategy.forward_context():
-                    out = step(model, strategy.batch_to_device(filler if batch is None else batch))
+                    out = step(model, strategy.split_batch(moved))
                 if batch is not None:  # the filler keeps this rank in step; its outputs are not scored
                     yield out
     finally:

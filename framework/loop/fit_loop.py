@@ -158,7 +158,7 @@ class FitLoop:
             if self.trainer.compile and self._first_step_at is None:
                 self._first_step_at = time.perf_counter()
             if self.manual is not None:
-                outcome = self._manual_step(strategy.batch_to_device(batch))
+                outcome = self._manual_step(strategy.split_batch(strategy.batch_to_device(batch)))
                 if self._done():
                     return outcome
                 continue
@@ -189,8 +189,9 @@ class FitLoop:
         strategy = self.strategy
         if self.utilization.waiting:
             self.utilization.see(batch)
-        items = self.task.batch_size(batch)  # the whole batch's (a context-parallel rank gets a share of it)
         batch = strategy.batch_to_device(batch)
+        items = self.task.batch_size(batch)  # the whole batch's (a context-parallel rank gets a share of it)
+        batch = strategy.split_batch(batch)
         with strategy.no_backward_sync(self.model, skip=not self._ends_step(self.state.batch_in_epoch + 1)):
             loss, logged = strategy.forward_backward(self.model, self.task, batch, group, scale, self._loss_of)
         self.guard.observe_loss(loss)

@@ -9,7 +9,6 @@ from framework.config.types import NonNegativeFloat, PositiveInt
 from framework.construction.stage_modules import GPTStage
 from framework.errors import ConfigError
 from framework.models.moe import MoE, MoESettings
-from framework.sequences import document_ids
 
 
 class KVCache:
@@ -33,11 +32,17 @@ class KVCache:
         return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
 
 
-def packed_mask(position_ids: torch.Tensor) -> torch.Tensor:
-    """(B, 1, T, T), True where query t may attend to key s: s <= t within the same document
-    (framework/sequences.py: a document starts wherever a position does not follow the one before
-    it by 1)."""
-    documents = document_ids(position_ids)
+def packed_mask(position_ids: torch.Tensor) -> torch.Tensor | None:
+    """(B, 1, T, T), True where query t may attend to key s: s <= t within the same document, where
+    a row packs several (a document starts where the positions restart: a position not above the
+    one before it); None where no row does (plain causal attention). Positions that jump forward
+    (a share of each sequence under context parallelism: framework/batch_split.py) do not start a
+    document: the split attention masks by the whole sequence's documents itself."""
+    starts = torch.ones_like(position_ids, dtype=torch.bool)
+    starts[:, 1:] = position_ids[:, 1:] <= position_ids[:, :-1]
+    if not bool(starts[:, 1:].any()):  # one read of the host: no (B, T, T) mask for rows of one document
+        return None
+    documents = starts.cumsum(dim=1)
     t = position_ids.shape[1]
     causal = torch.ones(t, t, dtype=torch.bool, device=position_ids.device).tril()
     return ((documents[:, :, None] == documents[:, None, :]) & causal)[:, None]
@@ -110,10 +115,6 @@ class GPT(nn.Module):
     #: what strategy=pipeline cuts into stages (framework/construction/stage_modules.py): the Blocks,
     #: the embeddings on the first stage, the final norm and head on the last (`pipeline_stage`)
     pipeline_layers = "blocks"
-    #: set by context parallelism (framework/strategy/mesh/context.py): position_ids are the global
-    #: positions of this rank's share of each sequence, and the attention's mask is built there
-    sequence_split = False
-
     def __init__(self, vocab_size: PositiveInt = 256, block_size: PositiveInt = 128, n_layer: PositiveInt = 4,
                  n_head: PositiveInt = 4, n_embd: PositiveInt = 128, dropout: NonNegativeFloat = 0.0,
                  moe: MoESettings | None = None):
@@ -155,8 +156,8 @@ class GPT(nn.Module):
                 position_ids: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
         """Logits (B, T, vocab). `attention_mask` (padded dict batches) needs no use: attention is
         causal and padding ends a row, so no real token attends to it (its labels are -100).
-        `position_ids` (B, T) (packed rows): a position that does not follow the one before it by 1
-        starts a new sequence, which attends only to itself. `cache` (generation): input_ids are
+        `position_ids` (B, T): where each token sits (packed rows: a position not above the one
+        before it starts a new sequence, which attends only to itself: `packed_mask`). `cache` (generation): input_ids are
         the positions after those cached, and are cached too."""
         t = input_ids.shape[1]
         start = cache.length if cache is not None else 0
@@ -165,7 +166,7 @@ class GPT(nn.Module):
         mask = None
         if position_ids is not None:
             pos = position_ids
-            mask = None if self.sequence_split else packed_mask(position_ids)
+            mask = packed_mask(position_ids)
         else:
             pos = torch.arange(start, start + t, device=input_ids.device)
         x = self.drop(self.tok_emb(input_ids) + self.pos_emb(pos))

@@ -53,7 +53,8 @@ class Strategy:
     - `setup(model, optimizer_factory) -> (model, optimizer)`: precision conversion, placement,
       wrapping (`wrap_model`), then the optimizer built over the wrapped parameters;
       `place_frozen(factory)`: a second, frozen model (a reference, a teacher) laid out alike.
-    - per micro-batch: `batch_to_device`, then `forward_backward` (forward under
+    - per micro-batch: `batch_to_device` (moves), `split_batch` (this rank's share of it where its
+      ranks split batches: framework/batch_split.py), then `forward_backward` (forward under
       `forward_context`, then `backward`), inside `no_backward_sync(model, skip)` while accumulating.
     - per optimizer step: `clip_gradients`, `optimizer_step` (False if skipped), `zero_grad`.
     - collectives: `barrier`, `broadcast`, `all_gather`, `reduce`, `any_rank`; `world_size`,
@@ -91,13 +92,8 @@ class Strategy:
     #: an XLA strategy (accelerator=xla only)
     xla: bool = False
 
-    def __init__(
-        self,
-        accelerator: Accelerator | None = None,
-        precision: Precision | None = None,
-        checkpoint_io: CheckpointIO | None = None,
-        cluster: ClusterEnvironment | None = None,
-    ):
+    def __init__(self, accelerator: Accelerator | None = None, precision: Precision | None = None,
+                 checkpoint_io: CheckpointIO | None = None, cluster: ClusterEnvironment | None = None):
         self.accelerator = accelerator or CPUAccelerator()
         self.precision = precision or FP32Precision()
         self.checkpoint_io = checkpoint_io or TorchCheckpointIO()
@@ -209,6 +205,11 @@ class Strategy:
         if device.type != "cpu":  # the loaders' tensors are on the CPU already: no walk over the batch there
             batch = map_tensors(batch, lambda t: t.to(device, non_blocking=True))
         return self.precision.convert_input(batch)
+
+    def split_batch(self, batch: Any) -> Any:
+        """This rank's share of a moved batch where its ranks cut batches further (context
+        parallelism: framework/strategy/mesh/context.py); the batch itself by default."""
+        return batch
 
     def forward_context(self) -> ContextManager:
         return self.precision.forward_context()

@@ -6,6 +6,7 @@ from typing import Callable
 
 import torch
 
+from framework.batch_split import WHOLE_ROWS, BatchSplit
 from framework.models import moe_stats
 from framework.models.stage_routing import StageRouting
 from framework.tasks.second_model import Frozen, FrozenSource
@@ -71,6 +72,13 @@ class Task(ABC):
     #: sums_normalised).
     training_sums: Callable | None = None
     scored_count: Callable | None = None
+
+    #: how its batch may be cut besides whole rows over the data-parallel ranks (framework/batch_split.py):
+    #: WHOLE_ROWS (the default) or SEQUENCE (rows cut along the sequence over context-parallel ranks,
+    #: its next-token labels shifted before the cut). A task whose rows come in groups keeps each group
+    #: one sample of its data set (a preference pair: framework/tasks/preference.py), so that no cut
+    #: separates them.
+    batch_split: BatchSplit = WHOLE_ROWS
 
     #: optional, for pipeline stages (strategy=pipeline, or model_parallel with
     #: pipeline_parallel_size > 1: framework/strategy/mesh/pipeline/run.py), which run the model

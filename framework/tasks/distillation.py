@@ -28,10 +28,11 @@ from typing import Literal
 import torch
 from torch.nn import functional as F
 
+from framework.batch_split import WHOLE_ROWS, inputs_and_targets
 from framework.config.types import NonNegativeFloat, PositiveFloat
 from framework.errors import ConfigError
 from framework.sequences import IGNORE_INDEX
-from framework.tasks.language_modeling import LanguageModeling, model_inputs_and_targets, output_logits
+from framework.tasks.language_modeling import LanguageModeling, output_logits
 from framework.tasks.second_model import FrozenSource, missing
 
 DIVERGENCES = ("forward_kl", "reverse_kl")
@@ -53,7 +54,7 @@ class Distillation(LanguageModeling):
     """The next-token loss mixed with the divergence to a frozen teacher's distribution."""
 
     frozen_model = True  # the teacher
-    sequence_split = False  # the teacher's attention would need the context split too
+    batch_split = WHOLE_ROWS  # the teacher's attention would need the sequence cut too
     pipeline_split = None  # the teacher has no stages (the compatibility table says so)
     summed_loss = None
 
@@ -87,7 +88,7 @@ class Distillation(LanguageModeling):
         their number)."""
         if self.frozen is None:
             raise missing("task.teacher", "distillation")
-        inputs, targets = model_inputs_and_targets(batch)
+        inputs, targets = inputs_and_targets(batch)
         logits = output_logits(model(**inputs))
         with self.frozen.computing(model) as teacher:
             taught = output_logits(teacher(**inputs))

@@ -5,8 +5,8 @@ Two batch shapes are accepted:
 - a dict with `input_ids` and optionally `attention_mask` and `labels` (Hugging Face's
   convention, framework/data/text_files.py): the model is called with every key but `labels`, and
   position t predicts label t+1 (labels default to input_ids; -100 marks tokens not scored, e.g.
-  padding); or with `shift_labels` instead, each position's own next-token label already (a rank's
-  share of each sequence under context parallelism: framework/strategy/mesh/context.py).
+  padding); or a share of each row's positions, cut with its next-token labels shifted already
+  (context parallelism: framework/batch_split.py says how).
 
 The model may return logits (B, T, vocab) as a tensor, a dict with "logits", or an object with a
 `.logits` attribute (a `transformers` ModelOutput).
@@ -19,39 +19,26 @@ from collections.abc import Mapping
 import torch
 from torch.nn import functional as F
 
+from framework.batch_split import SEQUENCE, for_stages, inputs_and_targets, is_cut, scored_tokens
 from framework.config.types import PositiveInt
 from framework.errors import ConfigError
-from framework.sequences import IGNORE_INDEX, next_token_targets
+from framework.sequences import IGNORE_INDEX
 from framework.tasks.base import Task
 from framework.tasks.metrics import Metrics
 from framework.tasks.token_logps import output_logits, summed_nll, summed_nll_of, token_logps
 
 
-def model_inputs_and_targets(batch) -> tuple[dict, torch.Tensor]:
-    """(the model's keyword inputs, each position's next-token label (B, T): -100 where none is
-    scored), the labels shifted before anything is cut (the last position predicts nothing)."""
-    if isinstance(batch, Mapping):
-        if "input_ids" not in batch:
-            raise ConfigError(f"task: a dict batch needs input_ids (it has {', '.join(batch)}).")
-        if "shift_labels" in batch:  # shifted already (a share of each sequence: context parallelism)
-            return {k: v for k, v in batch.items() if k != "shift_labels"}, batch["shift_labels"]
-        labels = batch.get("labels", batch["input_ids"])
-        return {k: v for k, v in batch.items() if k != "labels"}, next_token_targets(labels)
-    tokens, targets = batch
-    return {"input_ids": tokens}, targets
-
-
 def call_inputs_and_targets(batch) -> tuple[dict | tuple, torch.Tensor]:
-    """As model_inputs_and_targets, with a (tokens, targets) batch's tokens as the model's one
-    positional argument (how the model is called for such a batch: its own name for it)."""
-    inputs, targets = model_inputs_and_targets(batch)
+    """As framework/batch_split.py's inputs_and_targets, with a (tokens, targets) batch's tokens as
+    the model's one positional argument (how the model is called for such a batch: its own name for it)."""
+    inputs, targets = inputs_and_targets(batch)
     return (inputs if isinstance(batch, Mapping) else (batch[0],)), targets
 
 
 def logits_and_targets(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits, targets) aligned position by position, flattened to (N, vocab) and (N,)."""
-    if isinstance(batch, Mapping) and "shift_labels" in batch:
-        inputs, targets = model_inputs_and_targets(batch)
+    if is_cut(batch):
+        inputs, targets = inputs_and_targets(batch)
         logits = output_logits(model(**inputs))
     elif isinstance(batch, Mapping):
         if "input_ids" not in batch:
@@ -72,9 +59,8 @@ class LanguageModeling(Task):
     takes_batches = ("token_blocks", "tokens")
 
     throughput_unit = "tokens"
-    #: its batches may be split along the sequence (context parallelism: framework/strategy/mesh/context.py):
-    #: a dict batch's `shift_labels` are each position's next-token label, shifted before the split
-    sequence_split = True
+    #: its rows may be cut along the sequence too (context parallelism: framework/batch_split.py)
+    batch_split = SEQUENCE
 
     def __init__(self, metrics: list | None = None, loss_chunk_tokens: PositiveInt | None = None):
         """metrics: torchmetrics metrics over the scored tokens besides loss and perplexity, e.g.
@@ -111,22 +97,11 @@ class LanguageModeling(Task):
 
     def scored_count(self, batch) -> int:
         """Tokens the loss scores in `batch`: every next token whose label is not -100."""
-        if isinstance(batch, Mapping) and "shift_labels" in batch:
-            return int((batch["shift_labels"] != IGNORE_INDEX).sum())
-        if isinstance(batch, Mapping):
-            labels = batch.get("labels", batch.get("input_ids"))
-            return int((labels[:, 1:] != IGNORE_INDEX).sum())
-        return int((batch[1] != IGNORE_INDEX).sum())
+        return scored_tokens(batch)
 
     def pipeline_split(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(token ids, each position's next-token label: -100 where none is scored), for stages."""
-        if not isinstance(batch, Mapping):
-            return batch[0], batch[1]
-        if batch.get("position_ids") is not None:
-            raise ConfigError("strategy=pipeline: packed rows (position_ids) do not pass between stages; set "
-                              "data.packing=false, or use strategy=fsdp.")
-        labels = batch.get("labels", batch["input_ids"])
-        return batch["input_ids"], next_token_targets(labels)
+        return for_stages(batch)
 
     def summed_loss(self, outputs, targets) -> torch.Tensor:
         """The next-token loss of a pipeline's last stage, summed over its scored tokens."""

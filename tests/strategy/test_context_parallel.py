@@ -13,6 +13,7 @@ import sys
 import pytest
 import torch
 
+from framework.batch_split import SEQUENCE, WHOLE_ROWS
 from framework.config.loop_settings import LoopSettings
 from framework.errors import ConfigError
 from framework.models.gpt import GPT, packed_mask
@@ -31,7 +32,7 @@ from tests.helpers.two_ranks import BASE, STEPS, shared
 
 def _planned(strategy, devices: int, **loop):
     strategy.devices = devices
-    settings = {"micro_batch_size": 8, "sequence_split": True, "sequence_length": 32, "task": "LanguageModeling", **loop}
+    settings = {"micro_batch_size": 8, "batch_split": SEQUENCE, "sequence_length": 32, "task": "LanguageModeling", **loop}
     strategy.configure_loop(LoopSettings(**settings))
     return strategy
 
@@ -78,7 +79,7 @@ def test_a_context_group_stays_within_a_node(devices, nodes, kwargs):
     (lambda: FSDPStrategy(context_parallel_size=2), {"sequence_length": 30},
      "(x 2: a head and a tail chunk a rank) does not divide data.block_size=30; choose a block_size that is a multiple of 4"),
     (lambda: FSDPStrategy(context_parallel_size=2), {"compile": True}, "trainer.compile=true"),
-    (lambda: FSDPStrategy(context_parallel_size=2), {"sequence_split": False, "task": "Classification"},
+    (lambda: FSDPStrategy(context_parallel_size=2), {"batch_split": WHOLE_ROWS, "task": "Classification"},
      "with task Classification: only a language model's batches"),
     (lambda: FSDPStrategy(context_parallel_size=2, expert_parallel_size=2), {}, "expert_parallel_size=2"),
     (lambda: PipelineStrategy(pipeline_parallel_size=2, context_parallel_size=2), {}, "with pipeline stages"),
@@ -140,7 +141,7 @@ def test_a_batch_is_split_after_its_labels_are_shifted():
     """Each rank's share: a head and a tail chunk of the ids, their global positions, and each
     position's own next token (the last of a chunk too); the two shares are the whole batch."""
     ids = torch.arange(16).view(2, 8)
-    shares = [split_batch({"input_ids": ids}, 2, rank)[0] for rank in range(2)]
+    shares = [split_batch({"input_ids": ids}, SEQUENCE, 2, rank)[0] for rank in range(2)]
     assert shares[0]["position_ids"][0].tolist() == [0, 1, 6, 7] and shares[1]["position_ids"][0].tolist() == [2, 3, 4, 5]
     assert local_positions(8, 2, 1).tolist() == [2, 3, 4, 5]
     assert shares[0]["shift_labels"][0].tolist() == [1, 2, 7, -100] and shares[1]["shift_labels"][0].tolist() == [3, 4, 5, 6]
@@ -153,7 +154,7 @@ def test_a_padded_batch_of_uneven_length_is_padded_on_to_whole_chunks():
     positions count on, the padding scores nothing and its keys are masked."""
     ids = torch.tensor([[5, 6, 7, 8, 9, 10], [11, 12, 13, 0, 0, 0]])
     batch = {"input_ids": ids, "attention_mask": (ids > 0).long(), "labels": torch.where(ids > 0, ids, -100)}
-    shares = [split_batch(batch, 2, rank) for rank in range(2)]
+    shares = [split_batch(batch, SEQUENCE, 2, rank) for rank in range(2)]
     assert [share["input_ids"][0].tolist() for share, _ in shares] == [[5, 6, 0, 0], [7, 8, 9, 10]]
     assert [share["shift_labels"][0].tolist() for share, _ in shares] == [[6, 7, -100, -100], [8, 9, 10, -100]]
     assert shares[0][0]["position_ids"][0].tolist() == [0, 1, 6, 7]
@@ -172,7 +173,7 @@ def test_the_shares_scored_tokens_add_up_to_the_batchs():
     batch = {"input_ids": torch.randint(0, 64, (2, 8)), "labels": torch.randint(0, 64, (2, 8))}
     batch["labels"][0, 3] = -100
     task = LanguageModeling()
-    counts = [task.scored_count(split_batch(batch, 2, rank)[0]) for rank in range(2)]
+    counts = [task.scored_count(split_batch(batch, SEQUENCE, 2, rank)[0]) for rank in range(2)]
     assert sum(counts) == task.scored_count(batch) == 13
 
 
@@ -307,14 +308,19 @@ def test_a_hugging_face_llama_trains_under_context_parallelism_as_in_one_process
 
 
 def test_packed_mask_matches_the_split_attentions_documents():
-    """The documents the split takes from packed rows' positions are the ones the built-in GPT's
-    own packed mask separates (a position that does not follow the one before by 1 starts one)."""
+    """The documents the split takes from packed rows' positions (a position that does not follow
+    the one before by 1 starts one) are the ones the built-in GPT's own packed mask separates (a
+    position not above the one before starts one): packed documents restart at 0. A rank's share of
+    unpacked rows (positions that jump forward from its head chunk to its tail chunk) is one
+    document to the GPT: it builds no mask, the split attention masks by the whole sequence."""
     positions = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2]])
-    _, shard = split_batch({"input_ids": torch.zeros(1, 8, dtype=torch.long), "position_ids": positions}, 2, 0)
+    _, shard = split_batch({"input_ids": torch.zeros(1, 8, dtype=torch.long), "position_ids": positions}, SEQUENCE, 2, 0)
     assert shard.documents.tolist() == [[1, 1, 1, 2, 2, 3, 3, 3]]
     mask = packed_mask(positions)[0, 0]
     same = shard.documents[0][:, None] == shard.documents[0][None, :]
     assert torch.equal(mask, same & torch.ones(8, 8, dtype=torch.bool).tril())
+    share, _ = split_batch({"input_ids": torch.zeros(1, 8, dtype=torch.long)}, SEQUENCE, 2, 0)
+    assert share["position_ids"].tolist() == [[0, 1, 6, 7]] and packed_mask(share["position_ids"]) is None
 
 
 CHAT = ["data=chat_files", "model.n_layer=2", "model.n_embd=32", "model.n_head=2", "model.block_size=256",

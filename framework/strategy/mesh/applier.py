@@ -42,7 +42,7 @@ COMBINED = {
     "problems": "first", "lines": "concat", "layout": "fold", "units": "fold",
     "build": "fold", "apply": "each", "roots": "one", "ignored_parameters": "union", "materialise": "one",
     "finish": "each",
-    "batch": "fold", "loss_weight": "product", "forward_backward": "one", "no_sync": "each", "before_clip": "each",
+    "split_batch": "fold", "loss_weight": "product", "forward_backward": "one", "no_sync": "each", "before_clip": "each",
     "counted": "one", "norm_group": "one", "before_step": "each", "after_zero_grad": "each",
     "merge_model_state": "one", "merge_optimizer_state": "one", "load_model_state": "one",
     "optimizer_state_to_load": "fold",
@@ -124,7 +124,8 @@ class Applier:
         pass
 
     # ---- a step --------------------------------------------------------------------------------
-    def batch(self, batch):
+    def split_batch(self, batch):
+        """This rank's share of a moved batch (cut through framework/batch_split.py); the batch itself."""
         return batch
 
     loss_weight = 1

@@ -21,13 +21,12 @@ predict` (a row's loss would be split over the ranks), tasks that are not a lang
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import replace
 
 import torch
 
+from framework.batch_split import BatchSplit, cut_sequence
 from framework.errors import ConfigError
-from framework.sequences import IGNORE_INDEX, document_ids, next_token_targets
 from framework.strategy.mesh.applier import Applier
 from framework.strategy.mesh.context_attention import ContextAttention, SequenceShard
 
@@ -97,53 +96,23 @@ class ContextApplier(Applier):
         modules = attention_modules(model)
         for module in modules:
             _intercept(module, lambda: self.current)
-        for module in model.modules():  # the built-in GPT: positions given are global, the mask is ours
-            if hasattr(module, "sequence_split"):
-                module.sequence_split = True
         s = self.strategy
         s._say(f"{s.name}: {self.dims.describe()}; {len(modules)} attention modules ({type(modules[0]).__name__}) see "
                "the whole sequence")
 
-    def batch(self, batch):
-        share, self.current = split_batch(batch, self.size, self.rank, self.group)
+    def split_batch(self, batch):
+        share, self.current = split_batch(batch, self.strategy.loop_settings.batch_split, self.size, self.rank,
+                                          self.group)
         return share
 
 
-def split_batch(batch, size: int, rank: int, group=None) -> tuple[dict, SequenceShard]:
-    """Rank `rank`'s share of a language model's batch over a context group of `size` (input_ids,
-    the global position_ids, and shift_labels: each position's next-token label, shifted before the
-    split), and the shard its attention reads (documents of packed rows, real keys of padded rows)."""
-    if isinstance(batch, Mapping):
-        ids = batch["input_ids"]
-        labels = batch.get("labels", ids)
-        targets = next_token_targets(labels)
-        positions = batch.get("position_ids")
-        mask = batch.get("attention_mask")
-    else:
-        ids, targets = batch
-        positions = mask = None
-    length = -(-ids.shape[1] // (2 * size)) * 2 * size  # a padded batch's longest row, padded on to 2 x size chunks
-    if positions is None:
-        positions = torch.arange(ids.shape[1], device=ids.device).expand(ids.shape[0], ids.shape[1])
-    if length != ids.shape[1]:  # after every real token: causal attention never reads them, and they score nothing
-        ids, targets, positions, mask = (_pad(ids, length, 0), _pad(targets, length, IGNORE_INDEX),
-                                         _pad(positions, length, None), _pad(mask, length, 0))
-    documents = document_ids(positions) if isinstance(batch, Mapping) and "position_ids" in batch else None
-    shard = SequenceShard(group, size, rank, length, documents, mask.bool() if mask is not None else None)
-    return {"input_ids": shard.split(ids), "position_ids": shard.split(positions),
-            "shift_labels": shard.split(targets)}, shard
-
-
-def _pad(tensor: torch.Tensor | None, length: int, value: int | None) -> torch.Tensor | None:
-    """`tensor` (B, T) padded on the right to `length` with `value` (None: positions, counting on)."""
-    if tensor is None:
-        return None
-    extra = length - tensor.shape[1]
-    if value is None:
-        tail = tensor[:, -1:] + torch.arange(1, extra + 1, device=tensor.device)
-    else:
-        tail = torch.full((tensor.shape[0], extra), value, dtype=tensor.dtype, device=tensor.device)
-    return torch.cat([tensor, tail], dim=1)
+def split_batch(batch, split: BatchSplit, size: int, rank: int, group=None) -> tuple[dict, SequenceShard]:
+    """Rank `rank`'s share of a batch over a context group of `size` (as the task's `split` allows:
+    framework/batch_split.py), and the shard its attention reads (documents of packed rows, real
+    keys of padded rows)."""
+    cut = cut_sequence(batch, split, 2 * size)
+    shard = SequenceShard(group, size, rank, cut.length, cut.documents, cut.mask)
+    return {name: shard.split(field) for name, field in cut.fields.items()}, shard
 
 
 def _intercept(module: torch.nn.Module, current) -> None:

@@ -219,10 +219,9 @@ class MeshStrategy(ParallelStrategy):
             print(line, flush=True)
 
     # ---- a step ---------------------------------------------------------------------------------
-    def batch_to_device(self, batch):
-        batch = super().batch_to_device(batch)
+    def split_batch(self, batch):
         for applier in self.appliers():
-            batch = applier.batch(batch)
+            batch = applier.split_batch(batch)
         return batch
 
     def forward_backward(self, model, task, batch, group, scale, loss_of):

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 import torch
 import torch.distributed as dist
 
+from framework.batch_split import refuse_positions_in_stages
 from framework.construction.meta_init import InitLog, replay
 from framework.construction.named_state import strict_load
 from framework.construction.routing import Routed
@@ -196,9 +197,7 @@ class PipelineRun:
     def forward_only(self, input_ids, attention_mask=None, position_ids=None):
         """The whole model's output for `input_ids` on every rank of this pipeline (a GPT ignores
         attention_mask: padding ends a row, and attention is causal)."""
-        if position_ids is not None:
-            raise ConfigError(f"strategy={self.name}: packed rows (position_ids) do not pass between stages; set "
-                              "data.packing=false, or use strategy=fsdp.")
+        refuse_positions_in_stages(position_ids, self.name)
         return forward.forward_across(self.part.stages, self.owners(), self.rank, input_ids, self.group, self.device)
 
     # ---- gradients --------------------------------------------------------------------------
