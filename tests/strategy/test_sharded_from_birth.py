@@ -57,7 +57,7 @@ def test_rotary_families_are_built_on_meta_too(family):
         assert torch.equal(written[name], tensor), name
     for strategy in (FSDPStrategy(), HSDPStrategy(), ModelParallelStrategy()):  # no rank builds it whole first
         built = strategy.build_model(factory)
-        assert all(t.is_meta for t in [*built.parameters(), *built.buffers()]) and strategy._init_log is not None
+        assert all(t.is_meta for t in [*built.parameters(), *built.buffers()]) and strategy.model_layout().init_log is not None
 
 
 def test_what_cannot_be_replayed_is_named():

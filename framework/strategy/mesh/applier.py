@@ -1,26 +1,28 @@
 """What every part of a mesh layout looks like: an applier.
 
 A layout is the resolved parallel dims (dims.py) plus the appliers that the dims call for, run in
-one fixed order (strategy.py's ORDER). Each applier is a small object in a file of its own with the
-surface below, all optional; the mesh strategy loops over them and never asks which dimension is
-there. Adding a dimension: one applier file, one entry in ORDER, one field of the settings.
+one fixed order (strategy.py's ORDER), one layout per model (model_layout.py: the trained model's,
+a frozen second model's). Each applier is a small object in a file of its own with the surface
+below, all optional, given a Placement (placement.py), not the strategy; the model's layout combines
+the hooks and never asks which dimension is there. Adding a dimension: one Dimension (dims.py's
+DIMENSIONS); where it changes the model or the step, one applier file and one entry in ORDER.
 
 Before launch: `problems` (its refusals, each naming the key and the fix), `lines` (what
-`framework plan` prints), `layout` (what it changes of the memory estimate's layout).
+`framework plan` prints), `layout` (what it changes of the memory estimate's layout), `units`.
 Building, in the order of ORDER: `build` (the model on the meta device: a pipeline cuts it), then
-in the workers `apply` (tensor parallelism splits layers, FSDP shards...), `materialise` (the one
-applier that knows how this rank's tensors are allocated, else the plain way), `finish`.
-A step: `batch` (a rank's share of the batch), `loss_weight`, `forward_backward` (a schedule that
-runs the passes itself), `no_sync`, `before_clip`, and the clip's `norm_by_hand`,
-`counted`, `norm_group`; `before_step`, `after_zero_grad`.
-Checkpoints: `state_by_hand`, `merge_model_state`, `merge_optimizer_state`, `load_model_state`,
-`optimizer_state_to_load`.
+in the workers `apply` (tensor parallelism splits layers, FSDP shards...), `ignored_parameters`.
+A step: `split_batch` (a rank's share of the batch), `loss_weight`, `no_sync`, `before_clip`, the
+clip's `norm_by_hand`; `before_step`, `after_zero_grad`. Checkpoints: `state_by_hand`.
+The other side of the surface, `schedule` (framework/strategy/mesh/schedule.py): a layout whose
+step runs in a schedule of its own (pipeline stages) answers through it for the roots FSDP2
+shards, how this rank's tensors are allocated, each micro-batch's passes, the norm's parameters
+and group, and the checkpoint state's merging and loading; no other applier carries those.
 What the layout can do (`abilities`, framework/strategy/abilities.py; the compatibility table reads
 the strategy's): every one of its appliers' abilities combined.
 
-How the strategy combines a hook over a layout's appliers is declared once, in COMBINED below, and
+How a model's layout combines a hook over its appliers is declared once, in COMBINED below, and
 the rule "one" is enforced when a layout's appliers are chosen (`checked`): two appliers
-of one layout that both implement such a hook (two schedules, two ways to merge a checkpoint) are a
+of one layout that both implement such a hook (two schedules) are a
 ConfigError naming both, never a silent first-wins decided by ORDER.
 """
 from __future__ import annotations
@@ -40,12 +42,9 @@ from framework.strategy.layout import Layout
 COMBINED = {
     "norm_by_hand": "any", "state_by_hand": "any", "mesh_dims": "union", "abilities": "union",
     "problems": "first", "lines": "concat", "layout": "fold", "units": "fold",
-    "build": "fold", "apply": "each", "roots": "one", "ignored_parameters": "union", "materialise": "one",
-    "finish": "each",
-    "split_batch": "fold", "loss_weight": "product", "forward_backward": "one", "no_sync": "each", "before_clip": "each",
-    "counted": "one", "norm_group": "one", "before_step": "each", "after_zero_grad": "each",
-    "merge_model_state": "one", "merge_optimizer_state": "one", "load_model_state": "one",
-    "optimizer_state_to_load": "fold",
+    "build": "fold", "apply": "each", "ignored_parameters": "union",
+    "split_batch": "fold", "loss_weight": "product", "no_sync": "each", "before_clip": "each",
+    "before_step": "each", "after_zero_grad": "each", "schedule": "one",
 }
 
 
@@ -67,8 +66,9 @@ def checked(appliers: list) -> list:
 
 
 class Applier:
-    """One part of a mesh layout; `strategy` is the mesh strategy it belongs to (its settings, dims,
-    mesh, precision and device), `dims` the resolved dims it was chosen for."""
+    """One part of a model's mesh layout; `placement` is what it is given (framework/strategy/mesh/placement.py:
+    the option's settings, the mesh, the device, a way to speak, and its model's layout for what its
+    siblings decide), `dims` the resolved dims it was chosen for."""
 
     #: the gradient norm is taken by hand (parameters on several meshes, or stages)
     norm_by_hand = False
@@ -79,12 +79,12 @@ class Applier:
     #: what a layout with this applier can do (the strategy's: every applier's, combined)
     abilities = Abilities()
 
-    def __init__(self, strategy, dims):
-        self.strategy, self.dims = strategy, dims
+    def __init__(self, placement, dims):
+        self.placement, self.dims = placement, dims
 
     @classmethod
-    def wanted(cls, strategy, dims) -> bool:
-        """Whether a layout of `dims` under `strategy`'s settings has this applier."""
+    def wanted(cls, placement, dims) -> bool:
+        """Whether a layout of `dims` under the placement's settings has this applier."""
         return True
 
     # ---- before launch -----------------------------------------------------------------------
@@ -108,20 +108,9 @@ class Applier:
     def apply(self, model: torch.nn.Module) -> None:
         pass
 
-    def roots(self, model: torch.nn.Module) -> list[torch.nn.Module] | None:
-        """The modules FSDP shards as roots, where not the model (a pipeline rank's stages)."""
-        return None
-
     def ignored_parameters(self) -> set:
         """Parameters FSDP must leave alone (placed by this applier)."""
         return set()
-
-    def materialise(self, model: torch.nn.Module, log, device: torch.device) -> bool:
-        """Allocate this rank's tensors and replay the initialisation; False: not this applier's."""
-        return False
-
-    def finish(self, model: torch.nn.Module) -> None:
-        pass
 
     # ---- a step --------------------------------------------------------------------------------
     def split_batch(self, batch):
@@ -130,22 +119,11 @@ class Applier:
 
     loss_weight = 1
 
-    def forward_backward(self, model, task, batch, group, scale, loss_of):
-        """A micro-batch's forward and backward where this applier runs them itself (a pipeline's
-        schedule): (the loss the guard watches, the logged share); None: the strategy's own."""
-        return None
-
     def no_sync(self, model: torch.nn.Module, skip: bool) -> AbstractContextManager | None:
         return None
 
     def before_clip(self, model: torch.nn.Module) -> None:
         pass
-
-    def counted(self, model: torch.nn.Module) -> list | None:
-        """The parameters the gradient norm counts, where not all (a tied head's copy left out)."""
-        return None
-
-    norm_group = None  # a process group the norm's squares are summed over besides the meshes'
 
     def before_step(self) -> None:
         pass
@@ -153,17 +131,8 @@ class Applier:
     def after_zero_grad(self) -> None:
         pass
 
-    # ---- checkpoints ---------------------------------------------------------------------------
-    def merge_model_state(self, own: dict) -> dict | None:
+    # ---- the other side: a step run in a schedule of its own (framework/strategy/mesh/schedule.py) ----
+    def schedule(self):
+        """The layout's schedule where this applier runs each step itself (a pipeline's, once its
+        stages are built); None: the strategy's plain step."""
         return None
-
-    def merge_optimizer_state(self, own: dict) -> dict | None:
-        return None
-
-    def load_model_state(self, model: torch.nn.Module, full: dict) -> bool:
-        return False
-
-    def optimizer_state_to_load(self, model: torch.nn.Module, full: dict) -> dict:
-        return full
-
-

@@ -41,15 +41,15 @@ def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
 class ContextApplier(Applier):
     """Splits each batch's sequences over the context group and makes attention see all of them."""
 
-    def __init__(self, strategy, dims):
-        super().__init__(strategy, dims)
+    def __init__(self, placement, dims):
+        super().__init__(placement, dims)
         self.size = dims.context
         self.group = None
         self.rank = 0
         self.current: SequenceShard | None = None
 
     @classmethod
-    def wanted(cls, strategy, dims) -> bool:
+    def wanted(cls, placement, dims) -> bool:
         return dims is not None and dims.context > 1
 
     @property
@@ -79,7 +79,7 @@ class ContextApplier(Applier):
         return []
 
     def lines(self, model):
-        tokens = self.strategy.loop_settings.sequence_length or 0
+        tokens = self.placement.loop_settings.sequence_length or 0
         share = f"{tokens // self.size:,} of {tokens:,} positions" if tokens else f"1/{self.size} of each sequence"
         return [f"context parallel: {self.dims.describe()}; every sequence split over {self.size} ranks ({share} each, "
                 f"a head and a tail chunk); attention all-gathers the keys and values; activations per rank / "
@@ -91,17 +91,17 @@ class ContextApplier(Applier):
     # ---- in the workers --------------------------------------------------------------------------
     def apply(self, model):
         """Make every attention module of `model` attend over the whole sequence."""
-        self.group = self.strategy.mesh["context"].get_group()
-        self.rank = self.strategy.mesh["context"].get_local_rank()
+        self.group = self.placement.mesh["context"].get_group()
+        self.rank = self.placement.mesh["context"].get_local_rank()
         modules = attention_modules(model)
         for module in modules:
             _intercept(module, lambda: self.current)
-        s = self.strategy
-        s._say(f"{s.name}: {self.dims.describe()}; {len(modules)} attention modules ({type(modules[0]).__name__}) see "
+        s = self.placement
+        s.say(f"{s.name}: {self.dims.describe()}; {len(modules)} attention modules ({type(modules[0]).__name__}) see "
                "the whole sequence")
 
     def split_batch(self, batch):
-        share, self.current = split_batch(batch, self.strategy.loop_settings.batch_split, self.size, self.rank,
+        share, self.current = split_batch(batch, self.placement.loop_settings.batch_split, self.size, self.rank,
                                           self.group)
         return share
 

@@ -199,34 +199,34 @@ class ExpertApplier(Applier):
 
     norm_by_hand = True
 
-    def __init__(self, strategy, dims):
-        super().__init__(strategy, dims)
+    def __init__(self, placement, dims):
+        super().__init__(placement, dims)
         self.spread: ExpertParallel | None = None
         self.parameters: set = set()
 
     @classmethod
-    def wanted(cls, strategy, dims) -> bool:
+    def wanted(cls, placement, dims) -> bool:
         return dims is not None and dims.expert > 1
 
     def problems(self, model):
         if model is None:
             return []
-        if self.strategy.cpu_offload:
-            return [f"strategy={self.strategy.name} with cpu_offload and expert_parallel_size={self.dims.expert}: the "
+        if self.placement.cpu_offload:
+            return [f"strategy={self.placement.name} with cpu_offload and expert_parallel_size={self.dims.expert}: the "
                     "experts are spread, not sharded by FSDP, and would stay on the device; drop one of them."]
         return expert_problems(model, self.dims.expert, self.dims.tensor, self.dims.pipeline)
 
     def lines(self, model):
-        if self.strategy.pipeline is not None:
+        if self.placement.pipeline is not None:
             return []  # the pipeline's lines say the mesh
         if model is None:
             return [f"mesh: {self.dims.describe()}"]
-        loop = self.strategy.loop_settings
+        loop = self.placement.loop_settings
         tokens = loop.micro_batch_size * loop.accumulate * getattr(model, "block_size", 0)
         return [f"mesh: {self.dims.describe()}", describe(model, self.dims.expert, tokens)]
 
     def layout(self, layout, model):
-        if model is None or self.strategy.pipeline is not None:  # a pipeline rank's count holds its experts
+        if model is None or self.placement.pipeline is not None:  # a pipeline rank's count holds its experts
             return layout
         return replace(layout, spread_parameters=trainable(model), spread_ranks=self.dims.expert)
 
@@ -236,13 +236,13 @@ class ExpertApplier(Applier):
         return replace(units, gathered=[n - e for n, e in zip(units.gathered, inside + [0])])
 
     def apply(self, model):
-        s, dims = self.strategy, self.dims
+        s, dims = self.placement, self.dims
         # the tokens counted over the data-parallel ranks (not the tensor ranks or other stages)
         tokens = s.token_group() or "default"
         mesh = build_expert_mesh(dims, s.root_device.type, tensor_dim=experts_of(model).tensor_dim)
         self.spread = apply_expert_parallel(model, mesh, tokens, dims.data_parallel)
         self.parameters = expert_parameters(model)
-        s._say(f"{s.name}: {describe(model, dims.expert)}")
+        s.say(f"{s.name}: {describe(model, dims.expert)}")
 
     def ignored_parameters(self):
         return self.parameters
@@ -262,10 +262,10 @@ class RoutingApplier(Applier):
     that read different tokens, where those are not the whole world (tensor ranks and stages)."""
 
     @classmethod
-    def wanted(cls, strategy, dims) -> bool:
+    def wanted(cls, placement, dims) -> bool:
         return dims is not None and dims.expert == 1
 
     def apply(self, model):
-        group = self.strategy.token_group()
+        group = self.placement.token_group()
         if group is not None:
             token_groups(model, None if group == "single" else group)

@@ -85,14 +85,14 @@ class ShardingApplier(Applier):
     """FSDP2 over the data-parallel (x context) ranks, after the layers are split: each unit, then
     each root (the model, or a pipeline rank's stages)."""
 
-    def __init__(self, strategy, dims):
-        super().__init__(strategy, dims)
-        self.stages = strategy.pipeline is not None  # the schedule defers the reduction itself
+    def __init__(self, placement, dims):
+        super().__init__(placement, dims)
+        self.stages = placement.pipeline is not None  # the schedule defers the reduction itself
 
     @classmethod
-    def wanted(cls, strategy, dims) -> bool:
+    def wanted(cls, placement, dims) -> bool:
         # a pipeline with one data-parallel rank has nothing to shard its stages over
-        return strategy.pipeline is None or dims is None or dims.data_parallel > 1
+        return placement.pipeline is None or dims is None or dims.data_parallel > 1
 
     def lines(self, model):
         d = self.dims
@@ -103,19 +103,19 @@ class ShardingApplier(Applier):
 
     def layout(self, layout, model):
         d = self.dims  # hybrid: the states divided over one shard group (x its context ranks)
-        layout = replace(layout, states=StateLayout("fully_sharded", offload=self.strategy.cpu_offload))
+        layout = replace(layout, states=StateLayout("fully_sharded", offload=self.placement.cpu_offload))
         return replace(layout, state_shards=d.state_shards) if d.replicate > 1 else layout
 
     def apply(self, model):
-        s, d = self.strategy, self.dims
+        s, d = self.placement, self.dims
         if d.replicate > 1:
-            s._say(f"{s.name}: {self.lines(None)[0]}")
-        units = s.units(model)
-        roots = s.roots(model)
+            s.say(f"{s.name}: {self.lines(None)[0]}")
+        units = s.layout.units(model)  # as its sibling appliers leave them
+        roots = s.layout.roots(model)
         if not self.stages:
-            s._say(f"{s.name}: sharding units: {units.describe()}")
+            s.say(f"{s.name}: sharding units: {units.describe()}")
         kwargs = shard_kwargs(data_mesh(s.mesh, d), s.precision, s.reshard_after_forward,
-                              s.cpu_offload, s.root_device, s.ignored_parameters())
+                              s.cpu_offload, s.root_device, s.layout.ignored_parameters())
         apply_fully_shard(roots, units, kwargs)
 
     def no_sync(self, model, skip):

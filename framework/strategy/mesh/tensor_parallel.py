@@ -65,25 +65,25 @@ class TensorApplier(Applier):
     state_by_hand = True
     abilities = Abilities(splits_layers=True)
 
-    def __init__(self, strategy, dims):
-        super().__init__(strategy, dims)
-        self.settings: TensorParallelSettings = strategy.tensor
+    def __init__(self, placement, dims):
+        super().__init__(placement, dims)
+        self.settings: TensorParallelSettings = placement.tensor
         self.plan: tuple[dict[str, str], str] | None = None
 
     @classmethod
-    def wanted(cls, strategy, dims) -> bool:
+    def wanted(cls, placement, dims) -> bool:
         if dims is None:  # unresolvable sizes (problems() reports them): as the key says
-            return strategy.dims_settings.tensor not in (1, "auto")
+            return placement.dims_settings.tensor not in (1, "auto")
         return dims.tensor > 1
 
     def problems(self, model):
         if model is None or self.dims.expert > 1:  # the experts' applier judges those layouts (ORDER's next)
             return []
-        label = f"auto ({self.dims.tensor})" if self.strategy.dims_settings.tensor == "auto" else str(self.dims.tensor)
+        label = f"auto ({self.dims.tensor})" if self.placement.dims_settings.tensor == "auto" else str(self.dims.tensor)
         return self.settings.problems(model, self.dims.tensor, label)
 
     def lines(self, model):
-        if self.dims.expert > 1 or self.strategy.pipeline is not None:
+        if self.dims.expert > 1 or self.placement.pipeline is not None:
             return []  # the experts' or the pipeline's lines say the mesh
         lines = [f"mesh: {self.dims.describe()}: each batch computed by {self.dims.tensor} rank(s) together, the states "
                  "of the split layers divided over every rank, the rest over the data-parallel ranks (the estimate "
@@ -95,6 +95,6 @@ class TensorApplier(Applier):
         return model
 
     def apply(self, model):
-        done = apply_tensor_parallel(model, self.strategy.mesh["tensor"], self.plan or self.settings.plan(model),
+        done = apply_tensor_parallel(model, self.placement.mesh["tensor"], self.plan or self.settings.plan(model),
                                      self.settings.sequence_parallel)
-        self.strategy._say(f"{self.strategy.name}: {self.dims.describe()}; {done}")
+        self.placement.say(f"{self.placement.name}: {self.dims.describe()}; {done}")
