@@ -29,11 +29,13 @@ import torch
 from torch.nn import functional as F
 
 from framework.batch_split import WHOLE_ROWS, inputs_and_targets
-from framework.config.types import NonNegativeFloat, PositiveFloat
+from framework.config.types import NonNegativeFloat, PositiveFloat, PositiveInt
 from framework.errors import ConfigError
 from framework.sequences import IGNORE_INDEX
+from framework.tasks.chunked_loss import capturing, chunked_head, scored_by
 from framework.tasks.language_modeling import LanguageModeling, output_logits
 from framework.tasks.second_model import FrozenSource, missing
+from framework.tasks.token_logps import check_chunkable
 
 DIVERGENCES = ("forward_kl", "reverse_kl")
 
@@ -59,15 +61,19 @@ class Distillation(LanguageModeling):
     summed_loss = None
 
     def __init__(self, teacher: str | None = None, divergence: Literal["forward_kl", "reverse_kl"] = "forward_kl",
-                 temperature: PositiveFloat = 1.0, kd_ratio: NonNegativeFloat = 0.5):
+                 temperature: PositiveFloat = 1.0, kd_ratio: NonNegativeFloat = 0.5,
+                 loss_chunk_tokens: PositiveInt | None = None):
         """teacher: a run directory (outputs/<name>: its best checkpoint, else its newest), a
         checkpoint directory or a local Hugging Face model directory; divergence: forward_kl
         (KL(teacher || student): Hinton's) or reverse_kl (KL(student || teacher)); temperature: the
         softmax temperature of both distributions in the divergence (above 1: softer, the teacher's
         ranking of unlikely tokens counts more), the divergence scaled by its square; kd_ratio: the
         divergence's share of the loss, the labels' cross-entropy the rest (0: plain language
-        modeling, 1: the teacher alone)."""
-        super().__init__()
+        modeling, 1: the teacher alone); loss_chunk_tokens: both models' output heads and the loss
+        computed this many tokens at a time, never either's whole logits (the teacher's hidden
+        states and head captured in its forward, each chunk's logits of both made, scored and
+        dropped: framework/tasks/chunked_loss.py); null: the whole logits."""
+        super().__init__(loss_chunk_tokens=loss_chunk_tokens)
         if not teacher:
             raise ConfigError("task.teacher: give the teacher's directory (a run directory of this framework, "
                               "outputs/<name>, or a local Hugging Face model directory).")
@@ -89,6 +95,8 @@ class Distillation(LanguageModeling):
         if self.frozen is None:
             raise missing("task.teacher", "distillation")
         inputs, targets = inputs_and_targets(batch)
+        if self.loss_chunk_tokens is not None:
+            return self._chunked_sums(model, inputs, targets)
         logits = output_logits(model(**inputs))
         with self.frozen.computing(model) as teacher:
             taught = output_logits(teacher(**inputs))
@@ -97,6 +105,33 @@ class Distillation(LanguageModeling):
         cross_entropy = F.cross_entropy(student.float(), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum")
         divergence = (token_divergence(student, teacher, self.temperature, self.divergence) * scored).sum()
         return cross_entropy, divergence, scored.sum()
+
+    def _chunked_sums(self, model, inputs, targets) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """As _sums, a chunk of positions at a time: the teacher's forward gives its hidden states
+        and its head's weights (captured inside it, whole under any strategy), then the student's
+        head scores each chunk of its own logits against the teacher's logits of the same positions,
+        made there from the captured ones; neither model's whole logits are ever held."""
+        check_chunkable(model)
+        with self.frozen.computing(model) as teacher:
+            check_chunkable(teacher)
+            head = chunked_head(teacher, self.loss_chunk_tokens)
+            with capturing(head):
+                hidden = output_logits(teacher(**inputs))
+            weight, bias = head._captured
+            head._captured = None
+        hidden, goal = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+        scored = goal != IGNORE_INDEX
+
+        def both(logits: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+            with torch.no_grad():
+                taught = F.linear(hidden[start:stop], weight, bias)
+            cross_entropy = F.cross_entropy(logits.float(), goal[start:stop], ignore_index=IGNORE_INDEX, reduction="none")
+            divergence = token_divergence(logits, taught, self.temperature, self.divergence) * scored[start:stop]
+            return torch.stack([cross_entropy, divergence], dim=1)
+
+        with scored_by(chunked_head(model, self.loss_chunk_tokens), both, goal.shape[0]):
+            sums = output_logits(model(**inputs)).reshape(-1, 2).sum(0)
+        return sums[0], sums[1], scored.sum()
 
     def training_sums(self, model, batch) -> tuple[torch.Tensor, torch.Tensor]:
         cross_entropy, divergence, count = self._sums(model, batch)

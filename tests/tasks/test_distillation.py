@@ -54,6 +54,43 @@ def test_the_loss_is_the_formula_by_hand(divergence):
     assert set(metrics) == {"loss", "perplexity", "kl"}
 
 
+@pytest.mark.parametrize("divergence", ["forward_kl", "reverse_kl"])
+def test_the_chunked_loss_is_the_whole_logits_loss(divergence):
+    """task.loss_chunk_tokens: the teacher's hidden states and head captured in its forward, both
+    models' logits made a chunk at a time (7 positions, not a divisor of the batch's 2 x 12): the
+    loss, the student's gradients and the validation sums of the whole logits, with the student's
+    dropout on (the same draws: only the heads differ) and a teacher of another width."""
+    from framework.models.gpt import GPT
+
+    torch.manual_seed(0)
+    student = GPT(vocab_size=40, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.1)
+    teacher = GPT(vocab_size=40, block_size=16, n_layer=1, n_head=2, n_embd=24).eval()
+    ids = torch.randint(0, 40, (2, 12))
+    labels = ids.clone()
+    labels[0, :4] = -100  # a prompt not scored
+    batch = {"input_ids": ids, "labels": labels}
+    results = []
+    for chunk in (None, 7):
+        task = Distillation(teacher="t", divergence=divergence, temperature=2.0, kd_ratio=0.4, loss_chunk_tokens=chunk)
+        task.use_frozen(Frozen("task.teacher", teacher))
+        student.zero_grad()
+        torch.manual_seed(1)
+        loss = task.training_step(student, batch)
+        loss.backward()
+        grads = [p.grad.clone() for p in student.parameters()]
+        student.eval()
+        sums = task.validation_step(student, batch)
+        student.train()
+        results.append((loss.detach(), grads, sums))
+    (whole, whole_grads, whole_sums), (chunked, chunked_grads, chunked_sums) = results
+    torch.testing.assert_close(chunked, whole, rtol=1e-5, atol=1e-6)
+    for a, b in zip(chunked_grads, whole_grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    for key in whole_sums:
+        torch.testing.assert_close(chunked_sums[key], whole_sums[key], rtol=1e-5, atol=1e-6, msg=key)
+    assert teacher.head.weight.grad is None and float(whole_sums["kl_sum"]) > 0
+
+
 @pytest.mark.parametrize("kwargs,fragment", [
     ({"teacher": None}, "task.teacher: give the teacher's directory"),
     ({"divergence": "js"}, "task.divergence='js': choose forward_kl or reverse_kl"),
@@ -107,6 +144,9 @@ def test_fsdp_places_the_teacher_and_trains_one_processs_numbers():
              "trainer.log_every=1", "trainer.val_at_start=false"]
     one = trained_run(short)
     two = trained_run([*short, "strategy=fsdp", "devices=2", "data.batch_size=8"])
-    for key in ("train/loss", "val/loss", "val/kl"):
-        torch.testing.assert_close(torch.tensor(metric_values(two, key)), torch.tensor(metric_values(one, key)),
-                                   rtol=1e-5, atol=1e-5, msg=key)
+    # both heads chunked under FSDP2: the teacher's head captured whole inside its sharded forward
+    chunked = trained_run([*short, "strategy=fsdp", "devices=2", "data.batch_size=8", "task.loss_chunk_tokens=48"])
+    for run in (two, chunked):
+        for key in ("train/loss", "val/loss", "val/kl"):
+            torch.testing.assert_close(torch.tensor(metric_values(run, key)), torch.tensor(metric_values(one, key)),
+                                       rtol=1e-5, atol=1e-5, msg=key)
