@@ -60,19 +60,22 @@ def _run(tree: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     return result
 
 
-def test_the_new_dimension_resolves_and_refuses_in_the_one_form(tree, tmp_path):
-    code = ("from framework.strategy.mesh.dims import DimsSettings\n"
-            "d = DimsSettings(mirror=2, tensor=2).resolve(8, 4)\n"
-            "print(d.mirror, d.tensor, d.shard, d.world_size, d.data_parallel)\n"
-            "print(d.describe())\n"
-            "print(d.data_share(0).reports, d.data_share(2).reports, d.data_share(4).rank)\n"
-            "try:\n    DimsSettings(mirror=3).resolve(8, 4)\nexcept Exception as e:\n    print(e)\n")
-    out = _run(tree, "-c", code, cwd=tmp_path).stdout.splitlines()
-    assert out[0] == "2 2 2 8 2"
-    assert out[1] == "2 data-parallel x 2 mirrored x 2 tensor-parallel ranks"
-    assert out[2] == "True False 1"  # a mirrored rank (coordinate 1) does not report; the next shard is rank 4
-    assert out[3] == ("strategy.mirror_parallel_size=3 does not divide the 8 ranks (devices x num_nodes); "
-                      "choose a size that divides them.")
+def test_the_new_dimension_resolves_and_refuses_in_the_one_form(monkeypatch):
+    """In this process: the new file's descriptor put first in DIMENSIONS (its one entry)."""
+    from framework.errors import ConfigError
+    from framework.strategy.mesh import dims
+
+    file: dict = {}
+    exec(compile(MIRROR_FILE, "mirror.py", "exec"), file)
+    monkeypatch.setattr(dims, "DIMENSIONS", (file["MIRROR"], *dims.DIMENSIONS))
+    d = dims.DimsSettings(mirror=2, tensor=2).resolve(8, 4)
+    assert (d.mirror, d.tensor, d.shard, d.world_size, d.data_parallel) == (2, 2, 2, 8, 2)
+    assert d.describe() == "2 data-parallel x 2 mirrored x 2 tensor-parallel ranks"
+    # a mirrored rank (coordinate 1) does not report; the next shard is rank 4
+    assert (d.data_share(0).reports, d.data_share(2).reports, d.data_share(4).rank) == (True, False, 1)
+    with pytest.raises(ConfigError, match=r"^strategy.mirror_parallel_size=3 does not divide the 8 ranks \(devices x "
+                       r"num_nodes\); choose a size that divides them.$"):
+        dims.DimsSettings(mirror=3).resolve(8, 4)
 
 
 def test_the_new_dimension_is_a_key_named_in_the_mesh_line(tree, tmp_path):

@@ -20,6 +20,7 @@ context.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from typing import Literal, Union
 
 from torch.distributed.device_mesh import init_device_mesh
@@ -70,34 +71,56 @@ def keyed() -> list[Dimension]:
     return [d for d in DIMENSIONS if d.key]
 
 
-class ParallelDims:
-    """Resolved sizes, one per dimension (`dims.context`); their product over the mesh's dimensions
-    is the world size."""
+class _PerDimension(ABC):
+    """A frozen value per dimension of DIMENSIONS, read as attributes (`dims.context`); the
+    subclass says which and their defaults (`_defaults`)."""
 
-    def __init__(self, **sizes: int):
-        names = {d.name for d in DIMENSIONS}
-        unknown = set(sizes) - names
+    def __init__(self, **values):
+        defaults = self._defaults()
+        unknown = set(values) - set(defaults)
         if unknown:
-            raise TypeError(f"ParallelDims: no dimension {', '.join(sorted(unknown))} (DIMENSIONS: {', '.join(sorted(names))})")
-        object.__setattr__(self, "sizes", {d.name: int(sizes.get(d.name, 1)) for d in DIMENSIONS})
+            raise TypeError(f"{type(self).__name__}: no {', '.join(sorted(unknown))} (DIMENSIONS give "
+                            f"{', '.join(defaults)})")
+        object.__setattr__(self, "values", {**defaults, **values})
 
-    def __getattr__(self, name: str) -> int:
-        sizes = self.__dict__.get("sizes", {})
-        if name in sizes:
-            return sizes[name]
+    @staticmethod
+    @abstractmethod
+    def _defaults() -> dict:
+        """{name: default} of the values it holds, one per dimension."""
+
+    def __getattr__(self, name: str):
+        values = self.__dict__.get("values", {})
+        if name in values:
+            return values[name]
         raise AttributeError(name)
 
     def __setattr__(self, name, value):
-        raise AttributeError("ParallelDims is frozen")
+        raise AttributeError(f"{type(self).__name__} is frozen: use replace()")
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, ParallelDims) and other.sizes == self.sizes
+        return type(other) is type(self) and other.values == self.values
 
     def __hash__(self) -> int:
-        return hash(tuple(sorted(self.sizes.items())))
+        return hash(tuple(self.values.items()))
 
     def __repr__(self) -> str:
-        return "ParallelDims(" + ", ".join(f"{k}={v}" for k, v in self.sizes.items()) + ")"
+        return f"{type(self).__name__}(" + ", ".join(f"{k}={v!r}" for k, v in self.values.items()) + ")"
+
+    def replace(self, **changes):
+        return type(self)(**{**self.values, **changes})
+
+
+class ParallelDims(_PerDimension):
+    """Resolved sizes, one per dimension (`dims.context`); their product over the mesh's dimensions
+    is the world size."""
+
+    @staticmethod
+    def _defaults() -> dict:
+        return {d.name: 1 for d in DIMENSIONS}
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return self.values
 
     def _product(self, *roles: str) -> int:
         return math.prod(self.sizes[d.name] for d in DIMENSIONS if d.data in roles)
@@ -177,7 +200,7 @@ class ParallelDims:
         return lines if named else (f"mesh: {self.describe()}",) + lines
 
 
-class DimsSettings:
+class DimsSettings(_PerDimension):
     """The sizes as an option's keys give them (each an int or 'auto'), before resolving: one field
     per dimension's `setting` (pipeline: strategy.pipeline_parallel_size, 'auto': the ranks the
     others leave; data_parallel: strategy.data_parallel_size, 'auto': the ranks the others leave;
@@ -188,33 +211,9 @@ class DimsSettings:
     strategy.context_parallel_size, ranks that split every sequence, taken before the others are
     resolved, from the ranks and from each node's devices)."""
 
-    def __init__(self, **given):
-        defaults = {d.setting_name: d.default for d in DIMENSIONS}
-        unknown = set(given) - set(defaults)
-        if unknown:
-            raise TypeError(f"DimsSettings: no setting {', '.join(sorted(unknown))} (DIMENSIONS: {', '.join(defaults)})")
-        object.__setattr__(self, "given", {**defaults, **given})
-
-    def __getattr__(self, name: str):
-        given = self.__dict__.get("given", {})
-        if name in given:
-            return given[name]
-        raise AttributeError(name)
-
-    def __setattr__(self, name, value):
-        raise AttributeError("DimsSettings is frozen: use replace()")
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, DimsSettings) and other.given == self.given
-
-    def __hash__(self) -> int:
-        return hash(tuple(sorted(self.given.items(), key=lambda kv: kv[0])))
-
-    def __repr__(self) -> str:
-        return "DimsSettings(" + ", ".join(f"{k}={v!r}" for k, v in self.given.items()) + ")"
-
-    def replace(self, **changes) -> DimsSettings:
-        return DimsSettings(**{**self.given, **changes})
+    @staticmethod
+    def _defaults() -> dict:
+        return {d.setting_name: d.default for d in DIMENSIONS}
 
     def resolve(self, world_size: int, devices: int) -> ParallelDims:
         """The sizes for `world_size` ranks of `devices` per node; ConfigError naming the keys. Each

@@ -9,6 +9,11 @@ import torch
 from framework.construction.units import Units, choose_units
 
 
+def _read(name: str, doc: str) -> property:
+    """A read-only view of the strategy's `name`."""
+    return property(lambda self: getattr(self._strategy, name), doc=doc)
+
+
 class Placement:
     """An applier's view of the run: read-only settings and the run's places, named one by one."""
 
@@ -18,41 +23,14 @@ class Placement:
         self.layout = layout
 
     # ---- the option's settings ----------------------------------------------------------------
-    @property
-    def name(self) -> str:
-        """The option's name, as every message says it (fsdp, model_parallel, pipeline...)."""
-        return self._strategy.name
-
-    @property
-    def dims_settings(self):
-        return self._strategy.dims_settings
-
-    @property
-    def pipeline(self):
-        """The pipeline's settings (framework/strategy/mesh/pipeline/settings.py); None: no stages."""
-        return self._strategy.pipeline
-
-    @property
-    def tensor(self):
-        """The tensor-parallel plan's settings (framework/strategy/mesh/tensor_parallel.py)."""
-        return self._strategy.tensor
-
-    @property
-    def cpu_offload(self) -> bool:
-        return self._strategy.cpu_offload
-
-    @property
-    def reshard_after_forward(self) -> bool:
-        return self._strategy.reshard_after_forward
-
-    @property
-    def precision(self):
-        return self._strategy.precision
-
-    @property
-    def loop_settings(self):
-        """What the loop will do (framework/config/loop_settings.py), told before setup."""
-        return self._strategy.loop_settings
+    name = _read("name", "The option's name, as every message says it (fsdp, model_parallel, pipeline...).")
+    dims_settings = _read("dims_settings", "The sizes as the option's keys give them (mesh/dims.py).")
+    pipeline = _read("pipeline", "The pipeline's settings (mesh/pipeline/settings.py); None: no stages.")
+    tensor = _read("tensor", "The tensor-parallel plan's settings (mesh/tensor_parallel.py).")
+    cpu_offload = _read("cpu_offload", "Sharded states kept in CPU memory.")
+    reshard_after_forward = _read("reshard_after_forward", "Gathered parameters freed after forward.")
+    precision = _read("precision", "The precision plugin.")
+    loop_settings = _read("loop_settings", "What the loop will do (config/loop_settings.py), told before setup.")
 
     def base_units(self, model: torch.nn.Module) -> Units:
         """The sharding units the settings choose (strategy.wrap_modules, else the model's own, else
@@ -60,21 +38,10 @@ class Placement:
         return choose_units(model, self._strategy.wrap_modules, self._strategy.min_unit_params)
 
     # ---- the run -------------------------------------------------------------------------------
-    @property
-    def mesh(self):
-        return self._strategy.mesh
-
-    @property
-    def root_device(self) -> torch.device:
-        return self._strategy.root_device
-
-    @property
-    def world_size(self) -> int:
-        return self._strategy.world_size
-
-    @property
-    def global_rank(self) -> int:
-        return self._strategy.global_rank
+    mesh = _read("mesh", "The device mesh (made on first use in a worker).")
+    root_device = _read("root_device", "This rank's device.")
+    world_size = _read("world_size", "The run's ranks.")
+    global_rank = _read("global_rank", "This rank.")
 
     def token_group(self):
         """The ranks that read different tokens (None: the whole world; "single": this rank alone)."""

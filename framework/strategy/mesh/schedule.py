@@ -10,26 +10,29 @@ layout provides it: its `schedule` hook is COMBINED's "one"), not hooks every ap
 framework/strategy/mesh/pipeline/applier.py provides the pipeline's."""
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import torch
 
 
-class Schedule:
-    """What a layout's step schedule answers; every method is the schedule's own."""
+class Schedule(ABC):
+    """What a layout's step schedule answers: the abstract methods each schedule implements, the
+    others a default a schedule may keep."""
 
+    @abstractmethod
     def roots(self, model: torch.nn.Module) -> list[torch.nn.Module]:
         """The modules FSDP2 shards as roots (a pipeline rank's stages)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def materialise(self, model: torch.nn.Module, log, device: torch.device) -> None:
         """Allocate this rank's tensors and replay the recorded initialisation into them."""
-        raise NotImplementedError
 
     def attach(self, model: torch.nn.Module) -> None:
         """After the appliers and the materialisation: the schedule set up over the model."""
 
+    @abstractmethod
     def forward_backward(self, model, task, batch, group: int, scale, loss_of):
         """Both passes of every microbatch of `batch`: (the loss the guard watches, the logged share)."""
-        raise NotImplementedError
 
     def counted(self, model: torch.nn.Module) -> list | None:
         """The parameters the gradient norm counts, where not all (a tied head's copy left out)."""
@@ -38,16 +41,17 @@ class Schedule:
     #: a process group the norm's squares are summed over besides the meshes' (the stages')
     norm_group = None
 
+    @abstractmethod
     def merged_model_state(self, own: dict) -> dict:
         """This rank's model state merged with the other ranks' into the whole (collective)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def merged_optimizer_state(self, own: dict) -> dict:
-        raise NotImplementedError
+        """This rank's optimizer state merged with the other ranks' into the whole (collective)."""
 
+    @abstractmethod
     def load_model_state(self, model: torch.nn.Module, full: dict) -> None:
         """This rank's part of a whole model state loaded into `model`."""
-        raise NotImplementedError
 
     def optimizer_state_to_load(self, model: torch.nn.Module, full: dict) -> dict:
         """A whole optimizer state as this rank's optimizer loads it."""

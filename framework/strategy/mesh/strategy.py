@@ -65,7 +65,8 @@ class MeshStrategy(ParallelStrategy):
         sizes = {d.setting_name: kwargs.pop(d.key, d.default) for d in keyed()}
         super().__init__(*args, timeout_s=timeout_s, **kwargs)
         self.dims_settings, self.pipeline, self.tensor = dims.replace(**sizes), pipeline, tensor
-        self.__dict__.update({d.key: sizes[d.setting_name] for d in keyed()})  # strategy.<key>, as given
+        for d in keyed():  # strategy.<key>, as given
+            setattr(self, d.key, sizes[d.setting_name])
         self.wrap_modules = None if wrap_modules is None else list(wrap_modules)
         self.min_unit_params, self.reshard_after_forward = min_unit_params, reshard_after_forward
         self.cpu_offload, self.meta_init = cpu_offload, meta_init
