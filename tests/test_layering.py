@@ -28,7 +28,7 @@ FLOORS = {
     "framework.errors": 0, "framework.version": 0, "framework.tensors": 0, "framework.signals": 0,
     "framework.sequences": 0,
     "framework.cgroup": 0,
-    "framework.console": 1, "framework.paths": 1, "framework.batch_split": 1,
+    "framework.console": 1, "framework.paths": 1, "framework.batch_split": 1, "framework.sampling": 1,
     "framework.config": 2,
     "framework.registry": 3, "framework.sweep_record": 3, "framework.results": 3,
     "framework.accelerator": 4, "framework.precision": 4, "framework.checkpoint_io": 4, "framework.cluster": 4,

@@ -20,7 +20,7 @@ from framework.data.chat_template import ChatTemplate
 from framework.errors import ConfigError, ExitCode, UserError, report
 from framework.generation.decode import generate
 from framework.generation.load import check_prompt, load_model
-from framework.generation.sampling import Sampling
+from framework.sampling import Sampling
 
 COMMAND = "framework generate"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -21,6 +21,7 @@ KINDS = {
     "pairs": "preference pairs: the chosen rows, then the rejected rows of the same prompts",
     "features": "(features, labels): a float vector and a class per sample",
     "points": "(points,): unlabelled float vectors (a distribution to learn)",
+    "prompts": "prompts (token ids) with their rows' fields, to generate completions from",
 }
 
 

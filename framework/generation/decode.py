@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from framework.generation.sampling import Sampling, next_tokens
+from framework.sampling import Sampling, next_tokens
 from framework.tasks.language_modeling import output_logits
 
 

@@ -24,7 +24,7 @@ import torch
 
 from framework.generation.decode import context_length, generate
 from framework.generation.load import Loaded
-from framework.generation.sampling import Sampling
+from framework.sampling import Sampling
 from framework.tasks.token_logps import logps_of, output_logits
 
 NEWLINE = 10  # the byte a text is predicted from where the tokenizer has no end-of-text token

@@ -31,6 +31,7 @@ from framework.loop.state import FitResult, LoopState, Preemption, StepOutcome
 from framework.loop.test_at_end import test_best
 from framework.loop.utilization import Utilization
 from framework.tasks.base import sums_normalised
+from framework.tasks.rollout import Ranks
 
 _FLAG = "__nonfinite__"  # the guard's flag among the window's values (rides on the window's all-reduce)
 
@@ -59,6 +60,7 @@ class FitLoop:
         self._window = MetricWindow(strategy.root_device)
         self._step = StepSums(strategy.root_device)  # joins the window once the step is taken
         self._normalised = sums_normalised(self.task)  # the loss over the step's scored items (tasks/base.py)
+        self._rolls_out = getattr(self.task, "rollout", None) is not None  # online learning (tasks/grpo.py)
         self._accumulate = self.trainer.accumulate
         self.guard = NonFiniteGuard(self.trainer.on_nonfinite, self.trainer.nonfinite_skip_limit,
                                     strategy.root_device, distributed=strategy.world_size > 1,
@@ -165,7 +167,13 @@ class FitLoop:
             index = self.state.batch_in_epoch + len(pending)
             group = min(k, n - (index - index % k))  # the last group of an epoch may be short
             pending.append(batch)
-            if self._normalised and len(pending) < group:
+            if (self._normalised or self._rolls_out) and len(pending) < group:
+                continue
+            if self._rolls_out:
+                outcome = self._rolled_out_steps(pending, group)
+                pending = []
+                if outcome is not None and self._done():
+                    return outcome
                 continue
             scale = self._step_scale(pending) if self._normalised else None
             for batch in pending:
@@ -182,14 +190,39 @@ class FitLoop:
         self.hook("on_epoch_end")
         return None
 
-    def _micro_batch(self, batch, group: int, scale: float | None) -> None:
+    def _rolled_out_steps(self, pending: list, group: int) -> StepOutcome | None:
+        """A task that makes its training batches from the model (online learning: task.rollout):
+        the step's micro-batches rolled out once, before any forward, then trained for
+        task.num_iterations optimizer steps (the same prompts and completions each time). Returns
+        the last step's outcome (None: the run ended before one)."""
+        strategy, outcome = self.strategy, None
+        share = strategy.data_parallel.size / strategy.world_size  # a tensor-parallel group's ranks count once
+        ranks = Ranks(lambda t: strategy.reduce(t, "sum") * share, strategy.world_size > 1)
+        moved = [strategy.batch_to_device(b) for b in pending]
+        with strategy.forward_context():
+            rolled = self.task.rollout(strategy.unwrap(self.model), moved, self.state.step, ranks)
+        start = self.state.batch_in_epoch
+        iterations = int(getattr(self.task, "num_iterations", 1))
+        for iteration in range(iterations):
+            self.state.batch_in_epoch = start
+            scale = self._step_scale(rolled) if self._normalised else None
+            for batch in rolled:
+                self._micro_batch(batch, group, scale, moved=True)
+            outcome = self._optimizer_step()
+            if self._done() and iteration < iterations - 1:
+                break
+        return outcome
+
+    def _micro_batch(self, batch, group: int, scale: float | None, moved: bool = False) -> None:
         """Forward and backward of one micro-batch of a step of `group`. With `scale` (a task whose
         loss is normalised by the step's scored items) its summed loss times scale; else its loss
-        over the group."""
+        over the group. `moved`: on the device already (a rollout's batch, whose float values are
+        not the inputs a precision converts)."""
         strategy = self.strategy
         if self.utilization.waiting:
             self.utilization.see(batch)
-        batch = strategy.batch_to_device(batch)
+        if not moved:
+            batch = strategy.batch_to_device(batch)
         items = self.task.batch_size(batch)  # the whole batch's (a context-parallel rank gets a share of it)
         batch = strategy.split_batch(batch)
         with strategy.no_backward_sync(self.model, skip=not self._ends_step(self.state.batch_in_epoch + 1)):

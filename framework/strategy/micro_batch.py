@@ -21,8 +21,11 @@ def forward_backward(strategy, model: torch.nn.Module, task, batch, group: int, 
         if scale is None:
             loss = logged = loss_of(task.training_step(model, batch))
         else:
-            loss = task.training_sums(model, batch)[0] * scale
+            sums = task.training_sums(model, batch)
+            loss = sums[0] * scale
             logged = loss * group  # a micro-batch's share, as a mean over the step (logging)
+            if len(sums) > 2 and sums[2]:  # (sum, count, values to log beside the loss)
+                loss_of({"loss": logged, **sums[2]})
         extra, values = task.model_losses(model, summed=scale is not None)
     if values:
         loss_of({"loss": logged, **values})  # logged beside the loss, as a training_step's dict is

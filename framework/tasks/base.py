@@ -80,6 +80,14 @@ class Task(ABC):
     #: separates them.
     batch_split: BatchSplit = WHOLE_ROWS
 
+    #: optional, for online learning (framework/tasks/grpo.py): `rollout(model, batches, step, ranks) ->
+    #: batches`, the step's micro-batches (this rank's, on the device) made into what it trains on from
+    #: the model itself (completions sampled and scored), called by the loop once a step before any
+    #: forward (`ranks`: framework/tasks/rollout.py Ranks); with `num_iterations` k the loop trains the
+    #: rolled batches for k optimizer steps.
+    rollout: Callable | None = None
+    num_iterations: int = 1
+
     #: optional, for pipeline stages (strategy=pipeline, or model_parallel with
     #: pipeline_parallel_size > 1: framework/strategy/mesh/pipeline/run.py), which run the model
     #: piece by piece: `pipeline_split(batch) -> (the first stage's input, the targets)`, both cut

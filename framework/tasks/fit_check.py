@@ -124,16 +124,21 @@ def check_packing(model, batch) -> None:
                           "data.packing=false (each sample a row of its own, padded per batch).")
 
 
-def meta_example_batch(data, size: int):
+def meta_example_batch(data, size: int, task=None):
     """The data's example batch as meta tensors: made on the meta device, so a batch of any shape
     (a context of 10^8 tokens) costs no memory; an example_batch that reads values is made for
-    real and moved."""
+    real and moved. With a `task` that trains on batches it rolls out of the data's (online
+    learning: task.rollout), what it trains on: its `rolled_example` of that batch."""
     try:
         with torch.device("meta"):
             batch = data.example_batch(size)
     except (RuntimeError, NotImplementedError, TypeError, ValueError):
         batch = data.example_batch(size)
-    return tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, batch)
+    batch = tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, batch)
+    if task is not None and getattr(task, "rollout", None) is not None:
+        with torch.device("meta"):
+            batch = task.rolled_example(batch)
+    return batch
 
 
 def validation_metric_names(model, data, task) -> set[str] | None:
@@ -163,7 +168,7 @@ def check_fit(model, data, task, batch_size: int = 2, device_type: str = "cpu") 
             raise _misfit(model, data, task, f"the task's optimizer_groups (it steps its optimizers itself) fails "
                                              f"with: {err}") from err
         return 0
-    batch = meta_example_batch(data, batch_size)
+    batch = meta_example_batch(data, batch_size, task)
     check_context(model, batch)
     check_packing(model, batch)
     meta_batch = tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, batch)
@@ -205,7 +210,7 @@ def forward_call(module, model, data, task, batch_size: int = 2) -> tuple[tuple,
     cannot run on meta or does not call it."""
     if not getattr(task, "automatic_optimization", True):
         return None
-    batch = meta_example_batch(data, batch_size)
+    batch = meta_example_batch(data, batch_size, task)
     calls: list = []
 
     def grab(_, args, kwargs):

@@ -187,7 +187,7 @@ def test_generation_stops_at_any_of_the_familys_end_tokens(families):
     import torch
 
     from framework.generation.decode import generate
-    from framework.generation.sampling import Sampling
+    from framework.sampling import Sampling
 
     tokenizer = Tokenizer(str(families["llama3"]))
 

@@ -10,7 +10,7 @@ import torch
 
 from framework.cli import main as framework_main
 from framework.generation.decode import generate
-from framework.generation.sampling import Sampling, filter_logits, next_tokens
+from framework.sampling import Sampling, filter_logits, next_tokens
 from framework.models.gpt import GPT
 from tests.conftest import TINY_GPT, checkpoints, run_inprocess
 from tests.helpers.text_data import stdlib_documents, train_tokenizer

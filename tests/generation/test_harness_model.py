@@ -11,7 +11,7 @@ import torch
 from framework.data.tokenizer import loaded_tokenizer
 from framework.generation.decode import generate
 from framework.generation.load import Loaded
-from framework.generation.sampling import Sampling
+from framework.sampling import Sampling
 from framework.models.gpt import GPT
 
 pytest.importorskip("lm_eval")
