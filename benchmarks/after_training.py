@@ -27,7 +27,7 @@ import torch
 from results_table import publish  # benchmarks/ is on sys.path when a script runs
 
 from framework.generation.decode import generate
-from framework.generation.sampling import Sampling
+from framework.sampling import Sampling
 from framework.models.gpt import GPT
 
 ROUNDS = 5

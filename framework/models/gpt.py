@@ -14,18 +14,22 @@ from framework.models.moe import MoE, MoESettings
 class KVCache:
     """Every layer's keys and values of the positions seen so far, so that generating a token
     attends to them instead of recomputing the whole prefix (framework/generation/decode.py).
-    Preallocated for `capacity` positions; `length` counts the positions filled."""
+    Room for `capacity` positions, made at the first keys stored, in their heads, dtype and device
+    (under tensor parallelism a rank holds its heads alone; under ZeRO-3 a weight's own shape says
+    nothing of them); `length` counts the positions filled."""
 
-    def __init__(self, n_layer: int, batch: int, n_head: int, head_dim: int, capacity: int,
-                 dtype: torch.dtype, device: torch.device):
-        shape = (n_layer, batch, n_head, capacity, head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)
-        self.capacity = capacity
+    def __init__(self, n_layer: int, batch: int, capacity: int):
+        self.n_layer, self.batch, self.capacity = n_layer, batch, capacity
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
         self.length = 0
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store one layer's keys and values of the new positions; returns those of every position."""
+        if self.keys is None:
+            shape = (self.n_layer, self.batch, k.shape[1], self.capacity, k.shape[3])
+            self.keys = torch.zeros(shape, dtype=k.dtype, device=k.device)
+            self.values = torch.zeros(shape, dtype=v.dtype, device=v.device)
         end = self.length + k.shape[2]
         self.keys[layer, :, :, self.length:end] = k
         self.values[layer, :, :, self.length:end] = v
@@ -182,7 +186,4 @@ class GPT(nn.Module):
 
     def new_cache(self, batch: int = 1) -> KVCache:
         """An empty KV cache for `batch` sequences of up to block_size positions."""
-        attn = self.blocks[0].attn
-        weight = attn.qkv.weight
-        return KVCache(len(self.blocks), batch, attn.n_head, weight.shape[1] // attn.n_head, self.block_size,
-                       weight.dtype, weight.device)
+        return KVCache(len(self.blocks), batch, self.block_size)

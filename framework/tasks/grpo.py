@@ -121,9 +121,9 @@ class GRPO(Task):
         if self._stop_ids is None:
             ids = set(self.tokenizer.stop_ids)
             if self.stop is not None:
-                encoded = self.tokenizer.encode([self.stop])[0]
+                encoded = self.tokenizer.encode([self.stop_text])[0]
                 if len(encoded) != 1:
-                    raise ConfigError(f"task.stop={self.stop!r}: the tokenizer makes it {len(encoded)} tokens; a stop "
+                    raise ConfigError(f"task.stop={self.stop_text!r}: the tokenizer makes it {len(encoded)} tokens; a stop "
                                       "must be one token (e.g. a newline, or the chat template's end of turn).")
                 ids.add(encoded[0])
             if not ids:
@@ -131,6 +131,13 @@ class GRPO(Task):
                                   "before task.max_completion_tokens; give task.stop (a one-token text, e.g. '\\n').")
             self._stop_ids = tuple(sorted(ids))
         return self._stop_ids
+
+    @property
+    def stop_text(self) -> str | None:
+        """task.stop with its backslash escapes read (the command line's task.stop='\\n' is a newline)."""
+        if self.stop is None or "\\" not in self.stop:
+            return self.stop
+        return self.stop.encode("utf-8").decode("unicode_escape")
 
     def reward_fields(self) -> dict[str, tuple[str, ...]]:
         """Each reward function's name -> the prompt rows' fields it reads (checked before launch)."""
