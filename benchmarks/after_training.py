@@ -27,8 +27,8 @@ import torch
 from results_table import publish  # benchmarks/ is on sys.path when a script runs
 
 from framework.generation.decode import generate
-from framework.sampling import Sampling
 from framework.models.gpt import GPT
+from framework.sampling import Sampling
 
 ROUNDS = 5
 NEW_TOKENS = 128

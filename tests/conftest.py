@@ -246,3 +246,16 @@ def one_rank_group():
         yield
     finally:
         dist.destroy_process_group()
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    """A Hugging Face Llama of random weights (2 layers, width 32, 256 token ids: the byte tokenizer's),
+    saved to a directory: model=hf_causal_lm model.config=null model.pretrained=<it>."""
+    transformers = pytest.importorskip("transformers")
+    root = tmp_path_factory.mktemp("llama")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512)
+    transformers.LlamaForCausalLM(config).save_pretrained(root / "base")
+    return root / "base"

@@ -51,7 +51,8 @@ def shown_commands() -> list[tuple[str, str]]:
 # (lines with placeholders such as RECIPE or a user's own file are not runnable as shown).
 RECIPE_COMMANDS = [(d, a) for d, a in shown_lines(r"^\s*(?:\$ )?framework (run .*|plan.*)$")
                    if "RECIPE" not in a and "OVERRIDES" not in a and "my_experiment" not in a and ".yaml" not in a
-                   and "model.pretrained=" not in a]  # a directory an earlier command writes (run as written below)
+                   and "model.pretrained=" not in a  # a directory an earlier command writes (run as written below)
+                   and "ckpt_path=outputs/arith_sft" not in a]  # stage 1's weights: run by tests/tasks/test_grpo_runs.py
 
 
 def test_the_readme_shows_framework_commands():

@@ -17,9 +17,11 @@ from omegaconf import DictConfig
 
 from framework.adapter.lora import count_parameters
 from framework.cli.options import split_options
+from framework.config.build import build
 from framework.config.compose import compose
 from framework.config.groups import PLUGIN_GROUPS
 from framework.config.plan_facts import processes_per_node
+from framework.config.targets import import_target
 from framework.console import human_bytes, parse_size
 from framework.errors import ConfigError, ExitCode, UserError, report
 from framework.models.moe_stats import describe_experts
@@ -110,6 +112,11 @@ def plan(cfg: DictConfig, out=None, device_memory: int | None = None, elsewhere:
             plugins.accelerator.name, "attention's T x T matrices (an upper bound)")
         print(f"  activations: {human_bytes(activations)} for one micro-batch of {batch}, measured on the meta device"
               f" in the model's dtype, {kernels}{note}", file=out)
+    rollout = _rollout_memory(resolved, model, stats.param_bytes)
+    if rollout is not None:
+        print(f"  task.rollout: {human_bytes(rollout[0])} while sampling, before the step's forwards: {rollout[1]}",
+              file=out)
+        activations = max(activations, rollout[0])
     print(f"  total per rank: {human_bytes(states.device + activations)} on {plugins.accelerator.name}", file=out)
     memory = plugins.accelerator.memory_bytes() if plugins.accelerator.is_available() else None
     if memory:
@@ -127,6 +134,15 @@ def plan(cfg: DictConfig, out=None, device_memory: int | None = None, elsewhere:
         return ExitCode.USER_ERROR
     print("compatibility: ok" + "".join(f"\n  warning: {w}" for w in prepared.warnings), file=out)
     return ExitCode.OK
+
+
+def _rollout_memory(resolved, model, element_bytes: int) -> tuple[int, str] | None:
+    """A task that samples its batches in the loop (task=grpo): what a rank holds while it samples."""
+    if getattr(import_target(resolved.task._target_, "task"), "rollout", None) is None:
+        return None
+    task = build(resolved.task, "task")
+    prompts = int(resolved.data.get("batch_size", 1) or 1)
+    return task.rollout_memory(model, int(resolved.data.get("max_prompt_tokens", 0) or 0), prompts, element_bytes)
 
 
 USAGE = "usage: framework plan [--recipe RECIPE] [--device TYPE] [--device-memory SIZE] [OVERRIDES...]"

@@ -72,7 +72,14 @@ RULES: list[Rule] = [
         "traced by torch.compile here; set trainer.compile=false.",
     ),
     Rule(
-        lambda p: _context_size(p) > 1 and not p.loop.batch_split.sequence,
+        lambda p: _context_size(p) > 1 and p.loop.generates,
+        lambda p: f"{_cp(p)} with task {p.loop.task}: it samples completions token by token inside the loop, and each "
+        "new token attends to the whole sequence before it, which context parallelism splits over its ranks; the "
+        "decoding of a split sequence is not built. Set strategy.context_parallel_size=1 (fsdp or tensor parallelism "
+        "shard the model for a rollout).",
+    ),
+    Rule(
+        lambda p: _context_size(p) > 1 and not p.loop.batch_split.sequence and not p.loop.generates,
         lambda p: f"{_cp(p)} with task {p.loop.task}: only a language model's batches (token sequences whose labels "
         "can be shifted before the split) are split along the sequence; set strategy.context_parallel_size=1.",
     ),
@@ -257,7 +264,14 @@ RULES: list[Rule] = [
         "precision=bf16 (float32's range: no loss scaling needed) or bf16_true.",
     ),
     Rule(
-        lambda p: p.strategy.abilities.pipeline_stages and p.loop.frozen_model,
+        lambda p: p.strategy.abilities.pipeline_stages and p.loop.generates,
+        lambda p: f"task {p.loop.task} with strategy={_strat(p)}: it samples completions inside the loop, one token a "
+        "forward through the whole model, and pipeline stages run a model only in their schedule of microbatches "
+        "(each stage on its own ranks, the last alone holding the logits that choose the next token); decoding through "
+        "stages is not built. Use strategy=fsdp, deepspeed_stage_3, or model_parallel with tensor parallelism.",
+    ),
+    Rule(
+        lambda p: p.strategy.abilities.pipeline_stages and p.loop.frozen_model and not p.loop.generates,
         lambda p: f"task {p.loop.task} with strategy={_strat(p)}: the task computes with a second, frozen model (a "
         "reference, a teacher) on the same whole sequences as the trained one, and pipeline stages pass a stage's "
         "activations alone, so the second model would need stages and a schedule of its own, which are not built; "
@@ -265,7 +279,7 @@ RULES: list[Rule] = [
     ),
     Rule(
         lambda p: p.strategy.abilities.pipeline_stages and not p.loop.stage_split and not p.loop.manual_optimization
-        and not p.loop.frozen_model,  # said by the row above
+        and not p.loop.frozen_model and not p.loop.generates,  # said by the rows above
         lambda p: f"strategy={_strat(p)} runs the model in pipeline stages, but task {p.loop.task} does not say how a "
         "batch goes through stages; give it pipeline_split(batch) -> (the first stage's input, the targets) and "
         "summed_loss(outputs, targets) (framework/tasks/base.py), or use strategy=fsdp.",

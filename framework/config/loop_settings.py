@@ -32,6 +32,7 @@ class LoopSettings:
     batch_split: BatchSplit = WHOLE_ROWS  # how the task's batch may be cut (framework/batch_split.py)
     sequence_length: int | None = None  # data.block_size: the positions of a batch's rows
     frozen_model: bool = False  # the task computes with a second, frozen model (framework/tasks/frozen.py)
+    generates: bool = False  # the task samples its training batches from the model in the loop (task.rollout)
 
 
 def loop_settings(cfg: DictConfig) -> LoopSettings:
@@ -51,7 +52,8 @@ def loop_settings(cfg: DictConfig) -> LoopSettings:
                         pooled_routing=hf_routed(cfg), loss_chunked=cfg.task.get("loss_chunk_tokens") is not None,
                         batch_split=getattr(task, "batch_split", WHOLE_ROWS),
                         sequence_length=cfg.data.get("block_size"),
-                        frozen_model=bool(getattr(task, "frozen_model", False)))
+                        frozen_model=bool(getattr(task, "frozen_model", False)),
+                        generates=getattr(task, "rollout", None) is not None)
 
 
 def hf_routed(cfg: DictConfig) -> bool:

@@ -17,8 +17,10 @@ line).
 """
 from __future__ import annotations
 
+import bisect
 import json
 import os
+import re
 
 import torch
 from torch.utils.data import Dataset
@@ -27,7 +29,7 @@ from framework.config.resolvers import BYTES
 from framework.config.types import NonNegativeInt, PositiveInt
 from framework.data.base import DataModule
 from framework.data.chat_template import ChatTemplate
-from framework.data.sources import RowError, expand, file_format, read_rows, row_place
+from framework.data.sources import RowError, expand, file_format, open_binary, read_rows, row_place
 from framework.data.splits import SplitRule
 from framework.data.tokenizer import loaded_tokenizer
 from framework.errors import ConfigError
@@ -39,6 +41,15 @@ PLACE = "__row__"
 def _messages(value) -> bool:
     return isinstance(value, list) and bool(value) and all(
         isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value)
+
+
+def _places(path: str, fmt: str, positions: list[int]) -> list[str]:
+    """Each row's place as row_place says it (a JSON-lines row's line), the file read once."""
+    if fmt != "jsonl":
+        return [row_place(path, fmt, p) for p in positions]
+    with open_binary(path) as raw:
+        ends = [m.start() for m in re.finditer(b"\n", raw.read())]
+    return [f"line {bisect.bisect_left(ends, p) + 1}" for p in positions]
 
 
 class Prompts(Dataset):
@@ -114,11 +125,12 @@ class PromptFiles(DataModule):
     def _read(self, files: list[str]) -> list[dict]:
         rows = []
         for path in files:
-            for position, row in read_rows(path, self.format):
+            read = list(read_rows(path, self.format))
+            for (_, row), place in zip(read, _places(path, self.format, [position for position, _ in read])):
                 if not isinstance(row, dict):
                     raise ConfigError(f"data.files: {path} holds {type(row).__name__} rows; each row must be a record "
                                       "with a prompt field.")
-                rows.append({**row, PLACE: row_place(path, self.format, position)})
+                rows.append({**row, PLACE: f"{os.path.basename(path)} {place}"})
         return rows
 
     def _rows(self) -> dict[str, list[dict]]:

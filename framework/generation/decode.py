@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from framework.models.context import context_length
 from framework.sampling import Sampling, next_tokens
 from framework.tasks.language_modeling import output_logits
 
@@ -36,18 +37,6 @@ class Generated:
 def has_own_generate(model) -> bool:
     """A Hugging Face model: transformers' generate, with its own cache, decodes it."""
     return callable(getattr(model, "generate", None)) and hasattr(model, "config")
-
-
-def context_length(model) -> int | None:
-    """The longest sequence the model takes (None: not known)."""
-    if hasattr(model, "block_size"):
-        return int(model.block_size)
-    config = getattr(model, "config", None)
-    for field in ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"):
-        value = getattr(config, field, None)
-        if isinstance(value, int):
-            return value
-    return None
 
 
 def vocabulary_size(model) -> int | None:

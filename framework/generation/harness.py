@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import torch
 
-from framework.generation.decode import context_length, generate
+from framework.generation.decode import generate
 from framework.generation.load import Loaded
+from framework.models.context import context_length
 from framework.sampling import Sampling
 from framework.tasks.token_logps import logps_of, output_logits
 

@@ -19,8 +19,9 @@ from framework.config.resolvers import BYTES, tokenizer_file
 from framework.construction.named_state import strict_load
 from framework.data.tokenizer import Tokenizer
 from framework.errors import CheckpointError, ConfigError
-from framework.generation.decode import context_length, vocabulary_size
+from framework.generation.decode import vocabulary_size
 from framework.models.build import build_model
+from framework.models.context import context_length
 
 HUB_CONFIG = "config.json"
 

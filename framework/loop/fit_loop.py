@@ -61,6 +61,8 @@ class FitLoop:
         self._step = StepSums(strategy.root_device)  # joins the window once the step is taken
         self._normalised = sums_normalised(self.task)  # the loss over the step's scored items (tasks/base.py)
         self._rolls_out = getattr(self.task, "rollout", None) is not None  # online learning (tasks/grpo.py)
+        # between two of task.num_iterations steps on one rollout: (its batches, the next iteration, its group)
+        self.rollout_left: tuple[list, int, int] | None = None
         self._accumulate = self.trainer.accumulate
         self.guard = NonFiniteGuard(self.trainer.on_nonfinite, self.trainer.nonfinite_skip_limit,
                                     strategy.root_device, distributed=strategy.world_size > 1,
@@ -152,6 +154,11 @@ class FitLoop:
         strategy, k = self.strategy, self._accumulate
         self.train_loader.sampler.set_epoch(self.state.epoch, self._resume_sample)
         self._resume_sample = 0
+        if self.rollout_left is not None:  # resumed between two iterations on one batch of completions
+            rolled, first, group = self.rollout_left
+            outcome = self._train_rolled(rolled, group, first, counted=False)
+            if self._done():
+                return outcome
         n = len(self.train_loader)
         pending: list = []  # this step's micro-batches, when they are counted before any forward
         for batch in self.train_loader:
@@ -195,21 +202,31 @@ class FitLoop:
         the step's micro-batches rolled out once, before any forward, then trained for
         task.num_iterations optimizer steps (the same prompts and completions each time). Returns
         the last step's outcome (None: the run ended before one)."""
-        strategy, outcome = self.strategy, None
+        strategy = self.strategy
         share = strategy.data_parallel.size / strategy.world_size  # a tensor-parallel group's ranks count once
         ranks = Ranks(lambda t: strategy.reduce(t, "sum") * share, strategy.world_size > 1)
         moved = [strategy.batch_to_device(b) for b in pending]
         with strategy.forward_context():
             rolled = self.task.rollout(strategy.unwrap(self.model), moved, self.state.step, ranks)
-        start = self.state.batch_in_epoch
+        return self._train_rolled(rolled, group)
+
+    def _train_rolled(self, rolled: list, group: int, first: int = 0, counted: bool = True) -> StepOutcome | None:
+        """Iterations `first`.. of task.num_iterations on rolled-out micro-batches, one optimizer step
+        each. Between two of them a checkpoint keeps the batches and the next iteration
+        (`rollout_left`), so a resume goes on with them (`counted` False: their prompts were counted
+        in the data position before the resume)."""
+        start, outcome = self.state.batch_in_epoch, None
         iterations = int(getattr(self.task, "num_iterations", 1))
-        for iteration in range(iterations):
+        for iteration in range(first, iterations):
             self.state.batch_in_epoch = start
             scale = self._step_scale(rolled) if self._normalised else None
             for batch in rolled:
                 self._micro_batch(batch, group, scale, moved=True)
+            if not counted:
+                self.state.batch_in_epoch = start
+            self.rollout_left = (rolled, iteration + 1, group) if iteration + 1 < iterations else None
             outcome = self._optimizer_step()
-            if self._done() and iteration < iterations - 1:
+            if self._done():
                 break
         return outcome
 

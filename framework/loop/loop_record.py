@@ -7,7 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from framework.checkpoint.rng import rng_state, set_rng_state
+from framework.errors import CheckpointError
 from framework.loop.data_position import changed_data, data_position, position_of_older_checkpoint, resume_note
+from framework.tensors import map_tensors
 
 
 def loop_state(loop) -> dict:
@@ -18,7 +20,17 @@ def loop_state(loop) -> dict:
             "scheduler": loop.scheduler.state_dict() if loop.scheduler is not None else None,
             "precision": loop.strategy.precision.state_dict(), "nonfinite": loop.guard.state_dict(),
             "callbacks": {name: cb.state_dict() for name, cb in loop.callbacks.items()},
-            "train_window": loop._window.state_dict(), "replicas": loop.replicas.state_dict()}
+            "train_window": loop._window.state_dict(), "replicas": loop.replicas.state_dict(),
+            "rollout_left": _rollout_left(loop)}
+
+
+def _rollout_left(loop) -> dict | None:
+    """Between two of task.num_iterations steps on one rollout: its batches (on the CPU) and the next
+    iteration, which a resume trains before reading new prompts."""
+    if loop.rollout_left is None:
+        return None
+    rolled, iteration, group = loop.rollout_left
+    return {"batches": map_tensors(rolled, lambda t: t.cpu()), "next_iteration": iteration, "group": group}
 
 
 def load_loop_state(loop, saved: dict, meta: dict, path: Path) -> None:
@@ -47,6 +59,15 @@ def load_loop_state(loop, saved: dict, meta: dict, path: Path) -> None:
         if name in saved["callbacks"]:
             cb.load_state_dict(saved["callbacks"][name])
     loop._window.load_state_dict(saved["train_window"])
+    left = saved.get("rollout_left")
+    if left is not None:
+        if saved_world != strategy.world_size:
+            raise CheckpointError(f"{path} was saved between two of task.num_iterations steps on one batch of "
+                                  f"completions, each of its {saved_world} ranks holding its share of them; resume it "
+                                  f"at {saved_world} processes, or from a checkpoint at a step that is a multiple of "
+                                  "task.num_iterations.")
+        batches = map_tensors(left["batches"], lambda t: t.to(strategy.root_device))
+        loop.rollout_left = (batches, int(left["next_iteration"]), int(left["group"]))
     loop.replicas.load_state_dict(saved.get("replicas"))
     for logger in loop.loggers:
         logger.truncate(loop.state.step)

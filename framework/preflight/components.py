@@ -48,6 +48,9 @@ def build_components(cfg: DictConfig, plugins: Plugins | None = None,
         raise ConfigError(mismatch)
     task = build(cfg.task, "task")
     check_batches(task, data)
+    misfits = task.problems_with(data, model)
+    if misfits:
+        raise ConfigError("\n".join(misfits))
     frozen = task.frozen_source()
     found, parameters = inspect_frozen(frozen, cfg, data, model)
     if found:

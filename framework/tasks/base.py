@@ -84,7 +84,8 @@ class Task(ABC):
     #: batches`, the step's micro-batches (this rank's, on the device) made into what it trains on from
     #: the model itself (completions sampled and scored), called by the loop once a step before any
     #: forward (`ranks`: framework/tasks/rollout.py Ranks); with `num_iterations` k the loop trains the
-    #: rolled batches for k optimizer steps.
+    #: rolled batches for k optimizer steps. Such a task also gives `rolled_example(batch)`: a rolled
+    #: batch of the shapes a data batch gives, which the checks before launch run through the model.
     rollout: Callable | None = None
     num_iterations: int = 1
 
@@ -153,6 +154,12 @@ class Task(ABC):
         """After each step's optimizer step (`stepped`: False where the step was left out): a mixture
         of experts' bias balancing moves by the step's counts (framework/models/moe_stats.py)."""
         moe_stats.update_expert_biases(model, stepped)
+
+    def problems_with(self, data, model: torch.nn.Module) -> list[str]:
+        """Before launch: what keeps this task from training `model` (on the meta device) on `data`,
+        one message each naming the keys (a reward reading a field the rows lack; completions with
+        no room in the model's context); none by default."""
+        return []
 
     def batch_size(self, batch) -> int:
         first = batch[0] if isinstance(batch, (list, tuple)) else next(iter(batch.values()))

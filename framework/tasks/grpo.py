@@ -29,6 +29,7 @@ import torch
 from framework.config.types import NonNegativeFloat, PositiveInt
 from framework.data.tokenizer import loaded_tokenizer
 from framework.errors import ConfigError
+from framework.models.context import context_length
 from framework.sampling import Sampling
 from framework.sequences import IGNORE_INDEX
 from framework.tasks import grpo_loss as G
@@ -143,6 +144,43 @@ class GRPO(Task):
         """Each reward function's name -> the prompt rows' fields it reads (checked before launch)."""
         return {name: fields_read(f) for name, f in zip(self.reward_names, self.reward_functions)}
 
+    def problems_with(self, data, model: torch.nn.Module) -> list[str]:
+        """A reward reading a field the prompt rows lack; a prompt and its completion longer than
+        the model's context; a task.stop that is not one token."""
+        found = []
+        field_problems = getattr(data, "field_problems", None)
+        if field_problems is not None:
+            found += field_problems({name: fields for name, fields in self.reward_fields().items() if fields})
+        context = context_length(model)
+        prompt = getattr(data, "max_prompt_tokens", None)
+        if context is not None and prompt is not None and prompt + self.max_completion_tokens > context:
+            found.append(f"task.max_completion_tokens={self.max_completion_tokens} with data.max_prompt_tokens={prompt}: "
+                         f"a prompt and its completion take up to {prompt + self.max_completion_tokens} positions, the "
+                         f"model's context holds {context}; lower one of the two (or give the model a longer context).")
+        try:
+            _ = self.stop_ids
+        except ConfigError as err:
+            found.append(str(err))
+        return found
+
+    def rollout_memory(self, model: torch.nn.Module, prompt_tokens: int, prompts: int,
+                       element_bytes: int) -> tuple[int, str]:
+        """(bytes, what they are) a rank holds while sampling one prompt's group (its prompts are
+        decoded one after another): a model with a KV cache (the GPT) keeps every layer's keys and
+        values of num_generations x (prompt + completion) positions; another recomputes the whole
+        sequence each token, its logits the largest piece. `model`: on the meta device."""
+        positions, rows = prompt_tokens + self.max_completion_tokens, self.num_generations
+        blocks, embedding = getattr(model, "blocks", None), getattr(model, "tok_emb", None)
+        if hasattr(model, "new_cache") and blocks is not None and embedding is not None:
+            width = embedding.embedding_dim
+            cache = 2 * len(blocks) * rows * positions * width * element_bytes
+            return cache, (f"KV cache of {rows} completions x {positions} positions x {len(blocks)} layers x {width} "
+                           f"(keys and values), one prompt at a time ({prompts} a micro-batch)")
+        vocabulary = getattr(getattr(model, "config", None), "vocab_size", None) or 0
+        logits = rows * positions * vocabulary * 4
+        return logits, (f"no KV cache of its own: each token recomputes {rows} x {positions} positions, their float32 "
+                        f"logits over {vocabulary:,} tokens the largest piece")
+
     def frozen_source(self) -> FrozenSource | None:
         return FrozenSource("task.reference", self.reference_path) if self.beta > 0 else None
 
@@ -236,42 +274,27 @@ class GRPO(Task):
         return torch.tensor(columns, dtype=torch.float32).T.reshape(len(rows), len(columns))
 
     def _scored(self, model, rolled: list[dict], rewards: list[torch.Tensor], ranks: Ranks) -> list[dict]:
+        """The micro-batches trained on: advantages (each group's, or with scale_rewards=batch the
+        whole step's std on every rank), the step's logged values (one all-reduce), and the kept
+        log-probabilities."""
         each = torch.cat(rewards)  # (N_step, functions) on this rank
         weighted = (each * self.reward_weights).nansum(dim=1)
-        weighted[torch.isnan(each).all(dim=1)] = float("nan")
-        lengths = torch.tensor([float(len(c)) for r in rolled for c in r["completion_ids"]])
-        truncated = torch.cat([r["truncated"] for r in rolled])
+        weighted[torch.isnan(each).all(dim=1)] = float("nan")  # no function scored it: no advantage
         per_batch = [len(r["completion_ids"]) for r in rolled]
-        local = [G.BatchMoments.local(weighted)]
-        for k in range(each.shape[1]):
-            local.append(G.BatchMoments.local(each[:, k]))
-        advantages, zero_std = [], []
-        for w in weighted.split(per_batch):
-            a, z = G.advantages(w, self.num_generations, self.scale_rewards)
-            advantages.append(a)
-            zero_std.append(z)
-        extra = torch.stack([torch.tensor(float(len(lengths)), dtype=torch.float64), lengths.double().sum(),
-                             truncated.double().sum(), torch.cat(zero_std).double().sum(), torch.tensor(1.0,
-                                                                                                      dtype=torch.float64)])
-        tokens = torch.tensor([float((r["targets"] != IGNORE_INDEX).sum()) for r in rolled], dtype=torch.float64)
+        scaled = [G.advantages(w, self.num_generations, self.scale_rewards) for w in weighted.split(per_batch)]
+        lengths = torch.tensor([float(len(c)) for r in rolled for c in r["completion_ids"]])
+        local = G.StepTally.local(each, weighted, lengths, torch.cat([r["truncated"] for r in rolled]),
+                                  torch.cat([z for _, z in scaled]),
+                                  [int((r["targets"] != IGNORE_INDEX).sum()) for r in rolled])
         device = rolled[0]["input_ids"].device
-        summed = ranks.data_sum(torch.cat([*local, extra, tokens]).to(device)).cpu()
-        moments = [G.BatchMoments.of(summed[3 * i:3 * i + 3]) for i in range(len(local))]
-        count, length_sum, truncated_sum, zero_sum, data_ranks = summed[3 * len(local):3 * len(local) + 5].tolist()
-        step_tokens = summed[3 * len(local) + 5:]
-        if self.scale_rewards == "batch":  # the whole step's std on every rank
-            advantages = [G.advantages(w, self.num_generations, "batch", moments[0])[0]
-                          for w in weighted.split(per_batch)]
-        values = {"reward": moments[0].mean, "reward_std": moments[0].std,
-                  "frac_reward_zero_std": zero_sum / max(count, 1.0),
-                  "completions/mean_length": length_sum / max(count, 1.0),
-                  "completions/clipped_ratio": truncated_sum / max(count, 1.0)}
-        for name, m in zip(self.reward_names, moments[1:]):
-            values[f"rewards/{name}/mean"], values[f"rewards/{name}/std"] = m.mean, m.std
+        tally = G.StepTally.of(ranks.data_sum(local.to(device)).cpu(), len(self.reward_functions))
+        if self.scale_rewards == "batch":
+            scaled = [G.advantages(w, self.num_generations, "batch", tally.reward) for w in weighted.split(per_batch)]
+        values = tally.values(self.reward_names)
         out = []
-        for r, a, n in zip(rolled, advantages, step_tokens.tolist()):
+        for r, (a, _), tokens in zip(rolled, scaled, tally.tokens):
             micro = {"input_ids": r["input_ids"], "targets": r["targets"], "advantages": a.to(device),
-                     "tokens_per_rank": torch.tensor(n / data_ranks, dtype=torch.float32, device=device),
+                     "tokens_per_rank": torch.tensor(tokens / tally.ranks, dtype=torch.float32, device=device),
                      "step_values": values}
             if self.num_iterations > 1:  # trl: the policy's at sampling time, in its training mode
                 micro["old_logps"] = self.token_logps(model, micro).detach()
@@ -332,8 +355,18 @@ class GRPO(Task):
 
     # ---- validation and testing ------------------------------------------------------------------------
     def validation_step(self, model, batch) -> dict[str, torch.Tensor]:
-        """One completion a prompt, decoded as task.eval_temperature says; the rewards summed."""
-        groups = self._completions(model, batch, 0, self.eval_sampling, 1, _many_processes())
+        """One completion a prompt, decoded as task.eval_temperature says; the rewards summed. Under
+        several processes every rank decodes as many prompts as the rank with the most in this
+        batch (a short last batch decodes its last prompt again, unscored): a sharded model's
+        forwards are collective."""
+        many = _many_processes()
+        groups = self._completions(model, batch, 0, self.eval_sampling, 1, many)
+        if many:
+            count = torch.tensor(float(len(groups)), device=batch["prompt_ids"].device)
+            torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
+            for _ in range(int(count.item()) - len(groups)):
+                sample_group(model, groups[-1][0], 1, self.eval_sampling, self.stop_ids, torch.Generator(),
+                             every_position=True)
         rolled = self._assembled(batch, groups)
         each = self._rewards(batch, rolled)
         weighted = (each * self.reward_weights).nansum(dim=1)

@@ -61,6 +61,50 @@ class BatchMoments:
         return max(self.squares - self.count * self.mean ** 2, 0.0) ** 0.5 / (self.count - 1) ** 0.5
 
 
+@dataclass(frozen=True)
+class StepTally:
+    """What a step's logged values need of every data-parallel rank, summed in one all-reduce: the
+    weighted rewards' and each function's moments, the completions, their lengths, the clipped ones,
+    those whose scaling std is zero, the ranks, and each micro-batch's completion tokens."""
+
+    reward: BatchMoments
+    functions: list[BatchMoments]
+    completions: float
+    length: float
+    clipped: float
+    zero_std: float
+    ranks: float
+    tokens: list[float]
+
+    @staticmethod
+    def local(each: torch.Tensor, weighted: torch.Tensor, lengths: torch.Tensor, clipped: torch.Tensor,
+              zero_std: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+        """This rank's part (float64), to be summed over the ranks: `each` (N, functions) and
+        `weighted` (N,) rewards, the completions' `lengths` and `clipped` flags (N,), `zero_std` (N,),
+        `tokens`: each micro-batch's completion tokens."""
+        counts = torch.tensor([float(len(lengths)), float(lengths.sum()), float(clipped.sum()), float(zero_std.sum()),
+                               1.0], dtype=torch.float64)
+        return torch.cat([BatchMoments.local(weighted), *(BatchMoments.local(each[:, k]) for k in range(each.shape[1])),
+                          counts, torch.tensor([float(t) for t in tokens], dtype=torch.float64)])
+
+    @classmethod
+    def of(cls, summed: torch.Tensor, functions: int) -> "StepTally":
+        moments = [BatchMoments.of(summed[3 * i:3 * i + 3]) for i in range(functions + 1)]
+        at = 3 * (functions + 1)
+        completions, length, clipped, zero_std, ranks = summed[at:at + 5].tolist()
+        return cls(moments[0], moments[1:], completions, length, clipped, zero_std, ranks, summed[at + 5:].tolist())
+
+    def values(self, names: list[str]) -> dict[str, float]:
+        """trl's names: the step's reward mean and std, each function's, frac_reward_zero_std and the
+        completions' mean length and clipped share."""
+        count = max(self.completions, 1.0)
+        found = {"reward": self.reward.mean, "reward_std": self.reward.std, "frac_reward_zero_std": self.zero_std / count,
+                 "completions/mean_length": self.length / count, "completions/clipped_ratio": self.clipped / count}
+        for name, moments in zip(names, self.functions):
+            found[f"rewards/{name}/mean"], found[f"rewards/{name}/std"] = moments.mean, moments.std
+        return found
+
+
 def advantages(rewards: torch.Tensor, generations: int, scale: str,
                batch: BatchMoments | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(each completion's advantage (N,), whether its scaling std is zero (N,): trl's

@@ -10,8 +10,8 @@ import torch
 
 from framework.cli import main as framework_main
 from framework.generation.decode import generate
-from framework.sampling import Sampling, filter_logits, next_tokens
 from framework.models.gpt import GPT
+from framework.sampling import Sampling, filter_logits, next_tokens
 from tests.conftest import TINY_GPT, checkpoints, run_inprocess
 from tests.helpers.text_data import stdlib_documents, train_tokenizer
 

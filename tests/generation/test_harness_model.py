@@ -11,8 +11,8 @@ import torch
 from framework.data.tokenizer import loaded_tokenizer
 from framework.generation.decode import generate
 from framework.generation.load import Loaded
-from framework.sampling import Sampling
 from framework.models.gpt import GPT
+from framework.sampling import Sampling
 
 pytest.importorskip("lm_eval")
 

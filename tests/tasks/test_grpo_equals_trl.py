@@ -38,8 +38,9 @@ def _model(seed: int = 0) -> GPT:
 
 
 def _task(**kwargs) -> GRPO:
-    settings = dict(tokenizer="bytes", rewards=["exact_match", "length"], reward_weights=[1.0, 0.5],
-                    num_generations=4, max_completion_tokens=MAX_COMPLETION, temperature=TEMPERATURE, stop="\n")
+    settings = {"tokenizer": "bytes", "rewards": ["exact_match", "length"], "reward_weights": [1.0, 0.5],
+                "num_generations": 4, "max_completion_tokens": MAX_COMPLETION, "temperature": TEMPERATURE,
+                "stop": "\n"}
     return GRPO(**{**settings, **kwargs})
 
 

@@ -64,3 +64,61 @@ def test_a_resumed_run_samples_and_trains_as_the_straight_run(tmp_path):
         assert metric_values(resumed, key) == metric_values(straight, key)[2:], key
     final, want = load_model_state(checkpoint_at(resumed, 4)), load_model_state(checkpoint_at(straight, 4))
     assert all(torch.equal(final[k], want[k]) for k in want)
+
+
+def test_num_iterations_trains_each_rollout_again_and_a_resume_between_them_goes_on_with_it(tmp_path):
+    """task.num_iterations=2: each batch of completions trains two optimizer steps (the same rewards
+    logged twice, the second step's ratios off 1); a checkpoint between the two keeps the batch, and
+    the run resumed from it trains the second step as the straight run did."""
+    overrides = [*GRPO, "data.batch_size=4", "task.num_iterations=2", "callbacks.checkpoint.every_n_steps=1"]
+    straight = trained_run(overrides)
+    rewards = metric_values(straight, "train/reward")
+    assert len(rewards) == 4 and rewards[0] == rewards[1] and rewards[2] == rewards[3] and rewards[0] != rewards[2]
+    resumed = tmp_path / "resumed"
+    run_inprocess([*overrides, f"ckpt_path={checkpoint_at(straight, 1)}"], resumed)
+    for key in ("train/loss", "train/reward", "train/clip_ratio/region_mean", "train/entropy"):
+        assert metric_values(resumed, key) == metric_values(straight, key)[1:], key
+    final, want = load_model_state(checkpoint_at(resumed, 4)), load_model_state(checkpoint_at(straight, 4))
+    assert all(torch.equal(final[k], want[k]) for k in want)
+
+
+def test_a_hugging_face_model_samples_without_a_cache_and_trains(tiny_llama, tmp_path):
+    """A Hugging Face causal LM (no KV cache of the framework's): each token recomputes the sequence;
+    its completions are scored and its weights move, the reference (beta > 0) its own initial weights."""
+    run = tmp_path / "hf"
+    run_inprocess(["model=hf_causal_lm", "model.config=null", f"model.pretrained={tiny_llama}",
+                   *[o for o in GRPO if not o.startswith("model.")], "data.batch_size=2", "task.beta=0.04",
+                   # its random bytes: a completion holding a lowercase letter is rewarded (about a third are)
+                   "task.rewards=[{_target_:framework.tasks.rewards.Format,pattern:'(?s).*[a-z].*'}]",
+                   "trainer.max_steps=2", "callbacks.checkpoint.every_n_steps=1"], run)
+    kl = metric_values(run, "train/kl")
+    assert kl[0] == 0 and kl[1] > 0  # the policy left its reference after the first step
+    assert len(set(metric_values(run, "train/reward"))) == 2
+    first, last = load_model_state(checkpoint_at(run, 1)), load_model_state(checkpoint_at(run, 2))
+    assert any(not torch.equal(first[k], last[k]) for k in first)
+
+
+@pytest.mark.slow
+def test_the_pages_commands_run_as_written(tmp_path):
+    """docs/grpo.md's commands, each as typed (stage 1's run cut to 6 steps, so stage 2 starts from
+    its step 6; stage 2 cut to 2 steps): SFT, GRPO from its weights on one process and under fsdp,
+    the held-out test, the plan."""
+    from tests.helpers.in_process import run_command
+    from tests.test_docs import section_commands
+
+    commands = section_commands("Reinforcement learning from rewards: GRPO")
+    assert [c.split()[1] for c in commands] == ["run", "run", "run", "test", "plan"]
+    short = {"grpo_arithmetic_sft": ["trainer.max_steps=6", "trainer.val_every=6", "trainer.val_batches=1"],
+             "grpo_arithmetic": ["trainer.max_steps=2", "trainer.val_every=2", "trainer.val_batches=1",
+                                 "trainer.log_every=1"]}
+    for command in commands:
+        args = [a.replace("step_000600", "step_000006") for a in command.split()[1:]]
+        extra = short.get(args[1], []) if args[0] == "run" else []
+        result = run_command([*args, *extra, *(["trainer.plot=false"] if args[0] == "run" else [])], tmp_path)
+        assert result.returncode == 0, (command, result.stderr[-3000:])
+        if args[0] == "plan":
+            assert "task.reference: a frozen second model of" in result.stdout and "task.rollout:" in result.stdout
+    one, fsdp = tmp_path / "outputs" / "arith_grpo", tmp_path / "outputs" / "arith_fsdp"
+    assert (one / "test_metrics.json").is_file()  # trainer.test_at_end, and `framework test` after it
+    torch.testing.assert_close(torch.tensor(metric_values(fsdp, "train/loss")),
+                               torch.tensor(metric_values(one, "train/loss")), rtol=1e-5, atol=1e-5)

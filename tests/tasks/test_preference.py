@@ -250,17 +250,6 @@ RUN = ["task=preference", "data=preference_files", "data.shuffle=false", f"data.
 TRL_KEYS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies")
 
 
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory):
-    transformers = pytest.importorskip("transformers")
-    root = tmp_path_factory.mktemp("dpo")
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512)
-    transformers.LlamaForCausalLM(config).save_pretrained(root / "base")
-    return root / "base"
-
-
 def _trl_run(base, root, lora: bool) -> list[dict]:
     """trl 1.16's DPOTrainer on the same pairs' token ids (its tokenisation bypassed: our store's ids),
     in order, float32 (its bf16 default off), the same optimizer, clipping and constant LR."""
