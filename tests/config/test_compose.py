@@ -18,7 +18,8 @@ COMPANIONS = {("model", "mlp"): ["data=digits", "task=classification"],
               ("task", "classification"): ["model=mlp", "data=digits"],
               ("model", "gan"): ["data=gaussian_ring", "task=gan"],
               ("data", "gaussian_ring"): ["model=gan", "task=gan"],
-              ("task", "gan"): ["model=gan", "data=gaussian_ring"]}
+              ("task", "gan"): ["model=gan", "data=gaussian_ring"],
+              ("task", "grpo"): ["data=prompt_files"], ("data", "prompt_files"): ["task=grpo"]}
 OPTIONS = [(g, f.stem) for g in GROUPS for f in sorted((CONF / g).glob("*.yaml"))]
 
 

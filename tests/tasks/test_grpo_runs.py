@@ -112,7 +112,7 @@ def test_the_pages_commands_run_as_written(tmp_path):
              "grpo_arithmetic": ["trainer.max_steps=2", "trainer.val_every=2", "trainer.val_batches=1",
                                  "trainer.log_every=1"]}
     for command in commands:
-        args = [a.replace("step_000600", "step_000006") for a in command.split()[1:]]
+        args = [a.replace("step_000500", "step_000006") for a in command.split()[1:]]
         extra = short.get(args[1], []) if args[0] == "run" else []
         result = run_command([*args, *extra, *(["trainer.plot=false"] if args[0] == "run" else [])], tmp_path)
         assert result.returncode == 0, (command, result.stderr[-3000:])
