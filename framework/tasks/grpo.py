@@ -359,14 +359,16 @@ class GRPO(Task):
         several processes every rank decodes as many prompts as the rank with the most in this
         batch (a short last batch decodes its last prompt again, unscored): a sharded model's
         forwards are collective."""
-        many = _many_processes()
-        groups = self._completions(model, batch, 0, self.eval_sampling, 1, many)
-        if many:
-            count = torch.tensor(float(len(groups)), device=batch["prompt_ids"].device)
+        many, prompts = _many_processes(), len(batch["prompts"])
+        most = prompts
+        if many:  # agreed before any forward: the forwards of every rank must line up
+            count = torch.tensor(float(prompts), device=batch["prompt_ids"].device)
             torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
-            for _ in range(int(count.item()) - len(groups)):
-                sample_group(model, groups[-1][0], 1, self.eval_sampling, self.stop_ids, torch.Generator(),
-                             every_position=True)
+            most = int(count.item())
+        groups = self._completions(model, batch, 0, self.eval_sampling, 1, many)
+        for _ in range(most - prompts):
+            sample_group(model, groups[-1][0], 1, self.eval_sampling, self.stop_ids, torch.Generator(),
+                         every_position=True)
         rolled = self._assembled(batch, groups)
         each = self._rewards(batch, rolled)
         weighted = (each * self.reward_weights).nansum(dim=1)
