@@ -25,13 +25,14 @@ def test_every_shipped_data_option_and_task_states_its_batches():
     data, tasks = _classes("data"), _classes("task")
     assert {name: cls.batch_kind for name, cls in data.items()} == {
         "chat_files": "tokens", "digits": "features", "gaussian_ring": "points", "preference_files": "pairs",
-        "stdlib_text": "token_blocks", "text_files": "tokens"}
+        "stdlib_text": "token_blocks", "text_files": "tokens", "prompt_files": "prompts"}
     for name, cls in tasks.items():
         assert cls.takes_batches and set(cls.takes_batches) <= set(KINDS), name
         assert data_options_giving(cls.takes_batches), name  # a shipped data option it reads
 
 
-@pytest.mark.parametrize("task_name", ["classification", "distillation", "gan", "language_modeling", "preference"])
+@pytest.mark.parametrize("task_name", ["classification", "distillation", "gan", "grpo", "language_modeling",
+                                       "preference"])
 def test_a_pairing_outside_the_contract_is_refused_and_one_inside_passes(task_name):
     task_cls = _classes("task")[task_name]
     for data_cls in _classes("data").values():
