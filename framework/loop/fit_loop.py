@@ -27,11 +27,11 @@ from framework.loop.metric_window import MetricWindow, StepSums
 from framework.loop.nonfinite import Divergence, NonFiniteGuard, StopNonFinite
 from framework.loop.parts import Loaders, RunContext, Training
 from framework.loop.replica_steps import group_layout, heal_state, load_heal_state
+from framework.loop.rollout_steps import rolled_out_steps, train_rolled
 from framework.loop.state import FitResult, LoopState, Preemption, StepOutcome
 from framework.loop.test_at_end import test_best
 from framework.loop.utilization import Utilization
 from framework.tasks.base import sums_normalised
-from framework.tasks.rollout import Ranks
 
 _FLAG = "__nonfinite__"  # the guard's flag among the window's values (rides on the window's all-reduce)
 
@@ -156,7 +156,7 @@ class FitLoop:
         self._resume_sample = 0
         if self.rollout_left is not None:  # resumed between two iterations on one batch of completions
             rolled, first, group = self.rollout_left
-            outcome = self._train_rolled(rolled, group, first, counted=False)
+            outcome = train_rolled(self, rolled, group, first, counted=False)
             if self._done():
                 return outcome
         n = len(self.train_loader)
@@ -177,7 +177,7 @@ class FitLoop:
             if (self._normalised or self._rolls_out) and len(pending) < group:
                 continue
             if self._rolls_out:
-                outcome = self._rolled_out_steps(pending, group)
+                outcome = rolled_out_steps(self, pending, group)
                 pending = []
                 if outcome is not None and self._done():
                     return outcome
@@ -196,39 +196,6 @@ class FitLoop:
             self.scheduler.step()
         self.hook("on_epoch_end")
         return None
-
-    def _rolled_out_steps(self, pending: list, group: int) -> StepOutcome | None:
-        """A task that makes its training batches from the model (online learning: task.rollout):
-        the step's micro-batches rolled out once, before any forward, then trained for
-        task.num_iterations optimizer steps (the same prompts and completions each time). Returns
-        the last step's outcome (None: the run ended before one)."""
-        strategy = self.strategy
-        share = strategy.data_parallel.size / strategy.world_size  # a tensor-parallel group's ranks count once
-        ranks = Ranks(lambda t: strategy.reduce(t, "sum") * share, strategy.world_size > 1)
-        moved = [strategy.batch_to_device(b) for b in pending]
-        with strategy.forward_context():
-            rolled = self.task.rollout(strategy.unwrap(self.model), moved, self.state.step, ranks)
-        return self._train_rolled(rolled, group)
-
-    def _train_rolled(self, rolled: list, group: int, first: int = 0, counted: bool = True) -> StepOutcome | None:
-        """Iterations `first`.. of task.num_iterations on rolled-out micro-batches, one optimizer step
-        each. Between two of them a checkpoint keeps the batches and the next iteration
-        (`rollout_left`), so a resume goes on with them (`counted` False: their prompts were counted
-        in the data position before the resume)."""
-        start, outcome = self.state.batch_in_epoch, None
-        iterations = int(getattr(self.task, "num_iterations", 1))
-        for iteration in range(first, iterations):
-            self.state.batch_in_epoch = start
-            scale = self._step_scale(rolled) if self._normalised else None
-            for batch in rolled:
-                self._micro_batch(batch, group, scale, moved=True)
-            if not counted:
-                self.state.batch_in_epoch = start
-            self.rollout_left = (rolled, iteration + 1, group) if iteration + 1 < iterations else None
-            outcome = self._optimizer_step()
-            if self._done():
-                break
-        return outcome
 
     def _micro_batch(self, batch, group: int, scale: float | None, moved: bool = False) -> None:
         """Forward and backward of one micro-batch of a step of `group`. With `scale` (a task whose

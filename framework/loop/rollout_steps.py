@@ -1,0 +1,40 @@
+"""A task that makes its training batches from the model (online learning: task.rollout, framework/tasks/grpo.py):
+the FitLoop's steps for it, one rollout trained for task.num_iterations optimizer steps."""
+from __future__ import annotations
+
+from framework.loop.state import StepOutcome
+from framework.tasks.rollout import Ranks
+
+
+def rolled_out_steps(loop, pending: list, group: int) -> StepOutcome | None:
+    """A task that makes its training batches from the model (online learning: task.rollout):
+    the step's micro-batches rolled out once, before any forward, then trained for
+    task.num_iterations optimizer steps (the same prompts and completions each time). Returns
+    the last step's outcome (None: the run ended before one)."""
+    strategy = loop.strategy
+    share = strategy.data_parallel.size / strategy.world_size  # a tensor-parallel group's ranks count once
+    ranks = Ranks(lambda t: strategy.reduce(t, "sum") * share, strategy.world_size > 1)
+    moved = [strategy.batch_to_device(b) for b in pending]
+    with strategy.forward_context():
+        rolled = loop.task.rollout(strategy.unwrap(loop.model), moved, loop.state.step, ranks)
+    return train_rolled(loop, rolled, group)
+
+def train_rolled(loop, rolled: list, group: int, first: int = 0, counted: bool = True) -> StepOutcome | None:
+    """Iterations `first`.. of task.num_iterations on rolled-out micro-batches, one optimizer step
+    each. Between two of them a checkpoint keeps the batches and the next iteration
+    (`rollout_left`), so a resume goes on with them (`counted` False: their prompts were counted
+    in the data position before the resume)."""
+    start, outcome = loop.state.batch_in_epoch, None
+    iterations = int(getattr(loop.task, "num_iterations", 1))
+    for iteration in range(first, iterations):
+        loop.state.batch_in_epoch = start
+        scale = loop._step_scale(rolled) if loop._normalised else None
+        for batch in rolled:
+            loop._micro_batch(batch, group, scale, moved=True)
+        if not counted:
+            loop.state.batch_in_epoch = start
+        loop.rollout_left = (rolled, iteration + 1, group) if iteration + 1 < iterations else None
+        outcome = loop._optimizer_step()
+        if loop._done():
+            break
+    return outcome
