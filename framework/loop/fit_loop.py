@@ -157,7 +157,7 @@ class FitLoop:
         if self.rollout_left is not None:  # resumed between two iterations on one batch of completions
             rolled, first, group = self.rollout_left
             outcome = train_rolled(self, rolled, group, first, counted=False)
-            if self._done():
+            if outcome is StepOutcome.HEALED or self._done():
                 return outcome
         n = len(self.train_loader)
         pending: list = []  # this step's micro-batches, when they are counted before any forward
@@ -179,7 +179,7 @@ class FitLoop:
             if self._rolls_out:
                 outcome = rolled_out_steps(self, pending, group)
                 pending = []
-                if outcome is not None and self._done():
+                if outcome is StepOutcome.HEALED or (outcome is not None and self._done()):
                     return outcome
                 continue
             scale = self._step_scale(pending) if self._normalised else None

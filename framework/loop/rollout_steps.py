@@ -10,7 +10,7 @@ def rolled_out_steps(loop, pending: list, group: int) -> StepOutcome | None:
     """A task that makes its training batches from the model (online learning: task.rollout):
     the step's micro-batches rolled out once, before any forward, then trained for
     task.num_iterations optimizer steps (the same prompts and completions each time). Returns
-    the last step's outcome (None: the run ended before one)."""
+    the last step's outcome (None: the run ended before one; HEALED: see train_rolled)."""
     strategy = loop.strategy
     share = strategy.data_parallel.size / strategy.world_size  # a tensor-parallel group's ranks count once
     ranks = Ranks(lambda t: strategy.reduce(t, "sum") * share, strategy.world_size > 1)
@@ -23,10 +23,15 @@ def train_rolled(loop, rolled: list, group: int, first: int = 0, counted: bool =
     """Iterations `first`.. of task.num_iterations on rolled-out micro-batches, one optimizer step
     each. Between two of them a checkpoint keeps the batches and the next iteration
     (`rollout_left`), so a resume goes on with them (`counted` False: their prompts were counted
-    in the data position before the resume)."""
+    in the data position before the resume). HEALED: replica groups formed the quorum of an
+    iteration after the first and this group took a live peer's state in its place."""
     start, outcome = loop.state.batch_in_epoch, None
     iterations = int(getattr(loop.task, "num_iterations", 1))
     for iteration in range(first, iterations):
+        # each optimizer step forms its replica groups' quorum (the first one's is formed before the
+        # rollout); a group that heals here copies a live peer's batches and iteration with its state
+        if iteration > 0 and loop._begin_step() is StepOutcome.HEALED:
+            return StepOutcome.HEALED
         loop.state.batch_in_epoch = start
         scale = loop._step_scale(rolled) if loop._normalised else None
         for batch in rolled:

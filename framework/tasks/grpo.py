@@ -1,7 +1,7 @@
 """Online reinforcement learning from rewards (`task=grpo`, data=prompt_files): GRPO and its
 relatives, computed as trl 1.16's GRPOTrainer computes them, under its metric names.
 
-Each step, before any forward (the loop's rollout: framework/loop/fit_loop.py), every prompt of the
+Each step, before any forward (the loop's rollout: framework/loop/rollout_steps.py), every prompt of the
 step's micro-batches gets task.num_generations completions sampled from the policy
 (framework/tasks/rollout.py: seeded by prompt and step, never by rank), the reward functions score
 them (framework/tasks/rewards.py), and each completion's advantage is its reward against its group's

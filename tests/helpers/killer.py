@@ -61,12 +61,15 @@ class KillReplicaGroupOnce(Callback):
 class PaceWhileAlone(Callback):
     """Sleeps `seconds` after each step while fewer groups than there are take part, so the groups
     still alive keep stepping (alone) until a restarted one has rejoined, on any machine's speed;
-    at most `limit_s` in all."""
+    at most `limit_s` in all. `mid_rollout`: only after a step that leaves iterations of a rollout
+    to train (task.num_iterations > 1), so a restarted group most likely rejoins between two."""
 
-    def __init__(self, seconds: float = 0.25, limit_s: float = 120.0):
-        self.seconds, self.left = seconds, limit_s
+    def __init__(self, seconds: float = 0.25, limit_s: float = 120.0, mid_rollout: bool = False):
+        self.seconds, self.left, self.mid_rollout = seconds, limit_s, mid_rollout
 
     def on_train_step_end(self, loop) -> None:
+        if self.mid_rollout and getattr(loop, "rollout_left", None) is None:
+            return
         if loop.replicas.participants < loop.replicas.replica_groups and self.left > 0:
             time.sleep(self.seconds)
             self.left -= self.seconds

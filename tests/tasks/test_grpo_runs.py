@@ -9,28 +9,22 @@ import torch
 
 from framework.config.resolvers import example_data
 from tests.conftest import checkpoint_at, load_model_state, metric_values, run_inprocess
+from tests.helpers.layouts import FOUR_LOGGED_STEPS, ONE_PROCESS, TWO_LAYER_GPT, TWO_PROCESS_LAYOUTS
 from tests.helpers.run_cache import trained_run
 
 GRPO = ["task=grpo", "data=prompt_files", f"data.files={example_data('arithmetic_prompts.jsonl')}",
-        f"data.test_files={example_data('arithmetic_test.jsonl')}", "data.max_prompt_tokens=8",
-        "model.n_layer=2", "model.n_embd=32", "model.n_head=2", "model.block_size=16", "model.dropout=0.0",
-        "task.rewards=[exact_match,length]", "task.num_generations=4", "task.max_completion_tokens=4",
-        "task.stop='\\n'", "optimizer.lr=0.003", "scheduler.warmup_steps=0", "trainer.max_steps=4",
-        "trainer.val_every=2", "trainer.val_batches=2", "trainer.log_every=1", "trainer.progress_bar=false",
-        "trainer.plot=false", "trainer.val_at_start=false", "seed=0", "callbacks=[checkpoint]",
-        "callbacks.checkpoint.every_n_steps=2", "callbacks.checkpoint.keep_last_k=4",
-        "callbacks.checkpoint.monitor=val/reward", "callbacks.checkpoint.mode=max"]
-LAYOUTS = {"ddp": ["strategy=ddp", "devices=2", "data.batch_size=2"],
-           "fsdp": ["strategy=fsdp", "devices=2", "data.batch_size=2"],
-           "deepspeed_stage_3": ["strategy=deepspeed_stage_3", "devices=2", "data.batch_size=2"],
-           # the tensor-parallel ranks read one batch together: the group's batch is the whole 4
-           "model_parallel": ["strategy=model_parallel", "devices=2", "data.batch_size=4"]}
+        f"data.test_files={example_data('arithmetic_test.jsonl')}", "data.max_prompt_tokens=8", *TWO_LAYER_GPT,
+        "model.block_size=16", "task.rewards=[exact_match,length]", "task.num_generations=4",
+        "task.max_completion_tokens=4", "task.stop='\\n'", "optimizer.lr=0.003", "scheduler.warmup_steps=0",
+        "trainer.val_batches=2", *FOUR_LOGGED_STEPS, "callbacks.checkpoint.monitor=val/reward",
+        "callbacks.checkpoint.mode=max"]
+LAYOUTS = TWO_PROCESS_LAYOUTS
 KEYS = ("train/loss", "train/reward", "train/reward_std", "train/rewards/length/mean", "train/entropy",
         "train/completions/mean_length", "train/clip_ratio/region_mean", "val/reward")
 
 
 def one_process() -> object:
-    return trained_run([*GRPO, "data.batch_size=4"])
+    return trained_run([*GRPO, *ONE_PROCESS])
 
 
 def test_one_process_learns_from_the_rewards():
@@ -59,7 +53,7 @@ def test_every_layout_samples_and_trains_one_processs_numbers(layout):
 def test_a_resumed_run_samples_and_trains_as_the_straight_run(tmp_path):
     straight = one_process()
     resumed = tmp_path / "resumed"
-    run_inprocess([*GRPO, "data.batch_size=4", f"ckpt_path={checkpoint_at(straight, 2)}"], resumed)
+    run_inprocess([*GRPO, *ONE_PROCESS, f"ckpt_path={checkpoint_at(straight, 2)}"], resumed)
     for key in ("train/loss", "train/reward", "train/completions/mean_length", "train/entropy"):
         assert metric_values(resumed, key) == metric_values(straight, key)[2:], key
     final, want = load_model_state(checkpoint_at(resumed, 4)), load_model_state(checkpoint_at(straight, 4))
@@ -70,7 +64,7 @@ def test_num_iterations_trains_each_rollout_again_and_a_resume_between_them_goes
     """task.num_iterations=2: each batch of completions trains two optimizer steps (the same rewards
     logged twice, the second step's ratios off 1); a checkpoint between the two keeps the batch, and
     the run resumed from it trains the second step as the straight run did."""
-    overrides = [*GRPO, "data.batch_size=4", "task.num_iterations=2", "callbacks.checkpoint.every_n_steps=1"]
+    overrides = [*GRPO, *ONE_PROCESS, "task.num_iterations=2", "callbacks.checkpoint.every_n_steps=1"]
     straight = trained_run(overrides)
     rewards = metric_values(straight, "train/reward")
     assert len(rewards) == 4 and rewards[0] == rewards[1] and rewards[2] == rewards[3] and rewards[0] != rewards[2]

@@ -20,6 +20,7 @@ from framework.errors import ConfigError
 from framework.tasks.preference import Preference, sequence_logps
 from framework.tasks.second_model import Frozen
 from tests.conftest import checkpoint_at, load_model_state, metric_values, run_inprocess
+from tests.helpers.layouts import FOUR_LOGGED_STEPS, ONE_PROCESS, TWO_LAYER_GPT, TWO_PROCESS_LAYOUTS
 from tests.helpers.run_cache import trained_run
 
 VOCAB = 11
@@ -323,16 +324,9 @@ def test_dpo_gives_trls_losses_rewards_and_log_probabilities(tiny_llama, trl_run
 
 
 # ---- every strategy that places the reference, as one process -----------------------------------------
-GPT = ["task=preference", "data=preference_files", "model.n_layer=2", "model.n_embd=32", "model.n_head=2",
-       "model.block_size=256", "model.dropout=0.0", "data.shuffle=false", "trainer.max_steps=4", "trainer.val_every=2",
-       "trainer.val_batches=null", "trainer.log_every=1", "trainer.progress_bar=false", "trainer.plot=false",
-       "trainer.val_at_start=false", "seed=0", "callbacks=[checkpoint]", "callbacks.checkpoint.every_n_steps=2",
-       "callbacks.checkpoint.keep_last_k=4", "data.test_percent=5"]
-LAYOUTS = {"ddp": ["strategy=ddp", "devices=2", "data.batch_size=2"],
-           "fsdp": ["strategy=fsdp", "devices=2", "data.batch_size=2"],
-           "deepspeed_stage_3": ["strategy=deepspeed_stage_3", "devices=2", "data.batch_size=2"],
-           # the tensor-parallel ranks read one batch together: the group's batch is the whole 4
-           "model_parallel": ["strategy=model_parallel", "devices=2", "data.batch_size=4"]}
+GPT = ["task=preference", "data=preference_files", *TWO_LAYER_GPT, "model.block_size=256", "data.shuffle=false",
+       "trainer.val_batches=null", *FOUR_LOGGED_STEPS, "data.test_percent=5"]
+LAYOUTS = TWO_PROCESS_LAYOUTS
 PREFERENCE_KEYS = ("train/loss", "train/rewards/chosen", "train/rewards/margins", "train/logps/chosen", "val/loss",
                    "val/rewards/accuracies")
 
@@ -340,7 +334,7 @@ PREFERENCE_KEYS = ("train/loss", "train/rewards/chosen", "train/rewards/margins"
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_every_strategy_places_the_reference_and_trains_one_processs_numbers(layout):
-    one, run = trained_run([*GPT, "data.batch_size=4"]), trained_run([*GPT, *LAYOUTS[layout]])
+    one, run = trained_run([*GPT, *ONE_PROCESS]), trained_run([*GPT, *LAYOUTS[layout]])
     for key in PREFERENCE_KEYS:
         got, want = metric_values(run, key), metric_values(one, key)
         assert len(got) == len(want) > 0, key
@@ -354,9 +348,9 @@ def test_every_strategy_places_the_reference_and_trains_one_processs_numbers(lay
 
 @pytest.mark.slow
 def test_a_resumed_run_rebuilds_its_reference_and_continues_sample_exact(tmp_path):
-    straight = trained_run([*GPT, "data.batch_size=4"])
+    straight = trained_run([*GPT, *ONE_PROCESS])
     resumed = tmp_path / "resumed"
-    run_inprocess([*GPT, "data.batch_size=4", f"ckpt_path={checkpoint_at(straight, 2)}"], resumed)
+    run_inprocess([*GPT, *ONE_PROCESS, f"ckpt_path={checkpoint_at(straight, 2)}"], resumed)
     for key in ("train/loss", "train/rewards/chosen", "train/rewards/margins"):
         assert metric_values(resumed, key) == metric_values(straight, key)[2:], key
     final, want = load_model_state(checkpoint_at(resumed, 4)), load_model_state(checkpoint_at(straight, 4))
@@ -367,7 +361,7 @@ def test_a_resumed_run_rebuilds_its_reference_and_continues_sample_exact(tmp_pat
 def test_framework_test_reports_the_preference_metrics_on_held_out_pairs(tmp_path):
     from tests.helpers.in_process import run_command
 
-    run = trained_run([*GPT, "data.batch_size=4"])
+    run = trained_run([*GPT, *ONE_PROCESS])
     result = run_command(["test", str(run)], tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     shown = " ".join(result.stdout.split())
