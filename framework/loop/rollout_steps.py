@@ -13,7 +13,9 @@ def rolled_out_steps(loop, pending: list, group: int) -> StepOutcome | None:
     the last step's outcome (None: the run ended before one; HEALED: see train_rolled)."""
     strategy = loop.strategy
     share = strategy.data_parallel.size / strategy.world_size  # a tensor-parallel group's ranks count once
-    ranks = Ranks(lambda t: strategy.reduce(t, "sum") * share, strategy.world_size > 1)
+    # ranks decode alike only where the forward is collective (ddp's ranks each stop once their rows have)
+    ranks = Ranks(lambda t: strategy.reduce(t, "sum") * share,
+                  strategy.world_size > 1 and strategy.abilities.collective_forward)
     moved = [strategy.batch_to_device(b) for b in pending]
     with strategy.forward_context():
         rolled = loop.task.rollout(strategy.unwrap(loop.model), moved, loop.state.step, ranks)

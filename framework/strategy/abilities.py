@@ -48,6 +48,10 @@ class Abilities:
     summed_loss)."""
     splits_layers: bool = field(default=False, metadata=REQUIREMENT)
     """It splits layers across ranks (tensor parallelism): adapters and the chunked loss care."""
+    collective_forward: bool = field(default=False, metadata=REQUIREMENT)
+    """Its forward calls collectives (sharded weights gathered, split layers reduced, experts
+    exchanged): every rank runs as many forwards, so a rank whose completions have all ended goes
+    on decoding with the others (task=grpo's rollout)."""
 
     def combined(self, others: list[Abilities]) -> Abilities:
         """What a layout of parts can do: a permission where every part allows it, a requirement

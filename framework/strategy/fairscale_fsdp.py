@@ -26,7 +26,8 @@ class FairscaleFSDPStrategy(ParallelStrategy):
     requires_packages = {"fairscale": "'framework[fairscale]'"}
     # one optimizer driven by its wrapper; no DTensor view (checkpoint_io=dcp gets full state from rank
     # zero); its flat parameters are not compiled; it needs CUDA
-    abilities = Abilities(manual_optimization=False, sharded_state=False, compile=False, requires_cuda=True)
+    abilities = Abilities(manual_optimization=False, sharded_state=False, compile=False, requires_cuda=True,
+                          collective_forward=True)
 
     def __init__(self, *args, auto_wrap_modules: list[str] | None = None, reshard_after_forward: bool = True,
                  cpu_offload: bool = False, timeout_s: float = 1800.0, **kwargs):

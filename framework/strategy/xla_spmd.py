@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from framework.strategy.abilities import Abilities
 from framework.strategy.single_xla import SingleXLAStrategy
 from framework.tensors import map_tensors
 
@@ -27,6 +28,8 @@ class XLASPMDStrategy(SingleXLAStrategy):
     spmd = True
     #: the mesh axis a batch (and, for xla_fsdp, each weight's first dimension) is split along
     axis = "data"
+    # one program over every device: a host's forward runs with the other hosts'
+    abilities = Abilities(compile=False, sharded_state=False, collective_forward=True)
 
     def _before_runtime(self) -> None:
         import torch_xla.runtime as xr

@@ -7,9 +7,10 @@ straight run drew. A model with `new_cache(batch)` (the built-in GPT) runs the p
 new token against the cached keys and values; any other model recomputes the whole sequence per
 token. A row ends after a stop id; the tokens drawn after it are not part of its completion.
 
-Under several processes every rank decodes `max_new_tokens` positions whatever its rows drew: a
-sharded model's forward is collective (fsdp, deepspeed_stage_3 and tensor parallelism gather or
-reduce inside it), so every rank must call it as often.
+Where the strategy's forward is collective (fsdp, deepspeed_stage_3 and tensor parallelism gather or
+reduce inside it: framework/strategy/abilities.py collective_forward) every rank decodes
+`max_new_tokens` positions whatever its rows drew, so every rank calls it as often; under ddp (or
+ZeRO-1/2) a rank stops once its rows have all ended.
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ def group_seed(seed: int, step: int, index: int) -> int:
 class Ranks:
     """What a rollout needs of the processes (the loop gives it): `data_sum` sums a tensor over the
     data-parallel ranks (a tensor-parallel group's ranks hold one batch and count once);
-    `collective_forward`: several processes, whose sharded forwards every rank must call as often."""
+    `collective_forward`: several processes whose forwards are collective (sharded weights, split
+    layers), which every rank must call as often."""
 
     data_sum: Callable[[torch.Tensor], torch.Tensor]
     collective_forward: bool

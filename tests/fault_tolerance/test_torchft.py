@@ -270,9 +270,9 @@ def test_a_rollout_trained_several_steps_forms_each_steps_quorum_and_a_killed_gr
     """task=grpo with task.num_iterations=2: one rollout, two optimizer steps, and each of them
     forms the groups' quorum (a group that dies between them is noticed at the second, not a
     rollout later). Group 1 is killed after step 5, the first step of its third rollout; restarted,
-    it heals from the survivor, most likely between two iterations (the survivor waits there while
-    alone), where the state it copies holds the rolled batches still to train, else before a
-    rollout; both end with the same weights."""
+    it heals from the survivor between two iterations of one rollout (the survivor waits there for
+    it: tests/helpers/killer.py RejoinMidRollout), copying the rolled batches still to train with
+    the state, and both end with the same weights."""
     steps = 12
     args = [*FAST, "task=grpo", "data=prompt_files", f"data.files={example_data('arithmetic_prompts.jsonl')}",
             "data.max_prompt_tokens=8", "data.batch_size=2", "model.n_layer=1", "model.n_embd=32", "model.n_head=2",
@@ -281,8 +281,7 @@ def test_a_rollout_trained_several_steps_forms_each_steps_quorum_and_a_killed_gr
             "trainer.log_every=1", "trainer.val_every=1000", "trainer.progress_bar=false", "trainer.plot=false",
             "name=ft", "callbacks.checkpoint.every_n_steps=1000",
             "+callbacks.killer._target_=tests.helpers.killer.KillReplicaGroupOnce", "+callbacks.killer.group=1",
-            "+callbacks.killer.step=5", "+callbacks.pace._target_=tests.helpers.killer.PaceWhileAlone",
-            "+callbacks.pace.seconds=1.5", "+callbacks.pace.mid_rollout=true"]
+            "+callbacks.killer.step=5", "+callbacks.rejoin._target_=tests.helpers.killer.RejoinMidRollout"]
     result = run_train(args, tmp_path, timeout=600, env=ENV)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((tmp_path / "outputs" / "ft" / "summary.json").read_text())
@@ -290,6 +289,7 @@ def test_a_rollout_trained_several_steps_forms_each_steps_quorum_and_a_killed_gr
     survivor, healed = (group["replicas"] for group in summary["replica_groups"])
     (heal,) = healed["heals"]
     assert 5 < heal["step"] < steps and survivor["final_step"] == healed["final_step"] == steps
+    assert heal["step"] % 2 == 1, heal  # after a rollout's first step: its second still to train
     # one quorum per optimizer step, the rollouts' second iterations included (a step the kill left
     # uncommitted is taken again: its quorum too)
     assert sum(survivor["participants"].values()) == steps + survivor["uncommitted_steps"], survivor

@@ -61,18 +61,51 @@ class KillReplicaGroupOnce(Callback):
 class PaceWhileAlone(Callback):
     """Sleeps `seconds` after each step while fewer groups than there are take part, so the groups
     still alive keep stepping (alone) until a restarted one has rejoined, on any machine's speed;
-    at most `limit_s` in all. `mid_rollout`: only after a step that leaves iterations of a rollout
-    to train (task.num_iterations > 1), so a restarted group most likely rejoins between two."""
+    at most `limit_s` in all."""
 
-    def __init__(self, seconds: float = 0.25, limit_s: float = 120.0, mid_rollout: bool = False):
-        self.seconds, self.left, self.mid_rollout = seconds, limit_s, mid_rollout
+    def __init__(self, seconds: float = 0.25, limit_s: float = 120.0):
+        self.seconds, self.left = seconds, limit_s
 
     def on_train_step_end(self, loop) -> None:
-        if self.mid_rollout and getattr(loop, "rollout_left", None) is None:
-            return
         if loop.replicas.participants < loop.replicas.replica_groups and self.left > 0:
             time.sleep(self.seconds)
             self.left -= self.seconds
+
+
+class RejoinMidRollout(Callback):
+    """fault_tolerance=torchft with task.num_iterations > 1: a restarted group rejoins between two
+    optimizer steps of one rollout. The restarted group marks its run directory as it starts
+    reading its first batch (just before it asks for its first quorum); a group going on alone
+    waits, after a step that leaves iterations of its rollout to train, until a peer's mark is
+    there (at most `limit_s`), then `seconds` more, so the next quorum (that rollout's next
+    iteration) has the restarted group in it, on any machine's speed."""
+
+    MARK = ".reading-again"
+
+    def __init__(self, seconds: float = 2.0, limit_s: float = 300.0):
+        self.seconds, self.limit_s = seconds, limit_s
+
+    def on_fit_start(self, loop) -> None:
+        if not (loop.output_dir / ".killed-once").exists():
+            return  # its first life
+        sampler, mark = loop.train_loader.sampler, loop.output_dir / self.MARK
+        dealt = type(sampler)
+
+        class Marked(dealt):
+            def __iter__(self):
+                mark.touch()
+                yield from dealt.__iter__(self)
+
+        sampler.__class__ = Marked
+
+    def on_train_step_end(self, loop) -> None:
+        if loop.rollout_left is None or loop.replicas.participants >= loop.replicas.replica_groups:
+            return
+        marks = [folder / self.MARK for folder in loop.output_dir.parent.glob("replica_*") if folder != loop.output_dir]
+        deadline = time.monotonic() + self.limit_s
+        while not any(m.exists() for m in marks) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(self.seconds)
 
 
 class NanInGroupOnce(Callback):

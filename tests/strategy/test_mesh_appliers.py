@@ -157,3 +157,22 @@ def test_a_hybrid_layout_with_tensor_ranks_equals_one_process(name):
     assert set(final) == set(straight)
     for key, value in straight.items():
         torch.testing.assert_close(final[key], value, rtol=1e-5, atol=1e-6, msg=key)
+
+
+COLLECTIVE_FORWARD = {"fsdp", "fsdp_cpu_offload", "hsdp", "model_parallel", "pipeline", "deepspeed_stage_3",
+                      "deepspeed_stage_3_offload", "deepspeed_stage_3_offload_nvme", "fairscale_fsdp", "xla_spmd",
+                      "xla_fsdp"}
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (ROOT / "conf" / "strategy").glob("*.yaml") if p.stem != "auto"))
+def test_a_shipped_strategy_says_whether_its_forward_is_collective(name):
+    """Where it is (weights gathered, layers split, one SPMD program), every rank runs as many
+    forwards: task=grpo's rollout then decodes every position on every rank; ddp's and ZeRO-1/2's
+    ranks each stop when their own completions have (the ddp run of tests/tasks/test_grpo_runs.py)."""
+    from omegaconf import OmegaConf
+
+    from framework.config.targets import import_target
+
+    strategy = import_target(OmegaConf.load(ROOT / "conf" / "strategy" / f"{name}.yaml")._target_, "strategy")()
+    strategy.devices = 2
+    assert strategy.abilities.collective_forward == (name in COLLECTIVE_FORWARD)

@@ -85,9 +85,11 @@ class DeepSpeedStrategy(ParallelStrategy):
 
     @property
     def abilities(self) -> Abilities:  # type: ignore[override]
-        """NVMe offload needs libaio too."""
+        """NVMe offload needs libaio too; ZeRO-3's forward is collective."""
         nvme = "nvme" in (self.offload_optimizer, self.offload_parameters)
-        return replace(self.ABILITIES, native_libraries=("aio",)) if nvme else self.ABILITIES
+        # ZeRO-3 gathers each module's partitioned weights inside its forward
+        abilities = replace(self.ABILITIES, collective_forward=self.stage == 3)
+        return replace(abilities, native_libraries=("aio",)) if nvme else abilities
 
     # ---- environment --------------------------------------------------------------------
     def _choose_deepspeed_accelerator(self) -> None:

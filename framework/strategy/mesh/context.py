@@ -27,6 +27,7 @@ import torch
 
 from framework.batch_split import BatchSplit, cut_sequence
 from framework.errors import ConfigError
+from framework.strategy.abilities import Abilities
 from framework.strategy.mesh.applier import Applier
 from framework.strategy.mesh.context_attention import ContextAttention, SequenceShard
 
@@ -40,6 +41,8 @@ def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 class ContextApplier(Applier):
     """Splits each batch's sequences over the context group and makes attention see all of them."""
+
+    abilities = Abilities(collective_forward=True)  # attention gathers the group's keys and values
 
     def __init__(self, placement, dims):
         super().__init__(placement, dims)

@@ -26,6 +26,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from framework.console import human_bytes
 from framework.construction.routing import ExpertLayer, Routed
 from framework.errors import ConfigError, indivisible
+from framework.strategy.abilities import Abilities
 from framework.strategy.mesh import hf_experts
 from framework.strategy.mesh.applier import Applier
 
@@ -198,6 +199,7 @@ class ExpertApplier(Applier):
     FSDP leaves them alone, their gradients finished once a step (before clipping or stepping)."""
 
     norm_by_hand = True
+    abilities = Abilities(collective_forward=True)  # tokens exchanged with the experts' ranks (all-to-all)
 
     def __init__(self, placement, dims):
         super().__init__(placement, dims)

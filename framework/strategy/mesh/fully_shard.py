@@ -12,6 +12,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from framework.construction.meta_init import InitLog, replay
 from framework.construction.units import Units
+from framework.strategy.abilities import Abilities
 from framework.strategy.layout import StateLayout
 from framework.strategy.mesh.applier import Applier
 from framework.tensors import write_part
@@ -84,6 +85,8 @@ def token_mesh(mesh, dims):
 class ShardingApplier(Applier):
     """FSDP2 over the data-parallel (x context) ranks, after the layers are split: each unit, then
     each root (the model, or a pipeline rank's stages)."""
+
+    abilities = Abilities(collective_forward=True)  # each unit's weights gathered inside its forward
 
     def __init__(self, placement, dims):
         super().__init__(placement, dims)

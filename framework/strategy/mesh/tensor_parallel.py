@@ -63,7 +63,7 @@ class TensorApplier(Applier):
 
     norm_by_hand = True
     state_by_hand = True
-    abilities = Abilities(splits_layers=True)
+    abilities = Abilities(splits_layers=True, collective_forward=True)
 
     def __init__(self, placement, dims):
         super().__init__(placement, dims)
