@@ -35,7 +35,7 @@ from framework.sequences import IGNORE_INDEX
 from framework.tasks import grpo_loss as G
 from framework.tasks.base import Task
 from framework.tasks.rewards import fields_read, resolved, reward_name, scored
-from framework.tasks.rollout import ONE_PROCESS, Ranks, group_seed, sample_group
+from framework.tasks.rollout import ONE_PROCESS, Ranks, group_seed, keeps_past, sample_group
 from framework.tasks.second_model import FrozenSource, missing
 from framework.tasks.token_logps import logps_of, output_logits
 
@@ -166,15 +166,25 @@ class GRPO(Task):
     def rollout_memory(self, model: torch.nn.Module, prompt_tokens: int, prompts: int,
                        element_bytes: int) -> tuple[int, str]:
         """(bytes, what they are) a rank holds while sampling one prompt's group (its prompts are
-        decoded one after another): a model with a KV cache (the GPT) keeps every layer's keys and
-        values of num_generations x (prompt + completion) positions; another recomputes the whole
-        sequence each token, its logits the largest piece. `model`: on the meta device."""
+        decoded one after another): a model with a KV cache (the GPT's own, a Hugging Face model's)
+        keeps every layer's keys and values of num_generations x (prompt + completion) positions;
+        another recomputes the whole sequence each token, its logits the largest piece. `model`: on
+        the meta device."""
         positions, rows = prompt_tokens + self.max_completion_tokens, self.num_generations
         blocks, embedding = getattr(model, "blocks", None), getattr(model, "tok_emb", None)
         if hasattr(model, "new_cache") and blocks is not None and embedding is not None:
-            width = embedding.embedding_dim
-            cache = 2 * len(blocks) * rows * positions * width * element_bytes
-            return cache, (f"KV cache of {rows} completions x {positions} positions x {len(blocks)} layers x {width} "
+            layers, width = len(blocks), embedding.embedding_dim
+        elif keeps_past(model):  # keys and values of its key-value heads (fewer than its heads with GQA)
+            config = model.config
+            heads = getattr(config, "num_attention_heads", 1)
+            head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+            layers = config.num_hidden_layers
+            width = (getattr(config, "num_key_value_heads", None) or heads) * head_dim
+        else:
+            layers = width = 0
+        if layers:
+            cache = 2 * layers * rows * positions * width * element_bytes
+            return cache, (f"KV cache of {rows} completions x {positions} positions x {layers} layers x {width} "
                            f"(keys and values), one prompt at a time ({prompts} a micro-batch)")
         vocabulary = getattr(getattr(model, "config", None), "vocab_size", None) or 0
         logits = rows * positions * vocabulary * 4

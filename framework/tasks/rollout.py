@@ -3,9 +3,10 @@
 A prompt's G completions are decoded together as G rows of one batch (the same prompt, so no
 padding), from a generator seeded by the run's seed, the step and the prompt's row, never by the
 rank: one process and N processes draw the same completions, and a resumed run draws what the
-straight run drew. A model with `new_cache(batch)` (the built-in GPT) runs the prompt once and each
-new token against the cached keys and values; any other model recomputes the whole sequence per
-token. A row ends after a stop id; the tokens drawn after it are not part of its completion.
+straight run drew. The prompt is run once and each new token against the cached keys and values:
+the built-in GPT's cache (`new_cache(batch)`), or a Hugging Face model's own (`past_key_values`,
+the last position's logits alone); any other model recomputes the whole sequence per token. A row
+ends after a stop id; the tokens drawn after it are not part of its completion.
 
 Where the strategy's forward is collective (fsdp, deepspeed_stage_3 and tensor parallelism gather or
 reduce inside it: framework/strategy/abilities.py collective_forward) every rank decodes
@@ -14,6 +15,7 @@ ZeRO-1/2) a rank stops once its rows have all ended.
 """
 from __future__ import annotations
 
+import inspect
 import zlib
 from dataclasses import dataclass
 from typing import Callable
@@ -61,6 +63,29 @@ def _cache_for(model, rows: int, positions: int):
     return cache if cache.capacity >= positions else None
 
 
+def keeps_past(model) -> bool:
+    """Whether `model` is a Hugging Face model that can decode with its own cache (past_key_values)."""
+    can_generate = getattr(model, "can_generate", None)
+    return callable(can_generate) and bool(can_generate()) and hasattr(model, "config")
+
+
+class _HubDecoder:
+    """A Hugging Face model's forward over the new tokens, its cache kept between calls (the keyword
+    `cache` of later transformers 5 releases, `past_key_values` before); only the last position's
+    logits are made where the model can be told so (`logits_to_keep`)."""
+
+    def __init__(self, model):
+        self.model, self.past = model, None
+        parameters = inspect.signature(model.forward).parameters
+        self.keyword = "cache" if "cache" in parameters else "past_key_values"
+        self.options = {"use_cache": True, **({"logits_to_keep": 1} if "logits_to_keep" in parameters else {})}
+
+    def __call__(self, window: torch.Tensor) -> torch.Tensor:
+        output = self.model(input_ids=window, **{self.keyword: self.past}, **self.options)
+        self.past = getattr(output, self.keyword)
+        return output_logits(output)[:, -1]
+
+
 @torch.no_grad()
 def sample_group(model: torch.nn.Module, prompt: list[int], generations: int, sampling: Sampling, stop_ids,
                  generator: torch.Generator, every_position: bool = False, use_cache: bool = True) -> Group:
@@ -72,11 +97,14 @@ def sample_group(model: torch.nn.Module, prompt: list[int], generations: int, sa
     ids = torch.tensor([prompt] * generations, dtype=torch.long, device=device)
     stops = torch.tensor(sorted({int(i) for i in stop_ids}), dtype=torch.long)
     cache = _cache_for(model, generations, len(prompt) + sampling.max_new_tokens) if use_cache else None
+    hub = _HubDecoder(model) if use_cache and cache is None and keeps_past(model) else None
     window, drawn = ids, []
     ended = torch.zeros(generations, dtype=torch.bool)
     for _ in range(sampling.max_new_tokens):
         if cache is not None:
             logits = output_logits(model(window, cache=cache))[:, -1]
+        elif hub is not None:
+            logits = hub(window)
         else:
             logits = output_logits(model(ids))[:, -1]
         token = next_tokens(logits, sampling, generator).cpu()

@@ -76,20 +76,41 @@ def test_num_iterations_trains_each_rollout_again_and_a_resume_between_them_goes
     assert all(torch.equal(final[k], want[k]) for k in want)
 
 
-def test_a_hugging_face_model_samples_without_a_cache_and_trains(tiny_llama, tmp_path):
-    """A Hugging Face causal LM (no KV cache of the framework's): each token recomputes the sequence;
-    its completions are scored and its weights move, the reference (beta > 0) its own initial weights."""
-    run = tmp_path / "hf"
-    run_inprocess(["model=hf_causal_lm", "model.config=null", f"model.pretrained={tiny_llama}",
-                   *[o for o in GRPO if not o.startswith("model.")], "data.batch_size=2", "task.beta=0.04",
-                   # its random bytes: a completion holding a lowercase letter is rewarded (about a third are)
-                   "task.rewards=[{_target_:framework.tasks.rewards.Format,pattern:'(?s).*[a-z].*'}]",
-                   "trainer.max_steps=2", "callbacks.checkpoint.every_n_steps=1"], run)
+def hub_llama(tiny_llama) -> list[str]:
+    """GRPO on a pretrained Hugging Face Llama with a reference (beta > 0): a frozen second model
+    loaded from the same weights, and completions decoded with transformers' own cache."""
+    return ["model=hf_causal_lm", "model.config=null", f"model.pretrained={tiny_llama}",
+            *[o for o in GRPO if not o.startswith("model.")], "task.beta=0.04",
+            # its random bytes: a completion holding a lowercase letter is rewarded (about a third are)
+            "task.rewards=[{_target_:framework.tasks.rewards.Format,pattern:'(?s).*[a-z].*'}]",
+            "trainer.max_steps=2", "callbacks.checkpoint.every_n_steps=1"]
+
+
+def test_a_hugging_face_model_samples_with_its_own_cache_and_trains(tiny_llama):
+    """A Hugging Face causal LM: its completions are scored and its weights move, the reference
+    (beta > 0) its own initial weights."""
+    run = trained_run([*hub_llama(tiny_llama), *ONE_PROCESS])
     kl = metric_values(run, "train/kl")
     assert kl[0] == 0 and kl[1] > 0  # the policy left its reference after the first step
     assert len(set(metric_values(run, "train/reward"))) == 2
     first, last = load_model_state(checkpoint_at(run, 1)), load_model_state(checkpoint_at(run, 2))
     assert any(not torch.equal(first[k], last[k]) for k in first)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["fsdp", "deepspeed_stage_3", "model_parallel"])
+def test_a_hugging_face_model_and_its_reference_train_one_processs_numbers_when_sharded(tiny_llama, layout):
+    """The pretrained weights loaded into each rank's part of both models (ZeRO-3's frozen model
+    has no optimizer to hold master weights), transformers' cache holding a rank's heads under
+    tensor parallelism, and its attention's per-instance state kept in a model built after another
+    under ZeRO-3's partitioned init (framework/strategy/deepspeed/base.py build_model)."""
+    one, run = trained_run([*hub_llama(tiny_llama), *ONE_PROCESS]), trained_run([*hub_llama(tiny_llama),
+                                                                                  *LAYOUTS[layout]])
+    for key in ("train/loss", "train/reward", "train/kl", "train/entropy"):
+        got, want = metric_values(run, key), metric_values(one, key)
+        assert len(got) == len(want) == 2, key
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=1e-5, msg=key)
+    assert metric_values(run, "train/kl")[1] > 0
 
 
 @pytest.mark.slow

@@ -169,12 +169,17 @@ class DeepSpeedStrategy(ParallelStrategy):
         import torch._dynamo  # noqa: F401
 
         remote = self.offload_parameters if self.offload_parameters != "none" else None
-        shape = None
-        if remote == "nvme":  # zero.Init sizes its swap buffers from the config: learn the model's shape first
-            with meta_device():
-                shape = factory()
+        # Built on the meta device first (no memory, no random numbers drawn): every module class the
+        # factory imports lazily is imported here, outside zero.Init. zero.Init patches each module
+        # class's __init__ while open and puts back what it found on entering, so a class first
+        # defined inside it gets back its bare __init__, losing what a decorator wrapped around it
+        # after (the kernels package's per-instance state, on transformers' attention): the next model
+        # built (a frozen reference) would lack it. NVMe offload also sizes its swap buffers from this shape.
+        with meta_device():
+            shape = factory()
         rng_state = torch.get_rng_state()
-        with deepspeed.zero.Init(config_dict_or_path=self.deepspeed_config(shape), remote_device=remote,
+        with deepspeed.zero.Init(config_dict_or_path=self.deepspeed_config(shape if remote == "nvme" else None),
+                                 remote_device=remote,
                                  pin_memory=self.accelerator.name == "cuda"), sharded_build():
             model = factory()
         if self._device_draws_the_init() and remote != "nvme":

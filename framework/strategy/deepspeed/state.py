@@ -93,8 +93,10 @@ def load_full_model_state(module, state: dict, device: torch.device) -> None:
                 continue
             raise ConfigError(f"the checkpoint has no weights for parameter '{name}'.")
         value = state[name].to(device, torch.float32)
-        if hasattr(param, "ds_id") or hasattr(param, "_hp_mapping"):
+        if hasattr(param, "_z3_optimizer") or hasattr(param, "_hp_mapping"):
             safe_set_full_fp32_param(param, value)
+            _refresh_low_precision(param, value)
+        elif hasattr(param, "ds_id"):  # partitioned with no optimizer (a frozen model): no master weights
             _refresh_low_precision(param, value)
         else:
             with torch.no_grad():
