@@ -173,6 +173,8 @@ bench: $(BENCH_BIN)/.installed
 	$(BENCH_BIN)/python benchmarks/data_prep.py
 	$(BENCH_BIN)/python benchmarks/nvme_offload.py
 	$(BENCH_BIN)/python benchmarks/chunked_loss.py
+	$(BENCH_BIN)/python benchmarks/grpo_arithmetic.py
+	$(BENCH_BIN)/python benchmarks/grpo_rollout.py
 	$(BENCH_BIN)/python benchmarks/front_page.py --run
 
 clean:
