@@ -28,7 +28,7 @@ def test_the_gpu_check_runs_its_rows_on_the_cpu(tmp_path):
     out = tmp_path / "out"
     result = subprocess.run([str(SESSION), "--accelerator", "cpu", "--devices", "1", "--rows",
                              "single_device/32/torch,ddp/32/dcp,ddp/32/torch/torchft,"
-                             "single_device/32/torch/moe"], capture_output=True, text=True, timeout=900, cwd=tmp_path,
+                             "single_device/32/torch/moe,ddp/32/torch/grpo"], capture_output=True, text=True, timeout=900, cwd=tmp_path,
                             env={**os.environ, "OUT": str(out), "GPU_BUNDLE": str(tmp_path / "no-bundle"),
                                  "GPU_PYTHON": sys.executable, "PARALLEL": "1", "BUDGET_S": "880"})
     assert result.returncode == 0, result.stdout + result.stderr
@@ -58,6 +58,9 @@ def test_the_gpu_check_runs_its_rows_on_the_cpu(tmp_path):
     outcome, *_, why = rows[("ddp", "32", "torch", "1", "2 replica groups, nccl between")]
     assert outcome == "refused" and "NCCL joins GPUs" in why
     assert ("ddp", "32", "torch", "1", "group 1 killed after step 3, heals") not in rows  # its own key: torchft-heal
+    # GRPO: completions sampled inside the loop, its small loss within its own tolerance of the CPU's
+    outcome, last, diff, _, why = rows[("ddp", "32", "torch", "1", "grpo")]
+    assert outcome == "ok" and float(diff) < 1e-5
 
 
 def test_without_cuda_it_says_so(monkeypatch, capsys):
@@ -108,7 +111,8 @@ def test_a_failed_row_shows_the_exceptions_own_line():
 
 
 DIMS_KEYS = {"pipeline_parallel_size": "pipeline", "data_parallel_size": "data_parallel",
-             "tensor_parallel_size": "tensor", "shard_size": "shard", "expert_parallel_size": "expert"}
+             "tensor_parallel_size": "tensor", "shard_size": "shard", "expert_parallel_size": "expert",
+             "context_parallel_size": "context"}
 
 
 def batch_readers(row) -> int:
