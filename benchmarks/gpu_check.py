@@ -18,8 +18,8 @@ Rows:
   their mean loss against the CPU's at the groups' global batch and their final weights equal; and
   group 1 killed after step 3 of 30 (ddp; fsdp, whose heal writes into DTensors): restarted, healed
   from group 0, the same final weights;
-- context parallelism (fsdp, 2 ranks a sequence), DPO (its reference placed by fsdp, ZeRO-3 or
-  tensor parallelism) and GRPO (sampling inside the loop under ddp, fsdp, ZeRO-3 and tensor
+- context parallelism (fsdp, 2 ranks a sequence), DPO and distillation (the reference, the teacher
+  placed by fsdp, ZeRO-3 or tensor parallelism) and GRPO (sampling inside the loop under ddp, fsdp, ZeRO-3 and tensor
   parallelism, and resumed between two iterations of a rollout);
 - mixtures of experts (Row.job, JOBS): the GPT's 8 experts on one GPU in 32 and bf16 and compiled; under
   fsdp with the experts spread over the GPUs (strategy.expert_parallel_size, all-to-all over nccl)
@@ -110,6 +110,10 @@ JOBS = {"": BASE,
                  "data.max_prompt_tokens=16", "task.num_generations=4", "task.max_completion_tokens=8",
                  "task.stop='\\n'", "task.rewards=[exact_match,length]", "task.beta=0.04"]}
 JOBS["grpo_iterations"] = [*JOBS["grpo"], "task.num_iterations=2"]  # a rollout trained 2 steps
+# distillation from a teacher of another width (a random Hugging Face Llama over the same 256 byte
+# ids, written once into the work folder: teacher_directory), placed by the strategy beside the student
+TEACHER = "<teacher>"
+JOBS["distillation"] = [*BASE, "task=distillation", f"task.teacher={TEACHER}", "task.temperature=2.0"]
 # jobs whose loss need not fall in a few steps (a policy-gradient loss: advantages, not a likelihood)
 LOSS_NEED_NOT_FALL = ("grpo", "grpo_iterations")
 # and whose loss is small (about 1e-4 to 1e-2): a tolerance of its own, which a token drawn otherwise exceeds
@@ -244,7 +248,7 @@ def expert_rows(devices: int) -> list[Row]:
 
 def second_model_rows(devices: int) -> list[Row]:
     """Context parallelism (fsdp, each sequence split over 2 ranks: its masked pieces' CUDA path),
-    DPO with the reference placed beside the trained model, and GRPO (generation inside the loop;
+    DPO with the reference and distillation with the teacher placed beside the trained model, and GRPO (generation inside the loop;
     float32: bf16's rounding would draw other tokens than the CPU's) under the layouts that can run
     them, at `devices` GPUs."""
     out = []
@@ -253,6 +257,9 @@ def second_model_rows(devices: int) -> list[Row]:
         out += [Row("fsdp", p, "torch", devices, context, "context parallel 2") for p in ("32", "bf16")]
     for strategy in ("fsdp", "deepspeed_stage_3", "model_parallel"):
         out.append(Row(strategy, "bf16", "torch", devices, layout_batch(strategy, devices), "dpo", job="dpo"))
+    for strategy in ("fsdp", "deepspeed_stage_3", "model_parallel"):
+        out.append(Row(strategy, "bf16", "torch", devices, layout_batch(strategy, devices), "distillation",
+                       job="distillation"))
     for strategy in ("ddp", "fsdp", "deepspeed_stage_3", "model_parallel"):
         out.append(Row(strategy, "32", "torch", devices, layout_batch(strategy, devices), "grpo", job="grpo"))
     out.append(Row("fsdp", "32", "dcp", devices, [], "grpo, 2 iterations a rollout, 3 steps + resume + 3", resume=True,
@@ -292,7 +299,27 @@ def refusal(returncode: int, stderr: str) -> str | None:
     return None
 
 
+_teacher_lock = threading.Lock()
+
+
+def teacher_directory(workdir: Path) -> Path:
+    """The distillation rows' teacher: a Llama of 2 layers x 96, random weights (seed 0), saved once."""
+    folder = workdir / "teacher"
+    with _teacher_lock:
+        if not (folder / "config.json").exists():
+            import transformers
+
+            transformers.logging.disable_progress_bar()
+            torch.manual_seed(0)
+            config = transformers.LlamaConfig(vocab_size=256, hidden_size=96, intermediate_size=192, num_hidden_layers=2,
+                                              num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256)
+            transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
 def _run(args: list[str], cwd: Path, env: dict | None = None) -> tuple[subprocess.CompletedProcess, float]:
+    if any(TEACHER in a for a in args):
+        args = [a.replace(TEACHER, str(teacher_directory(cwd))) for a in args]
     started = time.time()
     result = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=cwd, capture_output=True, text=True,
                             timeout=900, env={**os.environ, **(env or {})})
