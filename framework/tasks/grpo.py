@@ -387,7 +387,8 @@ class GRPO(Task):
                 "length_sum": torch.tensor(sum(float(len(c)) for c in rolled["completion_ids"]), dtype=torch.float64),
                 "clipped_sum": rolled["truncated"].double().sum()}
         for k, name in enumerate(self.reward_names):
-            sums[f"{name}_sum"] = torch.nan_to_num(each[:, k].double()).sum()
+            # under a name of its own: a reward called `length` once overwrote the completions' length
+            sums[f"rewards/{name}"] = torch.nan_to_num(each[:, k].double()).sum()
         return {k: v.to(device) for k, v in sums.items()}
 
     def compute_metrics(self, sums) -> dict[str, float]:
@@ -396,6 +397,6 @@ class GRPO(Task):
                    "completions/mean_length": float(sums["length_sum"]) / count,
                    "completions/clipped_ratio": float(sums["clipped_sum"]) / count}
         for name in self.reward_names:
-            metrics[f"rewards/{name}/mean"] = float(sums[f"{name}_sum"]) / count
+            metrics[f"rewards/{name}/mean"] = float(sums[f"rewards/{name}"]) / count
         return metrics
 

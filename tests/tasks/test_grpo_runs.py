@@ -32,6 +32,9 @@ def test_one_process_learns_from_the_rewards():
     rewards = metric_values(run, "train/reward")
     assert len(rewards) == 4 and len(set(rewards)) > 1  # each step's own completions
     assert any(abs(v) > 0 for v in metric_values(run, "train/loss"))  # advantages not all zero
+    # validation: completions of 1 to 4 tokens, and the `length` reward's own mean (negative) beside it
+    lengths, length_rewards = metric_values(run, "val/completions/mean_length"), metric_values(run, "val/rewards/length/mean")
+    assert lengths and all(1 <= v <= 4 for v in lengths) and all(v < 0 for v in length_rewards)
     first, last = load_model_state(checkpoint_at(run, 2)), load_model_state(checkpoint_at(run, 4))
     assert any(not torch.equal(first[k], last[k]) for k in first)  # the policy moved
 
