@@ -30,8 +30,8 @@ class PipelineApplier(Applier):
     # the schedule runs one loss's backward through its stages, calling backward itself on the loss
     # it computed; a stage passes its activations alone to the next; state gathered whole (names
     # stable across stage counts)
-    abilities = Abilities(pipeline_stages=True, collective_forward=True, manual_optimization=False, loss_scaling=False, position_ids=False,
-                          sharded_state=False,
+    abilities = Abilities(pipeline_stages=True, collective_forward=True, manual_optimization=False, loss_scaling=False,
+                          position_ids=False, sharded_state=False,
                           single_optimizer_reason="runs one loss's backward through its stages inside its schedule")
 
     def __init__(self, placement, dims):
