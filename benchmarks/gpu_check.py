@@ -15,11 +15,12 @@ Rows:
   resumed from torch and dcp checkpoints, and compiled;
 - fault_tolerance=torchft: 2 replica groups (each half the GPUs, or sharing the one there is) of
   ddp and of fsdp, the groups' average over gloo and over nccl (refused where groups share a GPU),
-  their mean loss against the CPU's at the groups' global batch and their final weights equal; and
+  their mean loss against the CPU's at the groups' global batch and their final weights equal; groups
+  of tensor parallelism and of pipeline stages; and
   group 1 killed after step 3 of 30 (ddp; fsdp, whose heal writes into DTensors): restarted, healed
   from group 0, the same final weights;
 - context parallelism (fsdp, 2 ranks a sequence), DPO and distillation (the reference, the teacher
-  placed by fsdp, ZeRO-3 or tensor parallelism) and GRPO (sampling inside the loop under ddp, fsdp, ZeRO-3 and tensor
+  placed by fsdp, ZeRO-3 or tensor parallelism), the chunked loss, and GRPO (sampling inside the loop under ddp, fsdp, ZeRO-3 and tensor
   parallelism, and resumed between two iterations of a rollout);
 - mixtures of experts (Row.job, JOBS): the GPT's 8 experts on one GPU in 32 and bf16 and compiled; under
   fsdp with the experts spread over the GPUs (strategy.expert_parallel_size, all-to-all over nccl)
@@ -110,6 +111,7 @@ JOBS = {"": BASE,
                  "data.max_prompt_tokens=16", "task.num_generations=4", "task.max_completion_tokens=8",
                  "task.stop='\\n'", "task.rewards=[exact_match,length]", "task.beta=0.04"]}
 JOBS["grpo_iterations"] = [*JOBS["grpo"], "task.num_iterations=2"]  # a rollout trained 2 steps
+JOBS["chunked"] = [*BASE, "task.loss_chunk_tokens=48"]  # the head and the loss 48 tokens at a time
 # distillation from a teacher of another width (a random Hugging Face Llama over the same 256 byte
 # ids, written once into the work folder: teacher_directory), placed by the strategy beside the student
 TEACHER = "<teacher>"
@@ -203,7 +205,8 @@ HEAL = ["+callbacks.killer._target_=tests.helpers.killer.KillReplicaGroupOnce", 
 
 def replica_group_rows(devices: int) -> list[Row]:
     """fault_tolerance=torchft at `devices` GPUs: 2 groups of half of them each (of the one GPU,
-    shared, where there is one; nccl between groups is then refused)."""
+    shared, where there is one; nccl between groups is then refused), of ddp, fsdp, tensor
+    parallelism and pipeline stages."""
     each = max(1, devices // 2)
     nccl = [*REPLICA_GROUPS, "fault_tolerance.process_group=nccl"]
     return [Row("ddp", "32", "torch", each, REPLICA_GROUPS, "2 replica groups, gloo between", groups=2),
@@ -214,7 +217,12 @@ def replica_group_rows(devices: int) -> list[Row]:
                 heal=True, steps=30),
             # the heal writes group 0's sharded state into the restarted group's DTensors on the GPU
             Row("fsdp", "bf16", "torch", each, [*REPLICA_GROUPS, *HEAL], "group 1 killed after step 3, heals",
-                groups=2, heal=True, steps=30)]
+                groups=2, heal=True, steps=30),
+            # groups whose ranks split layers or stages: the average and the heal go part by part
+            Row("model_parallel", "bf16", "torch", each, [*REPLICA_GROUPS, *layout_batch("model_parallel", each)],
+                "2 replica groups of tensor parallelism", groups=2),
+            Row("pipeline", "bf16", "torch", each, [*REPLICA_GROUPS, *pipeline_stages(each)],
+                "2 replica groups of pipeline stages", groups=2)]
 
 
 def expert_rows(devices: int) -> list[Row]:
@@ -248,7 +256,8 @@ def expert_rows(devices: int) -> list[Row]:
 
 def second_model_rows(devices: int) -> list[Row]:
     """Context parallelism (fsdp, each sequence split over 2 ranks: its masked pieces' CUDA path),
-    DPO with the reference and distillation with the teacher placed beside the trained model, and GRPO (generation inside the loop;
+    DPO with the reference and distillation with the teacher placed beside the trained model, the
+    chunked loss (task.loss_chunk_tokens), and GRPO (generation inside the loop;
     float32: bf16's rounding would draw other tokens than the CPU's) under the layouts that can run
     them, at `devices` GPUs."""
     out = []
@@ -260,6 +269,9 @@ def second_model_rows(devices: int) -> list[Row]:
     for strategy in ("fsdp", "deepspeed_stage_3", "model_parallel"):
         out.append(Row(strategy, "bf16", "torch", devices, layout_batch(strategy, devices), "distillation",
                        job="distillation"))
+    for strategy in ("fsdp", "deepspeed_stage_3", "model_parallel"):  # model_parallel: refused (a split head)
+        out.append(Row(strategy, "bf16", "torch", devices, layout_batch(strategy, devices), "chunked loss",
+                       job="chunked"))
     for strategy in ("ddp", "fsdp", "deepspeed_stage_3", "model_parallel"):
         out.append(Row(strategy, "32", "torch", devices, layout_batch(strategy, devices), "grpo", job="grpo"))
     out.append(Row("fsdp", "32", "dcp", devices, [], "grpo, 2 iterations a rollout, 3 steps + resume + 3", resume=True,
