@@ -74,6 +74,20 @@ def attention_shape(model: nn.Module) -> tuple[int, int] | None:
     return None
 
 
+def key_value_shape(model: nn.Module) -> tuple[int, int] | None:
+    """(layers, width of the keys, as of the values) a KV cache holds per position: the attention
+    width, narrower where fewer key-value heads serve the query heads (a transformers config's
+    num_key_value_heads); None for a model without attention."""
+    shape = attention_shape(model)
+    if shape is None:
+        return None
+    config = getattr(model, "config", None)
+    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
+    shared = getattr(config, "num_key_value_heads", None)
+    layers, width = shape
+    return (layers, width * shared // heads) if heads and shared else shape
+
+
 def training_flops_per_item(model: nn.Module, context: int | None) -> float | None:
     """FLOPs of forward and backward per item: per token for a sequence model of `context`
     positions (attention included), per sample otherwise; None where not countable."""

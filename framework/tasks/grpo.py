@@ -30,6 +30,7 @@ from framework.config.types import NonNegativeFloat, PositiveInt
 from framework.data.tokenizer import loaded_tokenizer
 from framework.errors import ConfigError
 from framework.models.context import context_length
+from framework.models.flops import key_value_shape
 from framework.sampling import Sampling
 from framework.sequences import IGNORE_INDEX
 from framework.tasks import grpo_loss as G
@@ -171,18 +172,9 @@ class GRPO(Task):
         another recomputes the whole sequence each token, its logits the largest piece. `model`: on
         the meta device."""
         positions, rows = prompt_tokens + self.max_completion_tokens, self.num_generations
-        blocks, embedding = getattr(model, "blocks", None), getattr(model, "tok_emb", None)
-        if hasattr(model, "new_cache") and blocks is not None and embedding is not None:
-            layers, width = len(blocks), embedding.embedding_dim
-        elif keeps_past(model):  # keys and values of its key-value heads (fewer than its heads with GQA)
-            config = model.config
-            heads = getattr(config, "num_attention_heads", 1)
-            head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-            layers = config.num_hidden_layers
-            width = (getattr(config, "num_key_value_heads", None) or heads) * head_dim
-        else:
-            layers = width = 0
-        if layers:
+        shape = key_value_shape(model) if hasattr(model, "new_cache") or keeps_past(model) else None
+        if shape is not None:
+            layers, width = shape
             cache = 2 * layers * rows * positions * width * element_bytes
             return cache, (f"KV cache of {rows} completions x {positions} positions x {layers} layers x {width} "
                            f"(keys and values), one prompt at a time ({prompts} a micro-batch)")
